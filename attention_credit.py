@@ -1,0 +1,449 @@
+"""Attention-based token credit (WAAD / FAI): the policy's own attention picks the tokens whose advantage counts more.
+
+    python attention_credit.py           # quick: GRPO vs coupled credit, 1 seed, a few steps + the token figure
+    python attention_credit.py --full    # GRPO vs each strategy (local, global, coupled), 3 seeds: table + PNGs
+    python ppo_minimal.py --adv-estimator grpo --credit attention --credit-mode coupled   # inside any run
+
+"Attention Illuminates LLM Reasoning: the preplan-and-anchor rhythm enables fine-grained policy optimization"
+(Li et al., arXiv 2510.13554; papers.md 2, DESIGN.md 7.3). After the rollout, one extra no-grad eager-attention
+forward over prompt + response gives per-head maps A[t, s] of a few middle layers; for every head and response row:
+  span     d_h = mean_{t in R} sum_s A_h[t,s] (t - s)                                     (Eq. 7)
+  groups   local = bottom 30% of heads by d, global = top 30% (>= 1 head each); maps averaged (Eq. 8)
+  WAAD     WAAD_t = sum_s A_loc[t,s] min(t - s, W), W = 10                                 (Def. 4.1, Eq. 9)
+  FAI      FAI_s = mean_{t in R, s+H_lo <= t <= s+H_hi} A_glob[t,s], H_lo = 10, H_hi = 100 (Def. 4.2, Eq. 10)
+  Delta    Delta_t = |WAAD_t - WAAD_{t+1}| (0 for the last token)                          (Eq. 14)
+  gamma    local 1 + b 1[TopQ(Delta)]; global 1 + b 1[TopQ(FAI)]                           (Eq. 15, 17)
+           coupled 1 + b 1[anchor, not dominated] + (1-alpha) b 1[dominated] + alpha b 1[introducer]  (Eq. 19)
+with b = amp - 1; the trainer multiplies the (whitened) advantage: A~_t = gamma_t A_t (Eq. 12/13).
+
+Implementation details ("our choice" where the paper is silent; DESIGN.md 7.3 fixes most)
+1. Layers kept: unique(round(linspace(L // 3, 2L // 3, 5))), numpy rounding (half to even): 6 layers -> 2, 3, 4.
+2. Hooks on the attention modules (the class transformers records as "attentions", switched to eager for the
+   pass and restored) reduce each map [b, H, N, N] at once to per-head WAAD, FAI [b, H, R] and span sums [H]:
+   at most one layer's maps of one micro-batch exist. WAAD and FAI are linear in A (the FAI window does not
+   depend on the head), so those of a group's mean map are the mean of its heads' values: the groups can be
+   chosen after the whole batch. Heads are query heads (GQA); spans pool all valid response rows of the batch
+   (summed over ranks under DDP: all ranks use the same groups); ties go to the lower head index.
+3. Padding: attention to padded columns is zeroed and only valid response rows count (masked_fill: not even
+   NaN leaks). Distances are index differences, which are true distances as a row's real tokens are contiguous.
+4. A token with an empty FAI window (the last H_lo) gets FAI 0 and is never a TopQ candidate. our choice:
+   TopQ keeps ceil(q * n) candidates with n = all valid tokens of the response (>= 1, <= the candidates), so
+   the amplified share stays q as in the paper, where the zero-FAI tail ranks last. ceil has a 1e-9 tolerance
+   (0.3 * 10 gives 3, not 4); ties go to the earlier token.
+5. Coupled: tau_waad, tau_Delta are per-response medians over valid tokens (even n: mean of the middle two);
+   an anchor t is dominated if WAAD_t <= tau_waad and max Delta over the valid tokens t-k..t-1 >= tau_Delta;
+   its introducer is that argmax (our choice: ties go to the token nearest the anchor). Terms add up, an
+   introducer counts once: gamma <= 1 + b + alpha b (1.75 at the defaults); gamma = 1 on padding.
+6. Signed advantages by default (revised paper); ppo_minimal's `--credit-nonneg-only` keeps gamma = 1 where
+   A < 0 (v1). The maps come from the policy that sampled (before the update), like old_logprobs.
+7. Metrics: stats/credit_amplified_frac (valid tokens with gamma > 1), stats/credit_gamma_mean,
+   stats/fai_pos_frac (valid tokens with FAI > 0), stats/credit_dominated_frac (of the anchors),
+   stats/credit_span_local / _global, time/credit (seconds); the trainer adds perf/credit_overhead.
+8. Experiment (our choice): task `chain` (five 2-digit numbers summed step by step, 43-character answers),
+   the tiny Qwen2 with 6 layers, 8 query / 4 key-value heads, hidden 64 (MODEL), after an SFT warm start.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common import all_reduce_sum, check_choice, check_range, format_table, masked_mean, parse_config, read_jsonl
+
+W, H_LO, H_HI, HEAD_FRAC = 10, 10, 100, 0.3  # WAAD window, FAI horizons, head-group quantile (paper defaults)
+MODEL = (("num_hidden_layers", 6), ("num_attention_heads", 8), ("num_key_value_heads", 4), ("hidden_size", 64),
+         ("intermediate_size", 256))  # fmt: skip
+SFT = dict(task="chain", model_overrides=MODEL, lr=3e-3, batch_size=64, max_steps=4000, check_every=25)  # SFTConfig
+METHODS = ("grpo", "local", "global", "coupled")
+
+
+@dataclass
+class Config:
+    full: bool = False
+    """Full comparison: all four methods, 3 seeds, 100 steps of 16 x 16 samples (else a quick run)."""
+    methods: list[str] | None = None
+    """Methods to compare, from grpo local global coupled (None: grpo coupled quick, all four full)."""
+    seeds: int | None = None
+    """Seeds per method (None: 1 quick, 3 full)."""
+    steps: int | None = None
+    """RL iterations per run (None: 8 quick, 100 full)."""
+    samples: int | None = None
+    """Prompts per step = responses per prompt (None: 8 quick, 16 full)."""
+    lr: float = 3e-4
+    """Policy learning rate (ppo_minimal's default)."""
+    eval_every: int = 10
+    """Greedy evaluation every this many iterations (and at the end)."""
+    eval_n: int = 200
+    """Held-out prompts per evaluation."""
+    jobs: int = 1
+    """Runs in parallel (worker processes): for a GPU or a many-core machine."""
+    model: str | None = None
+    """Model folder to start from (None: the SFT warm start of MODEL on the chain task)."""
+    sft_target: float = 0.3
+    """Greedy accuracy at which the SFT warm start stops."""
+    device: str = "auto"
+    """auto | cpu | cuda (SFT warm start and runs)."""
+    out_dir: str = "runs/attention_credit"
+    """Where the runs, the table, the curves and the token figure go."""
+
+    def __post_init__(self):
+        self.methods = self.methods or (list(METHODS) if self.full else ["grpo", "coupled"])
+        self.seeds = self.seeds or (3 if self.full else 1)
+        self.steps = self.steps or (100 if self.full else 8)
+        self.samples = self.samples or (16 if self.full else 8)
+        for m in self.methods:
+            check_choice("methods", m, METHODS)
+        for name in ("seeds", "steps", "eval_every", "eval_n", "jobs"):
+            check_range(name, getattr(self, name), 1)
+        check_range("samples", self.samples, 2)
+        check_range("lr", self.lr, 0.0)
+        check_range("sft_target", self.sft_target, 0.0, 1.0, lo_open=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Pure functions, one per stage. Maps are [..., N, N] (row t attends to columns s <= t).
+
+
+def select_layers(n_layers: int) -> list[int]:
+    """Layers whose maps are kept: unique(round(linspace(L // 3, 2L // 3, 5))) (paper Sec. 5.1; detail 1)."""
+    return sorted({int(x) for x in np.rint(np.linspace(n_layers // 3, 2 * n_layers // 3, 5))})
+
+
+def lookback(attn, max_dist: int | None = None):
+    """[..., N] attention-weighted look-back per row: sum_s A[t,s] min(t - s, max_dist) (unclipped if None)."""
+    idx = torch.arange(attn.shape[-1], device=attn.device)
+    d = (idx[:, None] - idx[None, :]).clamp(min=0, max=max_dist).to(attn.dtype)  # [N, N] t - s, 0 above diagonal
+    return (attn * d).sum(-1)  # [..., N]
+
+
+def waad(attn, window: int = W):
+    """WAAD_t = sum_s A[t,s] min(t - s, W) for every row t (Def. 4.1, Eq. 9). [..., N, N] -> [..., N]."""
+    return lookback(attn, window)
+
+
+def head_spans(attn, row_mask):
+    """d_h = mean over valid rows t of sum_s A_h[t,s] (t - s) (Eq. 7). attn [B, H, N, N], row_mask [B, N] -> [H]."""
+    per_row = lookback(attn).masked_fill(~row_mask.bool()[:, None, :], 0.0)  # [B, H, N]
+    return per_row.sum((0, 2)) / row_mask.sum().clamp(min=1)  # [H]
+
+
+def head_groups(spans, frac: float = HEAD_FRAC):
+    """(local, global) head indices: the ceil(frac * n) smallest / largest spans (>= 1 each; ties by index)."""
+    k = max(1, math.ceil(frac * spans.numel() - 1e-9))
+    return torch.sort(spans, stable=True).indices[:k], torch.sort(-spans, stable=True).indices[:k]
+
+
+def fai(attn, row_mask, h_lo: int = H_LO, h_hi: int = H_HI):
+    """FAI_s = mean of A[t,s] over valid rows t with s + h_lo <= t <= s + h_hi (Def. 4.2, Eq. 10).
+
+    attn [B, H, N, N], row_mask [B, N]: the rows that count. Returns (fai [B, H, N], has_window [B, N]);
+    a column whose window is empty gets FAI 0 (detail 4).
+    """
+    idx = torch.arange(attn.shape[-1], device=attn.device)
+    dist = idx[:, None] - idx[None, :]  # [N, N] signed t - s (row t, column s)
+    win = ((dist >= h_lo) & (dist <= h_hi))[None] & row_mask.bool()[:, :, None]  # [B, N, N] valid rows only
+    count = win.sum(1)  # [B, N] |T(s)|
+    total = attn.masked_fill(~win[:, None], 0.0).sum(-2)  # [B, H, N]
+    return total / count.clamp(min=1)[:, None], count > 0
+
+
+def deltas(waad_r, mask):
+    """Delta_t = |WAAD_t - WAAD_{t+1}| where both are valid, else 0 (Eq. 14). [B, R] -> [B, R]."""
+    m = mask.bool()
+    d = (waad_r[:, :-1] - waad_r[:, 1:]).abs().masked_fill(~(m[:, :-1] & m[:, 1:]), 0.0)  # [B, R-1]
+    return torch.cat([d, d.new_zeros(d.shape[0], 1)], 1)  # [B, R] last token: 0
+
+
+def topq_mask(score, candidates, q: float, valid=None):
+    """Bool [B, R]: per row the ceil(q * n) highest-scoring candidates, n = valid (default: candidate) tokens."""
+    cand = candidates.bool()
+    n = (cand if valid is None else valid.bool()).sum(1)  # [B]
+    k = torch.minimum(torch.ceil(q * n.double() - 1e-9).long().clamp(min=1), cand.sum(1))  # [B] detail 4
+    order = score.double().masked_fill(~cand, -math.inf).sort(dim=1, descending=True, stable=True).indices  # [B, R]
+    pos = torch.arange(order.shape[1], device=order.device).expand_as(order)  # [B, R]
+    rank = torch.empty_like(order).scatter_(1, order, pos)  # [B, R] rank of each token
+    return (rank < k[:, None]) & cand  # ties: the earlier token ranks first (stable sort)
+
+
+def masked_median(x, mask):
+    """Per-row median over valid entries (mean of the middle two for even n; 0 for an empty row). [B, R] -> [B]."""
+    m = mask.bool()
+    n = m.sum(1)  # [B]
+    srt = x.double().masked_fill(~m, math.inf).sort(1).values  # [B, R] valid values first
+    lo, hi = ((n - 1).clamp(min=0) // 2)[:, None], (n // 2).clamp(max=x.shape[1] - 1)[:, None]  # [B, 1]
+    med = (srt.gather(1, lo) + srt.gather(1, hi)).squeeze(1) / 2  # [B]
+    return torch.where(n > 0, med, torch.zeros_like(med)).to(x.dtype)
+
+
+def gamma_local(delta, mask, q: float = 0.4, amp: float = 1.5):
+    """Local-chunk credit (Eq. 15): gamma = 1 + (amp - 1) 1[t in TopQ(Delta)]. [B, R]."""
+    return 1.0 + (amp - 1.0) * topq_mask(delta, mask, q).to(delta.dtype)
+
+
+def gamma_global(fai_r, candidates, mask, q: float = 0.4, amp: float = 1.5):
+    """Global-anchor credit (Eq. 17): gamma = 1 + (amp - 1) 1[t in TopQ(FAI)]. [B, R]."""
+    return 1.0 + (amp - 1.0) * topq_mask(fai_r, candidates, q, mask).to(fai_r.dtype)
+
+
+def gamma_coupled(waad_r, delta, fai_r, candidates, mask, q=0.4, k: int = 2, alpha: float = 0.5, amp: float = 1.5):
+    """Coupled rhythm credit (Eq. 18-19, detail 5). All [B, R]. Returns (gamma, {anchor, dominated, intro})."""
+    m, R = mask.bool(), delta.shape[1]
+    anchor = topq_mask(fai_r, candidates, q, mask)  # [B, R] T_glob
+    tau_w, tau_d = masked_median(waad_r, mask)[:, None], masked_median(delta, mask)[:, None]  # [B, 1]
+    # back[:, t, j - 1] = Delta_{t-j} for j = 1..k (nearest first), -inf outside the response
+    d_pad = torch.cat([delta.new_full((delta.shape[0], k), -math.inf), delta.masked_fill(~m, -math.inf)], 1)
+    back = torch.stack([d_pad[:, k - j : k - j + R] for j in range(1, k + 1)], -1)  # [B, R, k]
+    win_max, win_arg = back.max(-1)  # [B, R]; the first (nearest) of equal values
+    # dominated anchor: WAAD_t <= tau_waad and max_{u in t-k..t-1} Delta_u >= tau_Delta (Eq. 18)
+    dominated = anchor & (waad_r <= tau_w) & (win_max >= tau_d) & torch.isfinite(win_max)  # [B, R]
+    intro = torch.zeros_like(m)  # [B, R] I(D); a token introducing several anchors counts once
+    for j in range(1, k + 1):
+        intro[:, :-j] |= (dominated & (win_arg == j - 1))[:, j:]
+    b, f = amp - 1.0, waad_r.dtype
+    # gamma_t = 1 + b 1[T_glob \ D] + (1 - alpha) b 1[D] + alpha b 1[I(D)]   (Eq. 19, additive)
+    gamma = 1.0 + b * (anchor & ~dominated).to(f) + (1 - alpha) * b * dominated.to(f) + alpha * b * intro.to(f)
+    return gamma.masked_fill(~m, 1.0), {"anchor": anchor, "dominated": dominated, "intro": intro}
+
+
+# ------------------------------------------------------------------------------------------------
+# The attention pass: hooks on the kept layers, each map reduced as it is produced
+
+
+def attention_modules(model) -> list:
+    """[(module, index of the weights in its output)] per layer: the class transformers records as "attentions"."""
+    target = (getattr(model, "_can_record_outputs", None) or {}).get("attentions")
+    if target is None:
+        raise TypeError(f"{type(model).__name__} declares no module returning attention weights, so no maps")
+    cls, suffix = getattr(target, "target_class", target), getattr(target, "layer_name", None)  # class or recorder
+    mods = [m for n, m in model.named_modules() if isinstance(m, cls) and (suffix is None or n.endswith(suffix))]
+    if len(mods) != model.config.num_hidden_layers:  # exactly one attention module per layer
+        raise RuntimeError(
+            f"{type(model).__name__}: {len(mods)} attention modules for {model.config.num_hidden_layers} layers"
+        )
+    return [(m, getattr(target, "index", 1)) for m in mods]
+
+
+def run_with_maps(model, input_ids, attention_mask, layers: list[int], on_map, micro_batch: int = 64) -> None:
+    """No-grad eager forward per micro-batch; on_map(rows slice, j, A [b, H, N, N] fp32) for kept layer layers[j].
+
+    The attention implementation is switched to eager for the pass and restored afterwards, also on error.
+    """
+    from rollout import position_ids_from_mask
+
+    mods, name, state = attention_modules(model), type(model).__name__, {"sl": None, "seen": []}
+
+    def hook_for(j, index):
+        def hook(module, args, output):
+            w = output[index] if isinstance(output, tuple) and len(output) > index else None
+            if not isinstance(w, torch.Tensor) or w.dim() != 4 or w.shape[-1] != w.shape[-2]:
+                raise RuntimeError(f"{name} returned no attention map under eager attention")
+            state["seen"].append(j)
+            on_map(state["sl"], j, w.float())
+
+        return hook
+
+    prev = model.config._attn_implementation
+    handles = [mods[layer][0].register_forward_hook(hook_for(j, mods[layer][1])) for j, layer in enumerate(layers)]
+    try:
+        model.set_attn_implementation("eager")
+        if model.config._attn_implementation != "eager":
+            raise RuntimeError(f"{name} cannot switch to eager attention, which attention credit needs")
+        backbone, pos = getattr(model, "base_model", model), position_ids_from_mask(attention_mask)  # no LM head
+        with torch.no_grad():
+            for i in range(0, input_ids.shape[0], micro_batch):
+                sl = state["sl"] = slice(i, i + micro_batch)
+                state["seen"] = []
+                backbone(
+                    input_ids=input_ids[sl], attention_mask=attention_mask[sl], position_ids=pos[sl], use_cache=False
+                )
+                if sorted(state["seen"]) != list(range(len(layers))):  # exactly one map per kept layer
+                    raise RuntimeError(f"{name}: maps of kept layers {state['seen']}, expected {layers}")
+    finally:
+        for h in handles:
+            h.remove()
+        model.set_attn_implementation(prev)
+
+
+def attention_stats(model, input_ids, attention_mask, response_mask, micro_batch: int = 64) -> dict:
+    """Per-head WAAD, FAI on the response [B, nH, R] (nH = kept layers x heads), spans [nH], has_window [B, R]."""
+    (B, N), R = input_ids.shape, response_mask.shape[1]
+    layers = select_layers(model.config.num_hidden_layers)
+    row_mask = torch.cat([torch.zeros_like(attention_mask[:, : N - R]), response_mask], 1).bool()  # [B, N]
+    parts, span_sum = {}, {}  # (micro-batch start, j) -> (WAAD, FAI) [b, H, R]; j -> [H]
+    has_window = torch.zeros(B, R, dtype=torch.bool, device=input_ids.device)  # [B, R]
+
+    def on_map(sl, j, A):
+        rows = row_mask[sl]  # [b, N]
+        A = A.masked_fill(~attention_mask[sl].bool()[:, None, None, :], 0.0)  # [b, H, N, N] no attention to pads
+        A = A.masked_fill(~rows[:, None, :, None], 0.0)  # only valid response rows count (detail 3)
+        f, hw = fai(A, rows)  # [b, H, N], [b, N]
+        parts[sl.start, j] = waad(A)[..., N - R :], f[..., N - R :]  # [b, H, R] each
+        has_window[sl] = hw[:, N - R :]
+        span_sum[j] = span_sum.get(j, 0) + lookback(A).sum((0, 2))  # [H] (other rows are zero)
+
+    run_with_maps(model, input_ids, attention_mask, layers, on_map, micro_batch)
+    n_rows = all_reduce_sum(response_mask.sum().double().reshape(1))  # over ranks (detail 2)
+    spans = all_reduce_sum(torch.cat([span_sum[j].double() for j in range(len(layers))])) / n_rows.clamp(min=1)
+    js, starts = range(len(layers)), range(0, B, micro_batch)
+    cat = lambda i: torch.cat([torch.cat([parts[s, j][i] for j in js], 1) for s in starts])  # [B, nH, R], nH = j*H + h
+    return {"waad": cat(0), "fai": cat(1), "spans": spans.float(), "has_window": has_window, "layers": layers}
+
+
+def compute_credit(model, input_ids, attention_mask, response_mask, *, mode="coupled", q=0.4, intro_window=2,
+                   alpha=0.5, amp=1.5, micro_batch=64) -> dict:  # fmt: skip
+    """Every stage for one batch: WAAD_loc, FAI_glob, Delta, candidates, gamma ([B, R]), the head groups."""
+    mask = response_mask.bool()  # [B, R]
+    st = attention_stats(model, input_ids, attention_mask, response_mask, micro_batch)
+    local, glob = head_groups(st["spans"])
+    waad_r = st["waad"][:, local].mean(1).masked_fill(~mask, 0.0)  # [B, R] group mean (Eq. 8, detail 2)
+    fai_r = st["fai"][:, glob].mean(1).masked_fill(~mask, 0.0)  # [B, R]
+    if not (torch.isfinite(waad_r).all() and torch.isfinite(fai_r).all()):
+        raise FloatingPointError("attention credit: non-finite WAAD or FAI on valid tokens (NaN in the model?)")
+    delta, cand = deltas(waad_r, mask), st["has_window"] & mask  # [B, R]; FAI candidates have a window
+    parts = {}
+    if mode == "local":
+        gamma = gamma_local(delta, mask, q, amp)
+    elif mode == "global":
+        gamma = gamma_global(fai_r, cand, mask, q, amp)
+    elif mode == "coupled":
+        gamma, parts = gamma_coupled(waad_r, delta, fai_r, cand, mask, q, intro_window, alpha, amp)
+    else:
+        raise ValueError(f"config field 'credit_mode' = {mode!r}: must be one of ['local', 'global', 'coupled']")
+    out = dict(gamma=gamma.masked_fill(~mask, 1.0), waad=waad_r, fai=fai_r, delta=delta, candidates=cand, **parts)
+    return {**out, "local": local, "global": glob, "spans": st["spans"], "layers": st["layers"]}
+
+
+def token_weights(model, input_ids, attention_mask, response_mask, **credit_kw):
+    """The trainer's hook: gamma [B, R] (detached, 1 on padding) and metrics.
+
+    input_ids / attention_mask [B, P+R] (left-padded prompt, right-padded response), response_mask [B, R];
+    credit_kw: mode, q, intro_window, alpha, amp, micro_batch (see compute_credit).
+    """
+    t0 = time.perf_counter()
+    c = compute_credit(model, input_ids, attention_mask, response_mask, **credit_kw)
+    mask, gamma = response_mask.float(), c["gamma"].detach()
+    dominated = float(c["dominated"].sum() / c["anchor"].sum().clamp(min=1)) if "anchor" in c else 0.0
+    return gamma, {
+        "stats/credit_amplified_frac": float(masked_mean((gamma > 1).float(), mask)),
+        "stats/credit_gamma_mean": float(masked_mean(gamma, mask)),
+        "stats/fai_pos_frac": float(masked_mean((c["fai"] > 0).float(), mask)),
+        "stats/credit_dominated_frac": dominated,
+        "stats/credit_span_local": float(c["spans"][c["local"]].mean()),
+        "stats/credit_span_global": float(c["spans"][c["global"]].mean()),
+        "time/credit": time.perf_counter() - t0,
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# Experiment: GRPO vs attention-credit GRPO on the chain task (DESIGN.md 2: main() may import the trainer)
+
+
+def run_one(cfg: Config, method: str, seed: int, model_path: str) -> dict:
+    """One ppo_minimal run (its table goes to log.txt): eval curve, wall time, mean credit metrics."""
+    import contextlib
+
+    import ppo_minimal
+
+    out = Path(cfg.out_dir) / f"{method}-s{seed}"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.jsonl").unlink(missing_ok=True)
+    argv = (f"--model {model_path} --task chain --adv-estimator grpo --max-new-tokens 48 --seed {seed} --steps "
+            f"{cfg.steps} --prompts-per-step {cfg.samples} --group-size {cfg.samples} --lr {cfg.lr} --eval-every "
+            f"{cfg.eval_every} --eval-n {cfg.eval_n} --device {cfg.device} --out-dir {out}").split()  # fmt: skip
+    argv += [] if method == "grpo" else ["--credit", "attention", "--credit-mode", method]
+    t0 = time.perf_counter()
+    with open(out / "log.txt", "w") as f, contextlib.redirect_stdout(f):
+        res = ppo_minimal.train(parse_config(ppo_minimal.Config, argv))
+    rows = read_jsonl(out / "metrics.jsonl")
+    mean = lambda k: float(np.mean([r[k] for r in rows])) if k in rows[0] else float("nan")
+    res = {"method": method, "seed": seed, "curve": res["eval_history"], "wall_s": time.perf_counter() - t0}
+    return {**res, "overhead": mean("perf/credit_overhead"), "amplified": mean("stats/credit_amplified_frac")}
+
+
+def plot_tokens(tokens: list[str], c: dict, row: int, path) -> None:
+    """One response's tokens coloured by WAAD (top) and FAI (bottom); amplified tokens (gamma > 1) framed red."""
+    import matplotlib.pyplot as plt
+
+    n = len(tokens)
+    fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 0.3 * n), 2.4))
+    for ax, key in zip(axes, ("waad", "fai")):
+        v = c[key][row, :n].float().cpu().numpy()
+        ax.imshow(v[None], cmap="viridis", aspect="auto", extent=(0, n, 0, 1))
+        light = (v - v.min()) > 0.6 * (v.max() - v.min())  # black text on the bright end of viridis
+        for t, ch in enumerate(tokens):
+            label = {"\n": "\\n", " ": "_"}.get(ch, ch)
+            ax.text(t + 0.5, 0.5, label, ha="center", va="center", color="k" if light[t] else "w", size=8)
+            if c["gamma"][row, t] > 1:
+                ax.add_patch(plt.Rectangle((t + 0.05, 0.05), 0.9, 0.9, fill=False, ec="red", lw=2))
+        title = f"{key.upper()} {v.min():.3g} (dark) .. {v.max():.3g} (bright); red frame: amplified (gamma > 1)"
+        ax.set_yticks([]), ax.set_title(title, fontsize=9, loc="left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rollout import generate, load_policy, tokenize_prompts
+    from tasks import SFTConfig, format_prompt, greedy_accuracy, make_task, sft_warm_start
+
+    cfg = parse_config(Config, argv)
+    out, t0 = Path(cfg.out_dir), time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    model_path = cfg.model or str(sft_warm_start(SFTConfig(**SFT, target_acc=cfg.sft_target), device=device))
+    print(f"[attention_credit] {asdict(cfg)}\n[attention_credit] start model {model_path}", flush=True)
+
+    # the start model: held-out accuracy, and one sampled batch for the token figure (coupled credit)
+    policy, tok = load_policy(model_path, device)
+    task = make_task("chain")
+    eval_set = task.sample(cfg.eval_n, "eval", np.random.default_rng(12345))  # ppo_minimal's held-out set
+    acc0 = greedy_accuracy(policy, tok, task, eval_set, max_new_tokens=48)
+    ids, am = tokenize_prompts(tok, [format_prompt(tok, p["prompt"]) for p in eval_set[:16]], 64)
+    gen = dict(max_new_tokens=48, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
+    ro = generate(policy, ids.to(device), am.to(device), **gen, generator=torch.Generator(device).manual_seed(0))
+    c = compute_credit(policy, ro.input_ids, ro.attention_mask, ro.response_mask)
+    tokens = tok.convert_ids_to_tokens(ro.response_ids[0][ro.response_mask[0].bool()].tolist())  # row 0, valid
+    plot_tokens(tokens, c, 0, out / "tokens.png")
+    print(f"[attention_credit] start accuracy {acc0:.3f}; {out / 'tokens.png'}", flush=True)
+
+    # the runs (worker processes when jobs > 1), then the table and the curves
+    todo = [(cfg, m, s, model_path) for m in cfg.methods for s in range(cfg.seeds)]
+    if cfg.jobs > 1:
+        import concurrent.futures as cf
+        import multiprocessing as mp
+
+        with cf.ProcessPoolExecutor(cfg.jobs, mp_context=mp.get_context("spawn")) as ex:
+            results = list(ex.map(run_one, *zip(*todo)))
+    else:
+        results = [run_one(*t) for t in todo]
+    (out / "results.json").write_text(json.dumps({"config": asdict(cfg), "start_acc": acc0, "runs": results}))
+    table, fig = [], plt.figure(figsize=(6, 4))
+    ms = lambda x: f"{np.mean(x):.3f} ± {np.std(x):.3f}"
+    for m in cfg.methods:
+        rs = [r for r in results if r["method"] == m]
+        accs = np.array([[acc0] + [a for _, a in r["curve"]] for r in rs])  # [seeds, 1 + evals]
+        row = {"method": m, "final_acc_mean±std": ms(accs[:, -1]), "best_acc_mean±std": ms(accs[:, 1:].max(1))}
+        table.append({**row, **{k: float(np.mean([r[k] for r in rs])) for k in ("wall_s", "overhead", "amplified")}})
+        steps = [0] + [s for s, _ in rs[0]["curve"]]
+        plt.plot(steps, accs.mean(0), label=m)
+        plt.fill_between(steps, accs.mean(0) - accs.std(0), accs.mean(0) + accs.std(0), alpha=0.2)
+    plt.xlabel("RL step"), plt.ylabel("greedy exact match, held out"), plt.legend(), plt.title("chain task")
+    fig.tight_layout()
+    fig.savefig(out / "curves.png", dpi=100)
+    print(f"start accuracy {acc0:.3f}; {cfg.seeds} seed(s) x {cfg.steps} steps; {time.perf_counter() - t0:.0f} s")
+    print(format_table(table))
+
+
+if __name__ == "__main__":
+    main()

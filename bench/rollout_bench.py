@@ -1,0 +1,168 @@
+"""Rollout throughput: rollout.generate (behaviour logprobs included) vs Hugging Face model.generate.
+
+    python bench/rollout_bench.py                                  # tiny and 2.5M configs on CPU
+    python bench/rollout_bench.py --preset 0.5b --device cuda --dtype bfloat16
+
+Both sides sample (temperature 1, no top-k / top-p) from the same randomly initialised model, the same
+prompts (batch 64, 16 tokens, no padding) and exactly `new_tokens` new tokens each: rollout.generate
+gets a stop id no model can emit, model.generate gets min_new_tokens = max_new_tokens. The two run
+interleaved (ours, theirs, ours, ...) after one warm-up call each, and the median of the repeats is
+reported; the ratio is ours / theirs in tokens per second (DESIGN.md 8; target >= 1.1x tiny, >= 1.0x 2.5M).
+
+Presets (Qwen2 configs, random init): tiny = tasks.make_tiny_model (0.5M parameters, vocab 56);
+2.5m = vocab 512, hidden 256, 4 layers; 0.5b = the Qwen2.5-0.5B shape (hidden 896, 24 layers, 14 heads,
+2 KV heads, intermediate 4864, vocab 151936), for a GPU.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import check_choice, check_range, format_table, parse_config  # noqa: E402
+from rollout import generate  # noqa: E402
+
+PRESETS = {
+    "2.5m": dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4),
+    "0.5b": dict(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+    ),
+}
+
+
+@dataclass
+class Config:
+    preset: list[str] | None = None
+    """Model configs to measure: tiny, 2.5m, 0.5b (default: tiny and 2.5m)."""
+    batch: int = 64
+    """Sequences per generate call."""
+    prompt_len: int = 16
+    """Prompt tokens per sequence."""
+    new_tokens: int = 32
+    """New tokens per sequence (forced on both sides)."""
+    repeats: int = 5
+    """Timed calls per side (interleaved); the median is reported."""
+    device: str = "cpu"
+    """cpu | cuda."""
+    dtype: str = "float32"
+    """Model weights dtype: float32 | bfloat16."""
+    threads: int = 0
+    """torch CPU threads (0 = leave torch's default)."""
+    seed: int = 0
+    """Seed of the model init and the prompts."""
+
+    def __post_init__(self):
+        for p in self.preset or []:
+            check_choice("preset", p, ["tiny", *PRESETS])
+        check_choice("dtype", self.dtype, ["float32", "bfloat16"])
+        for name in ("batch", "prompt_len", "new_tokens", "repeats"):
+            check_range(name, getattr(self, name), 1)
+
+
+def make_model(preset: str, device="cpu"):
+    """A randomly initialised Qwen2 causal LM for a preset (tiny: the embedded default model), built on device."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from tasks import make_tiny_model, make_tokenizer
+
+    with torch.device(device):  # initialise the weights where they will live (0.5B on a CPU takes a while)
+        if preset == "tiny":
+            return make_tiny_model(make_tokenizer())
+        base = dict(num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)
+        base.update(PRESETS[preset])
+        return Qwen2ForCausalLM(Qwen2Config(**base, bos_token_id=1, eos_token_id=2, pad_token_id=0))
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bench_one(preset: str, cfg: Config) -> dict:
+    device, dtype = torch.device(cfg.device), getattr(torch, cfg.dtype)
+    torch.manual_seed(cfg.seed)
+    model = make_model(preset, device).to(dtype=dtype).eval()
+    vocab = model.config.vocab_size
+    prompts = torch.randint(3, vocab, (cfg.batch, cfg.prompt_len), device=device)  # [B, P] no padding
+    mask = torch.ones_like(prompts)  # [B, P]
+    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+
+    def ours():
+        ro = generate(
+            model,
+            prompts,
+            mask,
+            max_new_tokens=cfg.new_tokens,
+            eos_token_ids=[vocab],  # an id no model can sample: every row runs the full length
+            pad_token_id=0,
+            generator=gen,
+        )
+        return int(ro.response_mask.sum())
+
+    def theirs():
+        out = model.generate(
+            input_ids=prompts,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=cfg.new_tokens,
+            min_new_tokens=cfg.new_tokens,
+            pad_token_id=0,
+        )
+        return (out.shape[1] - cfg.prompt_len) * cfg.batch
+
+    times = {"ours": [], "hf": []}
+    with torch.no_grad():
+        for rep in range(cfg.repeats + 1):  # repeat 0 warms up both sides
+            for name, fn in (("ours", ours), ("hf", theirs)):
+                sync(device)
+                t0 = time.perf_counter()
+                n_tok = fn()
+                sync(device)
+                if n_tok != cfg.batch * cfg.new_tokens:
+                    raise RuntimeError(f"{name} generated {n_tok} tokens, expected {cfg.batch * cfg.new_tokens}")
+                if rep > 0:
+                    times[name].append(time.perf_counter() - t0)
+    n = cfg.batch * cfg.new_tokens
+    ours_tps, hf_tps = n / statistics.median(times["ours"]), n / statistics.median(times["hf"])
+    return {
+        "preset": preset,
+        "params_M": sum(p.numel() for p in model.parameters()) / 1e6,
+        "ours_tok_s": ours_tps,
+        "hf_tok_s": hf_tps,
+        "ratio": ours_tps / hf_tps,
+        "ours_spread": (max(times["ours"]) - min(times["ours"])) / statistics.median(times["ours"]),
+        "hf_spread": (max(times["hf"]) - min(times["hf"])) / statistics.median(times["hf"]),
+    }
+
+
+def main(argv=None):
+    cfg = parse_config(Config, argv)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    rows = [bench_one(p, cfg) for p in cfg.preset or ["tiny", "2.5m"]]
+    print(
+        f"rollout tokens/s, batch {cfg.batch}, prompt {cfg.prompt_len}, {cfg.new_tokens} new tokens, "
+        f"{cfg.device} {cfg.dtype}, {torch.get_num_threads()} threads, median of {cfg.repeats} "
+        "(spread = (max - min) / median)"
+    )
+    print(format_table(rows))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

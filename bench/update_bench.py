@@ -1,0 +1,190 @@
+"""Update overhead: ppo_minimal.ppo_update vs a bare training loop doing the same passes over the same tokens.
+
+    python bench/update_bench.py                                   # tiny and 2.5M configs on CPU
+    python bench/update_bench.py --preset 0.5b --device cuda --dtype bfloat16
+
+One PPO update is ppo_epochs x minibatches optimizer steps of the policy and of the critic, each over
+micro-batches (gradient accumulation). The baseline does exactly as many forward + backward passes and
+optimizer steps over the same rows and micro-batches, with the plainest losses: token cross-entropy of
+the response tokens for the policy (logits of the response positions only, as ppo_update asks for), a
+masked squared error for the critic, AdamW for both, no shuffling, clipping or metrics. So the ratio
+ppo_update / bare is what the algorithm adds (logprob gathering, entropy, clipped losses, global
+denominators, grad-norm clipping, metrics); DESIGN.md 8 targets <= 1.15x. Median of interleaved repeats
+after one warm-up each. --dtype bfloat16 autocasts both sides (weights and AdamW state stay fp32, as in
+the trainer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rollout_bench import PRESETS, make_model, sync  # noqa: E402
+
+import ppo_minimal as pm  # noqa: E402
+from common import check_choice, check_range, format_table, parse_config  # noqa: E402
+from critics import Critics, make_value_model  # noqa: E402
+
+
+@dataclass
+class Config:
+    preset: list[str] | None = None
+    """Model configs to measure: tiny, 2.5m, 0.5b (default: tiny and 2.5m)."""
+    batch: int = 64
+    """Sequences in the update batch."""
+    prompt_len: int = 16
+    """Prompt tokens per sequence."""
+    response_len: int = 32
+    """Response length R (responses are ragged: 1..R valid tokens)."""
+    ppo_epochs: int = 2
+    """Passes over the batch."""
+    minibatches: int = 2
+    """Optimizer steps per pass."""
+    micro_batch: int = 16
+    """Sequences per forward/backward."""
+    repeats: int = 5
+    """Timed updates per side (interleaved); the median is reported."""
+    device: str = "cpu"
+    """cpu | cuda."""
+    dtype: str = "float32"
+    """Compute dtype: float32 | bfloat16 (autocast)."""
+    threads: int = 0
+    """torch CPU threads (0 = leave torch's default)."""
+    seed: int = 0
+    """Seed of the model init and the batch."""
+
+    def __post_init__(self):
+        for p in self.preset or []:
+            check_choice("preset", p, ["tiny", *PRESETS])
+        check_choice("dtype", self.dtype, ["float32", "bfloat16"])
+        for name in ("batch", "prompt_len", "response_len", "ppo_epochs", "minibatches", "micro_batch", "repeats"):
+            check_range(name, getattr(self, name), 1)
+        if self.batch % self.minibatches:
+            raise ValueError(f"config field 'batch' = {self.batch} must divide by minibatches = {self.minibatches}")
+
+
+def make_batch(vocab: int, cfg: Config, device) -> dict:
+    """A PPO batch (DESIGN.md section 3 tensors) with random tokens and ragged responses."""
+    g = torch.Generator().manual_seed(cfg.seed)
+    B, P, R = cfg.batch, cfg.prompt_len, cfg.response_len
+    resp_len = torch.randint(1, R + 1, (B,), generator=g)  # [B]
+    response_mask = (torch.arange(R) < resp_len[:, None]).long()  # [B, R]
+    attention_mask = torch.cat([torch.ones(B, P, dtype=torch.long), response_mask], 1)  # [B, P+R]
+    input_ids = torch.randint(3, vocab, (B, P + R), generator=g) * attention_mask  # [B, P+R] pad id 0
+    mask = response_mask.float()
+    batch = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "response_mask": response_mask,
+        "old_logprobs": -torch.rand(B, R, generator=g) * 5 * mask,  # [B, R]
+        "ref_logprobs": -torch.rand(B, R, generator=g) * 5 * mask,  # [B, R]
+        "advantages": torch.randn(B, R, generator=g) * mask,  # [B, R]
+        "returns": torch.randn(B, R, generator=g) * mask,  # [B, R]
+        "old_values": torch.zeros(B, 1, R),  # [B, M=1, R]
+        "shares": torch.ones(B, 1, dtype=torch.bool),  # [B, M=1]
+        "pg_mask": response_mask,
+        "ent_mask": response_mask,
+    }
+    batch = {k: v.to(device) for k, v in batch.items()}
+    batch["token_weights"] = None
+    return batch
+
+
+def bare_update(policy, policy_opt, critic, critic_opt, batch: dict, cfg: Config, autocast) -> None:
+    """The baseline: the same passes and optimizer steps with plain losses and nothing else."""
+    R = cfg.response_len
+    mb_size = cfg.batch // cfg.minibatches
+    for _ in range(cfg.ppo_epochs):
+        for j in range(cfg.minibatches):
+            rows = range(j * mb_size, (j + 1) * mb_size)
+            for model, opt in ((policy, policy_opt), (critic, critic_opt)):
+                for s in range(rows.start, rows.stop, cfg.micro_batch):
+                    sl = slice(s, min(s + cfg.micro_batch, rows.stop))
+                    ids, am, mask = batch["input_ids"][sl], batch["attention_mask"][sl], batch["response_mask"][sl]
+                    with autocast():
+                        if model is policy:
+                            logits = model(input_ids=ids, attention_mask=am, logits_to_keep=R + 1).logits[:, :-1]
+                            tok_loss = F.cross_entropy(
+                                logits.float().flatten(0, 1), ids[:, -R:].flatten(), reduction="none"
+                            ).view_as(mask)  # [b, R]
+                        else:
+                            tok_loss = (model(ids, am, R) - batch["returns"][sl]) ** 2  # [b, R]
+                        loss = (tok_loss * mask).sum() / mask.sum()
+                    loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+
+def bench_one(preset: str, cfg: Config) -> dict:
+    device = torch.device(cfg.device)
+    autocast = (
+        (lambda: torch.autocast(device.type, dtype=torch.bfloat16))
+        if cfg.dtype == "bfloat16"
+        else contextlib.nullcontext
+    )
+    torch.manual_seed(cfg.seed)
+    policy = make_model(preset, device).eval()
+    critic = make_value_model(policy).to(device).eval()
+    batch = make_batch(policy.config.vocab_size, cfg, device)
+    ppo_cfg = pm.Config(ppo_epochs=cfg.ppo_epochs, minibatches=cfg.minibatches, micro_batch=cfg.micro_batch)
+    # each side has its own optimizers over the same parameters (separate AdamW states, same work)
+    ppo_opt = torch.optim.AdamW(policy.parameters(), lr=1e-6, weight_decay=0.0)
+    critics = Critics([critic], lr=1e-6, adam_eps=1e-8, grad_clip=1.0, ddp=False)
+    bare_opts = [torch.optim.AdamW(m.parameters(), lr=1e-6, weight_decay=0.0) for m in (policy, critic)]
+    shuffle = torch.Generator().manual_seed(cfg.seed)
+
+    def ours():
+        pm.ppo_update(ppo_cfg, policy, ppo_opt, critics, batch, 1, shuffle, autocast)
+
+    def bare():
+        bare_update(policy, bare_opts[0], critic, bare_opts[1], batch, cfg, autocast)
+
+    times = {"ppo_update": [], "bare": []}
+    for rep in range(cfg.repeats + 1):  # repeat 0 warms up both sides (and creates the AdamW states)
+        for name, fn in (("ppo_update", ours), ("bare", bare)):
+            sync(device)
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            if rep > 0:
+                times[name].append(time.perf_counter() - t0)
+    ours_s, bare_s = statistics.median(times["ppo_update"]), statistics.median(times["bare"])
+    n_tok = int(batch["attention_mask"].sum()) * cfg.ppo_epochs
+    return {
+        "preset": preset,
+        "params_M": sum(p.numel() for p in policy.parameters()) / 1e6,
+        "ppo_update_s": ours_s,
+        "bare_s": bare_s,
+        "ratio": ours_s / bare_s,
+        "tok_s_ppo": n_tok / ours_s,
+        "ppo_spread": (max(times["ppo_update"]) - min(times["ppo_update"])) / ours_s,
+        "bare_spread": (max(times["bare"]) - min(times["bare"])) / bare_s,
+    }
+
+
+def main(argv=None):
+    cfg = parse_config(Config, argv)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    rows = [bench_one(p, cfg) for p in cfg.preset or ["tiny", "2.5m"]]
+    print(
+        f"PPO update vs bare loop: batch {cfg.batch}, prompt {cfg.prompt_len}, response <= {cfg.response_len}, "
+        f"{cfg.ppo_epochs} epochs x {cfg.minibatches} minibatches, micro-batch {cfg.micro_batch}, policy + critic, "
+        f"{cfg.device} {cfg.dtype}, {torch.get_num_threads()} threads, median of {cfg.repeats} "
+        "(spread = (max - min) / median)"
+    )
+    print(format_table(rows))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

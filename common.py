@@ -1,0 +1,400 @@
+"""Plumbing shared by every minrl file; nothing algorithmic lives here.
+
+- `parse_config(Config)`: a command line built from a dataclass. The one-line string literal under
+  each field is its `--help` text; `--field-name` and `--field_name` both work.
+- `check_range` / `check_choice`: the one way config values are validated (named field, allowed range).
+- `setup_dist()` -> (rank, local_rank, world_size, device); `(0, 0, 1, cpu|cuda)` without torchrun.
+  Collective helpers return at once for world size 1, so the algorithm never branches on it.
+- Masked reductions (veRL semantics, global under DDP): `masked_sum`, `masked_mean`, `masked_var`,
+  `masked_whiten`, `masked_extreme_frac` (the top/bottom-q selections AsyPPO and attention credit use).
+- `MetricsLogger`: an aligned table on stdout, a JSONL file, optional TensorBoard.
+- `save_checkpoint` / `load_checkpoint`: `save_pretrained` (safetensors) for models, a `weights_only`
+  loadable `.pt` for optimizer and RNG state.
+
+torch is imported inside the functions that need it, so that the torch-free leaves (`scheduler.py`,
+`diagnose.py`) can use the CLI and the table writer on a machine without torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import datetime
+import inspect
+import json
+import math
+import os
+import sys
+import textwrap
+import typing
+from pathlib import Path
+
+# ----------------------------------------------------------------------------------------------
+# Config: CLI from a dataclass, and validation helpers
+
+
+def field_docs(cls) -> dict[str, str]:
+    """Map field name -> the string literal written right under it in the class body."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__[:-1]):  # base classes first, so subclasses override
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):  # defined in a notebook / REPL: no source to read
+            continue
+        body = tree.body[0].body
+        for node, nxt in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr):
+                if isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+                    docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _parser_for(tp):
+    """(argparse type, choices, nargs) for a field annotation."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal:
+        return type(args[0]), list(args), None
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        inner = [a for a in args if a is not type(None)]
+        base, choices, nargs = _parser_for(inner[0])
+        return (lambda s: None if s.lower() == "none" else base(s)), choices, nargs
+    if origin in (list, tuple):
+        return args[0], None, "*"
+    return tp, None, None
+
+
+def parse_config(cls, argv: list[str] | None = None, description: str | None = None):
+    """Build `cls` (a dataclass) from command-line flags; `--help` lists every field with its default."""
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    doc = description or (inspect.getdoc(sys.modules[cls.__module__]) or "").split("\n\n")[0]
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        names = [f"--{f.name.replace('_', '-')}"] + ([f"--{f.name}"] if "_" in f.name else [])
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        help_ = docs.get(f.name, "").replace("%", "%%")  # argparse formats help strings with %
+        if hints[f.name] is bool:
+            p.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help_)
+            continue
+        typ, choices, nargs = _parser_for(hints[f.name])
+        p.add_argument(*names, dest=f.name, type=typ, choices=choices, nargs=nargs, default=default, help=help_)
+    return cls(**vars(p.parse_args(argv)))
+
+
+def check_range(name: str, value, lo=None, hi=None, *, lo_open: bool = False, hi_open: bool = False) -> None:
+    """Raise ValueError naming the field unless lo <= value <= hi (bounds optional, open if asked)."""
+    bad = value is None or (isinstance(value, float) and not math.isfinite(value))
+    if lo is not None and not bad:
+        bad = value <= lo if lo_open else value < lo
+    if hi is not None and not bad:
+        bad = value >= hi if hi_open else value > hi
+    if bad:
+        left = "(" if lo_open else "["
+        right = ")" if hi_open else "]"
+        span = f"{left}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{right}"
+        raise ValueError(f"config field '{name}' = {value!r} is out of range: allowed {span}")
+
+
+def check_choice(name: str, value, choices) -> None:
+    """Raise ValueError naming the field unless value is one of choices."""
+    if value not in choices:
+        raise ValueError(f"config field '{name}' = {value!r}: must be one of {list(choices)}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Distributed plumbing (torch.distributed launched by torchrun; world size 1 without it)
+
+
+def setup_dist(backend: str | None = None, timeout_s: float = 120.0, device: str = "auto", init_method: str = "env://"):
+    """Init the process group if launched by torchrun. Returns (rank, local_rank, world_size, device).
+
+    backend defaults to nccl on CUDA and gloo on CPU; every collective inherits `timeout_s`, so a dead
+    rank makes the others raise instead of hanging forever. The rendezvous store (held by torchrun's
+    agent, or a file with init_method="file://...") outlives a dead rank; `collective` keeps a count
+    of who reached which collective there, so the error names the rank that failed.
+    """
+    import torch
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available() if device == "auto" else device.startswith("cuda")
+    dev = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    if world > 1 and not dist.is_initialized():
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store, rank, world = next(dist.rendezvous(init_method, rank=rank, world_size=world, timeout=timeout))
+        store.set_timeout(timeout)
+        dist.init_process_group(
+            backend or ("nccl" if use_cuda else "gloo"),
+            store=dist.PrefixStore("default_pg", store),  # the prefix init_process_group itself would use
+            rank=rank,
+            world_size=world,
+            timeout=timeout,
+        )
+        _LIVENESS.update(store=dist.PrefixStore("minrl", store), rank=rank, world=world)
+    return rank, local_rank, world, dev
+
+
+_LIVENESS: dict = {}  # set by setup_dist: the rendezvous store, this rank, the world size
+
+
+def collective(fn, *args, **kwargs):
+    """Run one collective `fn(*args, **kwargs)` (e.g. dist.all_reduce). If it fails (a peer died, or the
+    timeout passed), raise an error naming the ranks that never reached it.
+
+    Each rank counts its collectives in the rendezvous store before entering one; all ranks run the same
+    sequence, so after a failure a rank whose count is lower than ours is dead or stuck.
+    """
+    if not _LIVENESS:  # process group not made by setup_dist: no store to count in
+        return fn(*args, **kwargs)
+    store, me, world = _LIVENESS["store"], _LIVENESS["rank"], _LIVENESS["world"]
+    n = store.add(f"reached/{me}", 1)  # this is my n-th collective
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:  # gloo raises RuntimeError, nccl DistBackendError: both name no rank
+        try:
+            behind = [r for r in range(world) if r != me and store.add(f"reached/{r}", 0) < n]
+            who = f"rank(s) {behind} never reached it (dead or stuck)" if behind else "every rank had reached it"
+        except Exception as store_error:  # the store's host (rank 0 without torchrun) may be the dead one
+            who = f"the rendezvous store is unreachable too ({store_error}), so its host may be dead"
+        raise RuntimeError(f"rank {me}: collective #{n} ({fn.__name__}) failed: {who}. Cause: {e}") from e
+
+
+def world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def all_reduce_sum(t):
+    """Sum a tensor over ranks in place (identity for world size 1). Returns it."""
+    import torch.distributed as dist
+
+    if world_size() > 1:
+        collective(dist.all_reduce, t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def all_gather_cat(t):
+    """Concatenate a 1-D tensor of any length from every rank (rank order). Returns (cat, offset of mine)."""
+    import torch
+    import torch.distributed as dist
+
+    w = world_size()
+    if w == 1:
+        return t, 0
+    n = torch.tensor([t.numel()], device=t.device)
+    sizes = [torch.zeros_like(n) for _ in range(w)]
+    collective(dist.all_gather, sizes, n)
+    sizes = [int(s) for s in sizes]
+    padded = torch.zeros(max(sizes), dtype=t.dtype, device=t.device)
+    padded[: t.numel()] = t
+    parts = [torch.zeros_like(padded) for _ in range(w)]
+    collective(dist.all_gather, parts, padded)
+    return torch.cat([p[:s] for p, s in zip(parts, sizes)]), sum(sizes[: dist.get_rank()])
+
+
+def reduce_metrics(metrics: dict[str, float], device=None) -> dict[str, float]:
+    """Mean of every metric over ranks (keys ending in '_max' take the max). Identity for world size 1."""
+    if world_size() == 1 or not metrics:
+        return metrics
+    import torch
+    import torch.distributed as dist
+
+    keys = sorted(metrics)
+    mean_keys = [k for k in keys if not k.endswith("_max")]
+    max_keys = [k for k in keys if k.endswith("_max")]
+    t = torch.tensor([float(metrics[k]) for k in mean_keys], dtype=torch.float64, device=device)
+    collective(dist.all_reduce, t)
+    out = {k: v / world_size() for k, v in zip(mean_keys, t.tolist())}
+    if max_keys:
+        m = torch.tensor([float(metrics[k]) for k in max_keys], dtype=torch.float64, device=device)
+        collective(dist.all_reduce, m, op=dist.ReduceOp.MAX)
+        out.update(zip(max_keys, m.tolist()))
+    return out
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# ----------------------------------------------------------------------------------------------
+# Masked reductions. `mask` is 0/1 of the same shape as `x`. Under DDP, `global_=True` all-reduces the
+# sums so every rank gets statistics over the whole batch (DESIGN.md 7.1: global whitening).
+
+
+def masked_sum(x, mask, dim=None):
+    """sum(x * mask); positions where mask == 0 contribute exactly 0 even if x is NaN there."""
+    y = (x * mask).where(mask.bool(), x.new_zeros(()))
+    return y.sum() if dim is None else y.sum(dim)
+
+
+def masked_mean(x, mask, dim=None, global_: bool = False):
+    """veRL masked_mean: sum(x*mask) / (sum(mask) + 1e-8). Global over ranks when global_ (dim=None)."""
+    if global_:
+        s = all_reduce_sum(x.new_tensor([masked_sum(x, mask), mask.sum()], dtype=x.dtype))
+        return s[0] / (s[1] + 1e-8)
+    return masked_sum(x, mask, dim) / (mask.sum() if dim is None else mask.sum(dim)).add(1e-8)
+
+
+def masked_var(x, mask, unbiased: bool = True, global_: bool = False):
+    """Masked variance over all valid entries; Bessel-corrected like veRL; raises on < 2 valid entries."""
+    xd = x.double()  # accumulate in fp64: in fp32 the one-pass form cancels catastrophically when |mean| >> std
+    s = xd.new_tensor([masked_sum(xd, mask), mask.sum(), masked_sum(xd * xd, mask)])
+    if global_:
+        all_reduce_sum(s)
+    total, n, sq = s[0], s[1], s[2]
+    if n < 2:
+        raise ValueError(f"masked_var needs at least 2 valid entries, got {int(n)} (batch too small or all masked)")
+    mean = total / (n + 1e-8)
+    # veRL: masked_mean((x - mean)^2) = sum(mask (x - mean)^2) / (n + 1e-8), expanded so that one pass (one
+    # all-reduce under DDP) suffices; the golden test checks it against veRL, large offsets included.
+    var = (sq - 2 * mean * total + n * mean * mean) / (n + 1e-8)
+    return (var * n / (n - 1) if unbiased else var).to(x.dtype)
+
+
+def masked_whiten(x, mask, shift_mean: bool = True, global_: bool = False):
+    """(x - mean) * rsqrt(var + 1e-8) over valid entries (veRL); the mean is added back if not shift_mean."""
+    mean = masked_mean(x, mask, global_=global_)
+    var = masked_var(x, mask, global_=global_)
+    out = (x - mean) * (var + 1e-8).rsqrt()
+    return out if shift_mean else out + mean
+
+
+def masked_extreme_frac(x, mask, frac: float, largest: bool, global_: bool = False):
+    """Bool mask of the `round(frac * n)` largest (or smallest) valid entries of x, n = valid count.
+
+    Ties are broken by flat index (earlier first), so identical values select a deterministic set.
+    With global_ the selection is over the valid entries of all ranks (gathered), and each rank gets
+    its own part of the result. frac = 0 selects nothing.
+    """
+    import torch
+
+    flat_mask = mask.reshape(-1).bool()
+    vals = x.reshape(-1)[flat_mask].detach().double()
+    all_vals, offset = all_gather_cat(vals) if global_ else (vals, 0)
+    n_sel = int(round(frac * all_vals.numel()))
+    chosen = torch.zeros(all_vals.numel(), dtype=torch.bool, device=x.device)
+    if n_sel > 0:
+        # stable sort keeps index order among equal keys: ties break towards the earlier entry
+        order = torch.sort(-all_vals if largest else all_vals, stable=True).indices
+        chosen[order[:n_sel]] = True
+    out = torch.zeros_like(flat_mask)
+    out[flat_mask] = chosen[offset : offset + vals.numel()]
+    return out.reshape(mask.shape)
+
+
+# ----------------------------------------------------------------------------------------------
+# Metrics: aligned table + JSONL (+ TensorBoard if asked)
+
+
+def format_row(values: dict, columns: list[str], width: int = 10) -> str:
+    cells = []
+    for c in columns:
+        v = values.get(c, "")
+        if isinstance(v, float):
+            v = f"{v:.4g}" if abs(v) >= 1e-3 or v == 0 else f"{v:.2e}"
+        cells.append(str(v).rjust(width))
+    return " ".join(cells)
+
+
+def column_labels(columns: list[str]) -> list[str]:
+    """Short column names: the part after the last '/', or the whole name with '_' where that clashes."""
+    short = [c.split("/")[-1] for c in columns]
+    return [s if short.count(s) == 1 else c.replace("/", "_") for s, c in zip(short, columns)]
+
+
+def format_table(rows: list[dict], columns: list[str] | None = None) -> str:
+    """Rows of dicts as an aligned text table with short column names."""
+    columns = columns or list(rows[0])
+    labels = column_labels(columns)
+    width = max(10, *(len(c) for c in labels))
+    return "\n".join([" ".join(c.rjust(width) for c in labels)] + [format_row(r, columns, width) for r in rows])
+
+
+class MetricsLogger:
+    """One row per step: printed as an aligned table (rank 0), appended to `metrics.jsonl`."""
+
+    def __init__(self, out_dir: str | Path, columns: list[str], enabled: bool = True, tensorboard: bool = False):
+        self.columns, self.enabled, self.n = columns, enabled, 0
+        self.labels = column_labels(columns)
+        self.width = max(10, *(len(c) for c in self.labels))
+        self.path = Path(out_dir) / "metrics.jsonl"
+        self.tb = None
+        if enabled:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if tensorboard:
+                from torch.utils.tensorboard import SummaryWriter  # needs the `tensorboard` package
+
+                self.tb = SummaryWriter(str(self.path.parent / "tb"))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        row = {"step": step, **metrics}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.tb is not None:
+            for k, v in metrics.items():
+                self.tb.add_scalar(k, v, step)
+        if self.n % 20 == 0:
+            print(" ".join(c.rjust(self.width) for c in self.labels), flush=True)
+        print(format_row(row, self.columns, self.width), flush=True)
+        self.n += 1
+
+
+def plot_metrics(metrics_file, keys: list[str], png) -> None:
+    """One panel per metric over steps from a metrics.jsonl -> png (Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_jsonl(metrics_file)
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.3 * len(keys), 3.5), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        pts = [(r["step"], r[key]) for r in rows if key in r]
+        if pts:
+            ax.plot(*zip(*pts), marker="." if len(pts) < 50 else None)
+        ax.set(title=key, xlabel="step")
+    fig.tight_layout()
+    fig.savefig(png, dpi=80)
+    plt.close(fig)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoints: models as save_pretrained (safetensors), the rest in a weights_only-loadable .pt
+
+
+def save_checkpoint(path: str | Path, models: dict, state: dict) -> None:
+    """models: name -> HF PreTrainedModel (or a module with save_pretrained); state: tensors/numbers/dicts."""
+    import torch
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    for name, m in models.items():
+        m.save_pretrained(path / name)
+    torch.save(state, path / "state.pt")
+
+
+def load_state(path: str | Path) -> dict:
+    import torch
+
+    return torch.load(Path(path) / "state.pt", weights_only=True, map_location="cpu")

@@ -1,0 +1,400 @@
+"""Value models for PPO: one critic, or AsyPPO's ensemble of M mini-critics (arXiv 2510.01656).
+
+    python critics.py          # quick side by side (< 2 min): PPO (actor-sized critic) vs AsyPPO
+    python critics.py --full   # GRPO, PPO (actor-sized / mini critic), AsyPPO (2 mini): seeds, table, PNG
+    torchrun --standalone --nproc_per_node=2 ppo_minimal.py --critic asyppo  # each critic data-parallel
+
+A critic is a causal-LM backbone (Hugging Face `AutoModel`) with a scalar head; `V(s_t)`, the value BEFORE
+token t, reads the hidden state at position P + t - 1. Interface (DESIGN.md 5): `Critics.values(...)` ->
+[M, B, R] under no_grad; `Critics.step(...)` -> metrics, critic m on the rows of its share.
+
+AsyPPO (Liu et al. 2025; papers.md section 1), one iteration in the trainer's order:
+  1. V_m(s_t) of every critic [M, B, R], from the critics BEFORE their update (papers.md 1a, "ordering");
+  2. GAE on V̄ = mean_m V_m (mean beat min, Fig. 9d); critic m's value target is R^(m) = GAE(V_m) + V_m;
+  3. `asyppo_masks`, after whitening: sigma_t = std_m V_m(s_t); the PPO term is dropped on the lowest-k
+     fraction of sigma (critics agree), the entropy bonus on the highest-h fraction (1a, "advantage masking",
+     "entropy filtering"); 4. actor step; critic m steps on its share of each group only.
+
+Implementation details (our choices where the paper is silent)
+1. The value head is zero-initialised (the first values are 0); dropout is off (`.eval()` throughout).
+2. Critic: the actor's first round(critic_depth * L) decoder layers, copied (tokenizer and warm-start come
+   along); critic_depth 1.0 for plain PPO, 0.5 for AsyPPO ("mini"). `--critic-model PATH` loads another
+   model whose tokenizer must equal the actor's (vocabularies compared; papers.md 1e pitfall 8).
+3. Value loss: the clipped loss of DESIGN.md 7.1 per critic (`loss_fn`, passed in by the trainer).
+4. Partition (1a): per prompt group, a seeded shuffle split into M equal shares, with its own generator
+   (seed + rank), so M = 1 draws nothing; G % M != 0 is a config error (pitfall 3).
+5. sigma is the population std over critics (correction 0: M = 1 gives 0, not NaN), detached (pitfall 5).
+6. Quantiles over all valid tokens of the batch, gathered over ranks (`common.masked_extreme_frac`,
+   pitfall 1): the round(k n) smallest sigma lose the PPO term; the highest-h set is the complement of the
+   round((1 - h) n) smallest: one ascending order (ties by index), so the sets never overlap when k + h <= 1,
+   even when identical critics tie (sigma = 0 before the first critic step; `--critic-warmup-steps`).
+7. Normaliser (DESIGN.md 7.2, pitfall 4): the masks multiply the per-token losses and the denominator
+   still counts every valid token, so masking shrinks the step (by about 1 - k) instead of re-weighting.
+8. Critic warm-up (pitfall 7): `--critic-warmup-steps` iterations train the critics only; the actor's
+   optimizer does not step and its lr warm-up starts afterwards (the slime-fork script uses 10).
+9. Memory (`critic_footprint`, vs an actor-sized critic counted alike): weights and AdamW moments of every
+   critic persist (12 B/param, fp32); gradients and activations (the tensors autograd saves in one forward)
+   of one critic and one micro-batch at a time. On a GPU the trainer also logs max_memory_allocated.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from common import masked_extreme_frac, masked_mean, masked_var
+
+
+@dataclass
+class Config:
+    full: bool = False
+    """Run the full comparison (GRPO, PPO actor-sized critic, PPO mini critic, AsyPPO) over `seeds` seeds."""
+    seeds: int = 3
+    """Seeds per method with --full (the quick run uses seed 0)."""
+    steps: int = 0
+    """RL iterations per run (0 = 30 quick, 150 full)."""
+    target_acc: float = 0.8
+    """Eval accuracy whose first crossing is reported as steps-to-target."""
+    train_args: str = ""
+    """Extra ppo_minimal flags for every run, e.g. "--device cuda --eval-every 5 --critic-warmup-steps 5"."""
+    jobs: int = 1
+    """Runs in parallel (processes; each run is still single-process training)."""
+    out_dir: str = "runs/critics"
+    """Where each run's folder, the summary JSON and curves.png go."""
+
+
+class ValueModel(nn.Module):
+    """A causal-LM backbone with a scalar value head."""
+
+    def __init__(self, backbone: nn.Module, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone  # base model: returns hidden states, no LM head
+        self.head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.head.weight)  # detail 1: V = 0 at the start
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids, attention_mask, response_len: int):
+        """Values [B, R]: V(s_t) from the hidden state at position P + t - 1."""
+        pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [B, P+R] left padding aware
+        h = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).last_hidden_state
+        return self.head(h[:, -response_len - 1 : -1]).squeeze(-1).float()  # [B, R]
+
+    def save_pretrained(self, path):
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        self.backbone.save_pretrained(path)
+        save_file({k: v.contiguous() for k, v in self.head.state_dict().items()}, str(path / "value_head.safetensors"))
+
+    @staticmethod
+    def from_pretrained(path, dtype=None):
+        from safetensors.torch import load_file
+        from transformers import AutoModel
+
+        backbone = AutoModel.from_pretrained(path, dtype=dtype)
+        vm = ValueModel(backbone, backbone.config.hidden_size)
+        head = Path(path) / "value_head.safetensors"
+        if head.exists():  # a saved critic; a plain LM folder gets a fresh zero head
+            vm.head.load_state_dict(load_file(str(head)))
+        return vm
+
+
+def keep_first_layers(backbone: nn.Module, depth: float) -> nn.Module:
+    """Truncate a decoder backbone in place to its first max(1, round(depth * L)) layers (detail 2)."""
+    name = next((n for n in ("layers", "h") if isinstance(getattr(backbone, n, None), nn.ModuleList)), None)
+    if name is None:
+        raise ValueError(f"cannot find the decoder layers of {type(backbone).__name__}: pass --critic-model instead")
+    n = max(1, round(depth * len(getattr(backbone, name))))
+    setattr(backbone, name, nn.ModuleList(list(getattr(backbone, name))[:n]))
+    backbone.config.num_hidden_layers = n
+    if getattr(backbone.config, "layer_types", None) is not None:  # per-layer attention kinds (transformers 5)
+        backbone.config.layer_types = backbone.config.layer_types[:n]
+    return backbone
+
+
+def make_value_model(policy, critic_model: str | None = None, tokenizer=None, depth: float = 1.0) -> ValueModel:
+    """A critic: the policy's first layers (copied, `depth` of them, detail 2), or the model `critic_model`,
+    whose saved tokenizer must have exactly the actor's vocabulary (pitfall 8)."""
+    if critic_model is None:
+        backbone = keep_first_layers(copy.deepcopy(policy.base_model), depth)
+        return ValueModel(backbone, policy.config.hidden_size).eval()
+    if not Path(critic_model).exists() and "/" not in critic_model:
+        raise FileNotFoundError(f"critic model {critic_model!r} is neither a local folder nor a hub name")
+    if tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        try:
+            other, mine = AutoTokenizer.from_pretrained(critic_model).get_vocab(), tokenizer.get_vocab()
+        except (OSError, ValueError) as e:
+            raise ValueError(f"critic model {critic_model!r}: no loadable tokenizer ({e})") from e
+        if mine != other:
+            diff = sorted(set(mine.items()) ^ set(other.items()))[:4]
+            raise ValueError(
+                f"critic model {critic_model!r} has another tokenizer than the actor ({len(other)} vs {len(mine)} "
+                f"tokens; first differences {diff}): critics must share the actor's tokenizer"
+            )
+    return ValueModel.from_pretrained(critic_model).eval()
+
+
+def partition_shares(group_ids, n_critics: int, generator: torch.Generator):
+    """[B, M] bool: each group's samples split without overlap into M equal shares (seeded shuffle).
+
+    M = 1 gives every row to the one critic and draws nothing from the generator (detail 4).
+    """
+    B = group_ids.numel()
+    shares = torch.zeros(B, n_critics, dtype=torch.bool, device=group_ids.device)  # [B, M]
+    if n_critics == 1:
+        return shares.fill_(True)
+    for g in group_ids.unique():
+        idx = (group_ids == g).nonzero().squeeze(1)  # [G] rows of this group
+        if len(idx) % n_critics:
+            raise ValueError(f"group {int(g)} has {len(idx)} samples: not divisible by {n_critics} critics")
+        perm = idx[torch.randperm(len(idx), generator=generator).to(idx.device)]
+        for m, part in enumerate(perm.chunk(n_critics)):
+            shares[part, m] = True
+    return shares
+
+
+def asyppo_masks(all_values, response_mask, k: float, h: float):
+    """AsyPPO token masks from critic disagreement. all_values [M, B, R], response_mask [B, R] (0/1).
+
+    Returns pg_mask [B, R] (0 where the PPO term is dropped: the lowest-k fraction of sigma), ent_mask
+    [B, R] (0 where the entropy bonus is dropped: the highest-h fraction) and a metrics dict.
+    """
+    mask = response_mask.bool()
+    # sigma_t = std_m V_m(s_t), population std (papers.md 1a; detail 5)
+    sigma = all_values.detach().float().std(0, correction=0) * mask  # [B, R]
+    # I^A_t = 0 if sigma_t in Low_k(sigma)  (advantage masking; detail 6)
+    low = masked_extreme_frac(sigma, mask, k, largest=False, global_=True)  # [B, R]
+    # I^H_t = 0 if sigma_t in Top_h(sigma) = not among the (1 - h) fraction of smallest (entropy filtering)
+    top = mask & ~masked_extreme_frac(sigma, mask, 1.0 - h, largest=False, global_=True)  # [B, R]
+    pg_mask, ent_mask = (mask & ~low).to(response_mask.dtype), (mask & ~top).to(response_mask.dtype)  # [B, R] each
+    fmask, sigma_mean = mask.float(), masked_mean(sigma, mask.float(), global_=True)
+    v_std = masked_var(all_values.detach().float().mean(0), fmask, global_=True).sqrt()  # spread of V̄ over tokens
+    metrics = {
+        "stats/sigma_mean": float(sigma_mean),
+        "stats/sigma_max": float(sigma.max()) if sigma.numel() else 0.0,
+        "stats/sigma_rel": float(sigma_mean / (v_std + 1e-8)),  # critic disagreement relative to that spread
+        "stats/asyppo_pg_masked_frac": float(masked_mean(low.float(), fmask, global_=True)),
+        "stats/asyppo_ent_filtered_frac": float(masked_mean(top.float(), fmask, global_=True)),
+    }
+    return pg_mask, ent_mask, metrics
+
+
+def explained_variance(values, returns, mask) -> float:
+    """1 - Var[R - V] / Var[R] over valid tokens (global under DDP); 1 is a perfect fit."""
+    var_r = masked_var(returns, mask, global_=True)
+    return float(1.0 - masked_var(returns - values, mask, global_=True) / (var_r + 1e-8))
+
+
+class Critics:
+    """M value models with their optimizers (DDP-wrapped when world size > 1). M = 1 is plain PPO."""
+
+    def __init__(self, models: list[ValueModel], *, lr: float, adam_eps: float, grad_clip: float, ddp: bool):
+        self.models = models
+        self.train_models = [torch.nn.parallel.DistributedDataParallel(m) if ddp else m for m in models]
+        self.opts = [torch.optim.AdamW(m.parameters(), lr=lr, eps=adam_eps, weight_decay=0.0) for m in models]
+        self.grad_clip = grad_clip
+
+    @torch.no_grad()
+    def values(self, input_ids, attention_mask, response_len: int, micro_batch: int):
+        """[M, B, R] values of every critic, computed in micro-batches without gradient."""
+        mbs = [slice(i, i + micro_batch) for i in range(0, input_ids.shape[0], micro_batch)]
+        values = [torch.cat([m(input_ids[s], attention_mask[s], response_len) for s in mbs]) for m in self.models]
+        return torch.stack(values)  # [M, B, R]
+
+    def step(
+        self, input_ids, attention_mask, response_mask, returns, old_values, shares, loss_fn, norm_fn, micro_batch: int
+    ) -> dict:
+        """One optimizer step per critic on a minibatch: old_values [b, M, R]; shares [b, M] (rows per critic);
+        returns [b, M, R] (a target per critic) or [b, R]. loss_fn(v, old_v, returns, mask, denom) -> (loss,
+        metrics) is the trainer's clipped value loss; norm_fn(mask) its aggregation's global denominator."""
+        metrics = {}
+        R = response_mask.shape[1]
+        for k, (model, opt) in enumerate(zip(self.train_models, self.opts)):
+            mask = response_mask * shares[:, k, None]  # [b, R] critic k's rows only
+            target = returns[:, k] if returns.dim() == 3 else returns  # [b, R]
+            denom = norm_fn(mask)
+            losses = []
+            for i in range(0, input_ids.shape[0], micro_batch):
+                sl = slice(i, i + micro_batch)
+                v = model(input_ids[sl], attention_mask[sl], R)  # [mb, R]
+                loss, m = loss_fn(v, old_values[sl, k], target[sl], mask[sl], denom)
+                loss.backward()
+                losses.append(loss.detach())
+            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), self.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            metrics[f"critic/loss_{k}"] = float(sum(losses))
+            metrics[f"critic/grad_norm_{k}"] = float(gn)
+            metrics["critic/vf_clipfrac"] = float(m["vf_clipfrac"])  # a CUDA tensor breaks np.mean in ppo_update
+        return metrics
+
+    def save(self, path):
+        for k, m in enumerate(self.models):
+            m.save_pretrained(Path(path) / f"critic_{k}")
+
+    def state(self) -> dict:
+        return {f"critic_opt_{k}": o.state_dict() for k, o in enumerate(self.opts)}
+
+    def load(self, path, state: dict):
+        """Restore weights (from `save`) and optimizer states (from `state`)."""
+        for k, (m, o) in enumerate(zip(self.models, self.opts)):
+            m.load_state_dict(ValueModel.from_pretrained(Path(path) / f"critic_{k}").state_dict())
+            o.load_state_dict(state[f"critic_opt_{k}"])
+
+
+def value_stats(values_mean, returns, mask, all_values, critic_returns) -> dict:
+    """Fit of the ensemble mean [B, R] to the returns, and of each critic [M, B, R] to its own targets [B, M, R]."""
+    m = {
+        f"critic/explained_var_{k}": explained_variance(v, critic_returns[:, k], mask) for k, v in enumerate(all_values)
+    }
+    m["stats/value_mean"] = float(masked_mean(values_mean, mask, global_=True))
+    m["critic/explained_var"] = explained_variance(values_mean, returns, mask)
+    return m
+
+
+def saved_activation_bytes(model: nn.Module, input_ids, attention_mask, response_len: int) -> int:
+    """Bytes of the tensors autograd saves for backward in one forward of `model` (parameters excluded)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(t):  # keyed by storage: views of one buffer count once
+        if (ptr := t.untyped_storage().data_ptr()) not in params:
+            saved[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids, attention_mask, response_len)
+    return sum(saved.values())
+
+
+def critic_footprint(models: list[nn.Module], policy, input_ids, attention_mask, response_len: int) -> dict:
+    """Parameters and training memory (MB) of the critics vs one actor-sized critic (detail 9):
+    memory = sum_m P_m (weights + 2 AdamW moments) + max_m (P_m gradients + activations of this micro-batch)."""
+    actor_sized = ValueModel(policy.base_model, policy.config.hidden_size).to(policy.device)  # shares the actor weights
+
+    def usage(ms):
+        n = [sum(p.numel() for p in m.parameters()) for m in ms]
+        size = [next(m.parameters()).element_size() for m in ms]
+        act = [saved_activation_bytes(m, input_ids, attention_mask, response_len) for m in ms]
+        transient = max(p * s + a for p, s, a in zip(n, size, act))
+        return sum(n), (sum(3 * p * s for p, s in zip(n, size)) + transient) / 2**20
+
+    keys = ("critic/params", "critic/mem_mb", "critic/actor_sized_params", "critic/actor_sized_mem_mb")
+    return dict(zip(keys, map(float, [*usage(models), *usage([actor_sized])])))
+
+
+METHODS = {  # main()'s experiment: trainer flags per method; only the advantage estimator and the critic differ
+    "grpo": ["--adv-estimator", "grpo"],
+    "ppo_1_full": ["--critic", "value", "--critic-depth", "1.0"],  # one actor-sized critic
+    "ppo_1_mini": ["--critic", "value", "--critic-depth", "0.5"],  # one mini critic (half the layers)
+    "asyppo_2_mini": ["--critic", "asyppo", "--n-critics", "2", "--critic-depth", "0.5"],
+}
+CURVES = ("rollout/reward_mean", "critic/explained_var", "stats/sigma_rel")  # per-step curves plotted
+
+
+def run_one(spec: dict) -> dict:
+    """One training run (here or in a pool worker): eval history, last metrics, per-step curves, wall time."""
+    import ppo_minimal  # allowed back-edge: a script entry point imports the trainer (DESIGN.md 2)
+    from common import parse_config, read_jsonl
+
+    cfg = parse_config(ppo_minimal.Config, spec["argv"])
+    t0 = time.perf_counter()
+    out = ppo_minimal.train(cfg)
+    wall, rows = time.perf_counter() - t0, read_jsonl(Path(cfg.out_dir) / "metrics.jsonl")
+    curves = {k: [r.get(k) for r in rows] for k in CURVES}
+    return {**spec, "wall_s": wall, "eval": out.pop("eval_history"), "last": out, "curves": curves}
+
+
+def summarize(results: list[dict], target: float) -> list[dict]:
+    """One row per method: mean ± std over seeds of final/best accuracy, steps to target, time, memory."""
+    import numpy as np
+
+    def pm(xs, f=".2f"):
+        return f"{np.mean(xs):{f}} ± {np.std(xs):{f}}" if xs else "-"
+
+    rows = []
+    for name in dict.fromkeys(r["method"] for r in results):
+        rs = [r for r in results if r["method"] == name]
+        last = {k: [r["last"][k] for r in rs if k in r["last"]] for k in rs[0]["last"]}  # metric -> over seeds
+        hit = [s for s in (next((s for s, a in r["eval"] if a >= target), None) for r in rs) if s is not None]
+        rows.append(
+            {
+                "method": name,
+                "final_acc": pm([r["eval"][-1][1] for r in rs]),
+                "best_acc": pm([max(a for _, a in r["eval"]) for r in rs]),
+                f"steps_to_{target}": f"{pm(hit, '.0f')} ({len(hit)}/{len(rs)})",
+                "wall_s": pm([r["wall_s"] for r in rs], ".0f"),
+                "critic_params": f"{last['critic/params'][0] / 1e3:.0f}K" if "critic/params" in last else "-",
+                "critic_mem_mb": f"{last['critic/mem_mb'][0]:.1f}" if "critic/mem_mb" in last else "-",
+                "gpu_peak_mb": pm(last.get("perf/max_mem_allocated_mb", []), ".0f"),
+                "explained_var": pm(last.get("critic/explained_var", [])),
+                "sigma_rel": pm(last.get("stats/sigma_rel", [])),
+            }
+        )
+    return rows
+
+
+def plot(results: list[dict], path: Path) -> None:
+    """Eval accuracy (mean ± std over seeds), rollout reward, critic fit and AsyPPO's sigma, per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
+    for i, name in enumerate(dict.fromkeys(r["method"] for r in results)):
+        rs = [r for r in results if r["method"] == name]
+        steps, acc = [s for s, _ in rs[0]["eval"]], np.array([[a for _, a in r["eval"]] for r in rs])  # [seeds, n]
+        axes[0].plot(steps, acc.mean(0), marker=".", label=name, color=f"C{i}")
+        axes[0].fill_between(steps, acc.mean(0) - acc.std(0), acc.mean(0) + acc.std(0), alpha=0.2, color=f"C{i}")
+        for ax, key in zip(axes[1:], CURVES):
+            if rs[0]["curves"][key][-1] is not None:
+                y = np.mean([r["curves"][key] for r in rs], 0)  # [steps] mean over seeds
+                ax.plot(np.arange(1, len(y) + 1), y, label=name, color=f"C{i}")
+    for ax, title in zip(axes, ["eval/acc (greedy, held out)", *CURVES]):
+        ax.set(title=title, xlabel="step")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main(argv=None):
+    import contextlib
+    import json
+    import multiprocessing
+    import shlex
+
+    from common import format_table, parse_config
+
+    cfg = parse_config(Config, argv)
+    steps = cfg.steps or (150 if cfg.full else 30)
+    methods = list(METHODS) if cfg.full else ["ppo_1_full", "asyppo_2_mini"]
+    seeds = list(range(cfg.seeds)) if cfg.full else [0]
+    out = Path(cfg.out_dir) / ("full" if cfg.full else "quick")
+    # every method gets AsyPPO's entropy bonus, so that only the critic differs between the PPO variants
+    quick = "" if cfg.full else "--prompts-per-step 8 --eval-n 200"  # half the batch: about a minute on 2 cores
+    shared = shlex.split(f"--steps {steps} --ent-coef 1e-3 {quick} {cfg.train_args}")
+    specs = [
+        {"method": m, "seed": s, "argv": [*METHODS[m], *shared, "--seed", str(s), "--out-dir", str(out / f"{m}-s{s}")]}
+        for m in methods
+        for s in seeds
+    ]
+    with multiprocessing.get_context("spawn").Pool(cfg.jobs) if cfg.jobs > 1 else contextlib.nullcontext() as pool:
+        results = pool.map(run_one, specs, chunksize=1) if pool else [run_one(s) for s in specs]
+    (out / "summary.json").write_text(json.dumps(results, indent=1))
+    plot(results, out / "curves.png")
+    print(f"\n{len(seeds)} seed(s) x {steps} steps, flags {shared}; curves: {out / 'curves.png'}")
+    print(format_table(summarize(results, cfg.target_acc)))
+
+
+if __name__ == "__main__":
+    main()

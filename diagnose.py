@@ -1,0 +1,500 @@
+"""Failure-mode diagnosis of an RL post-training run from its per-step metrics (numpy + stdlib, no torch).
+
+    python diagnose.py runs/ppo/    # a run dir with metrics.jsonl; or a .jsonl (ours, veRL's file logger),
+    python diagnose.py metrics.csv  # a .csv, or TRL's trainer_state.json (its log_history)
+
+One line per failure mode found (stable id, step where it started, evidence, likely cause, what to try),
+then the checks that ran and those skipped, with why. Exit code 0: nothing flagged; 1: something flagged;
+2: unreadable input (the message names the file and line). Live, inside a training loop:
+`for finding in diag.update(step, metrics): print("WARNING", finding)` with `diag = LiveDiagnoser()`.
+
+Implementation details (our choices):
+1. NAME_MAP maps veRL and TRL GRPOTrainer names onto ours (checked against veRL's metric_utils.py,
+   ray_trainer.py, dp_actor.py, TRL's grpo_trainer.py); not TRL's PPOTrainer, whose objective/kl is a sum.
+2. A check is a condition on one step plus a bounded window of the past; a failure is reported once it holds
+   on `<id>.persist` consecutive steps where the check could run, dated to the FIRST step of that streak,
+   and clears after `clear_steps` steps without it. `diagnose(rows)` is `LiveDiagnoser` fed row by row, so
+   both agree by construction; an update costs O(window), the history is never re-scanned.
+3. Levels are medians of `baseline_n` values. flat_reward = no progress since the start and no significant
+   trend in the window (a plateau after a rise is convergence, not a broken signal). A reward >= 0.9
+   reward_max (or accuracy >= 0.9) is saturated: not flat, and low entropy / equal-reward groups are expected.
+4. Non-finite values anywhere raise nan_inf and stay out of windows. "Unknown columns" is an input error only
+   when NO column is known (veRL logs hundreds we do not use; they are listed). "0.5"/"nan" text is read.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import statistics
+import sys
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from common import check_range, format_table, parse_config
+
+
+@dataclass
+class Config:
+    path: str = ""
+    """run directory (with metrics.jsonl), .jsonl/.csv metrics file, or TRL trainer_state.json (or 1st positional)"""
+    reward_max: float = 1.0
+    """largest reward the task gives; a reward within a tenth of it counts as saturated"""
+
+    def __post_init__(self):
+        check_range("reward_max", self.reward_max, 0, None, lo_open=True)
+
+
+@dataclass(frozen=True)
+class Threshold:
+    name: str
+    value: float
+    why: str
+
+
+# The one table of thresholds; `<id>.persist` = consecutive steps a condition must hold before it is reported.
+THRESHOLDS = (
+    Threshold("window", 40, "trend/reference window: covers a 20-step lr warm-up and batch noise; fits CPU runs"),
+    Threshold("baseline_n", 5, "values in a median level (start, recent) and least history for a reference median"),
+    Threshold("clear_steps", 3, "steps without the condition before a reported failure clears (no flicker)"),
+    Threshold("saturated_frac", 0.9, "reward >= 0.9 reward_max or acc >= 0.9: at the ceiling, not stuck"),
+    Threshold("flat_reward.min_gain", 0.1, "a rise < 0.1 reward std (0.05 reward_max without std) is no progress"),
+    Threshold("flat_reward.t_stat", 2.0, "a window slope under 2 standard errors is no trend (noise)"),
+    Threshold("zero_variance_groups.frac", 0.75, "3/4 of groups all-equal: < 1/4 of the batch has any advantage"),
+    Threshold("zero_variance_groups.persist", 3, "one batch of easy prompts happens; three in a row is a pattern"),
+    # a default run (score std 0.22, 7 tokens, KL <= 0.5/token, beta 0.05-0.1) sits at 1-3; 0.01x scores ~100x lower
+    Threshold("reward_scale.kl_ratio", 0.25, "score std < len*mean|beta*kl|/4: the KL term swamps the task signal"),
+    Threshold("reward_scale.adv_tiny", 1e-2, "mean |adv| < 0.01 while groups differ: an unnormalised tiny reward"),
+    Threshold("reward_scale.huge", 10.0, "|return| or return std > 10: beyond the O(1) scale of value heads/clip"),
+    Threshold("reward_scale.value_err", 10.0, "sqrt(2 value loss) > 10x score std: the critic's noise rules"),
+    Threshold("reward_scale.persist", 3, "KL is ~0 on the first steps; the ratio must stay low, not dip once"),
+    Threshold("kl_blowup.max", 2.0, "KL > 2 nat/token: tokens ~7x likelier than the reference (default run: < 0.6)"),
+    Threshold("kl_blowup.jump", 10.0, "KL 10x its median over the previous window: a jump, not a drift"),
+    Threshold("kl_blowup.jump_floor", 0.1, "jumps count only above 0.1 nat/token (0.001 -> 0.01 is harmless)"),
+    Threshold("kl_blowup.persist", 2, "one noisy batch can spike; two steps in a row"),
+    Threshold("entropy_collapse.rel", 0.1, "entropy < 10% of its starting value: sampling is nearly greedy"),
+    Threshold("entropy_collapse.abs", 0.01, "entropy < 0.01 nat/token: no exploration left"),
+    Threshold("entropy_collapse.persist", 3, "entropy is noisy per batch; three steps in a row"),
+    Threshold("logprob_mismatch.first_mb_clipfrac", 1e-3, "ratio == 1 before the first step: any clipping is a bug"),
+    Threshold("logprob_mismatch.first_mb_ratio_dev", 0.1, "max |ratio-1| there: ~1e-6 fp32, a few % bf16 at most"),
+    # a sampling temperature of 0.7 missing on one side gives 0.08-0.26 (0.02-0.09 in probability)
+    Threshold("logprob_mismatch.rollout_vs_old_logp_diff", 0.05, "mean |dlogp|: 1e-7 fp32, 0.01-0.03 bf16 sampler"),
+    Threshold("logprob_mismatch.rollout_vs_old_prob_diff", 0.02, "veRL mean |dp|: ~0.003 bf16, ~0.012 fp8 sampler"),
+    Threshold("logprob_mismatch.persist", 2, "old logprobs are recomputed each step; a bug shows every step"),
+    Threshold("high_truncation.frac", 0.2, "a fifth of responses without EOS: their reward and mask are suspect"),
+    Threshold("high_truncation.persist", 3, "early policies truncate briefly; three steps is a pattern"),
+    Threshold("value_divergence.ev_min", -0.5, "explained variance < -0.5: far worse than a constant critic"),
+    Threshold("value_divergence.ev_warmup", 10, "a fresh critic starts negative; judge it after 10 values"),
+    Threshold("value_divergence.loss_factor", 10.0, "value loss > 10x max(start, 0.5 return var): diverging"),
+    Threshold("value_divergence.persist", 3, "value loss is noisy per batch; three steps in a row"),
+    Threshold("grad_spike.factor", 10.0, "grad norm 10x the median of the previous window; noise is 2-3x"),
+)
+TH = {t.name: t.value for t in THRESHOLDS}
+
+# (their name, our name); when several map to one of ours, the first present wins (our own name first).
+NAME_MAP = (
+    ("critic/score/mean", "rollout/reward_mean"),  # veRL: metric_utils.compute_data_metrics
+    ("critic/score/max", "rollout/score_max"),
+    ("critic/score/min", "rollout/score_min"),
+    ("critic/rewards/mean", "rollout/reward_kl_mean"),  # score minus the in-reward KL penalty, per sequence
+    ("critic/advantages/mean", "stats/adv_mean"),
+    ("critic/advantages/max", "stats/adv_max"),
+    ("critic/advantages/min", "stats/adv_min"),
+    ("critic/returns/mean", "stats/return_mean"),
+    ("critic/vf_explained_var", "critic/explained_var"),
+    ("critic/vf_loss", "loss/value"),
+    ("response_length/mean", "rollout/response_len"),
+    ("response_length/clip_ratio", "rollout/truncated_frac"),
+    ("actor/pg_clipfrac", "stats/clipfrac"),  # veRL: actor update
+    ("actor/ppo_kl", "stats/approx_kl"),
+    ("actor/entropy", "stats/entropy"),
+    ("actor/pg_loss", "loss/policy"),
+    ("actor/grad_norm", "stats/grad_norm"),
+    ("actor/kl_loss", "stats/kl"),  # KL to the reference as a loss (raw, before its coefficient)
+    ("actor/reward_kl_penalty", "stats/kl"),  # KL to the reference in the reward
+    ("training/rollout_probs_diff_mean", "stats/rollout_vs_old_prob_diff"),  # mean |p_rollout - p_actor|
+    ("training/rollout_probs_diff_max", "stats/rollout_vs_old_prob_diff_max"),
+    ("reward", "rollout/reward_mean"),  # TRL GRPOTrainer
+    ("reward_std", "rollout/reward_std"),
+    ("frac_reward_zero_std", "rollout/zero_std_frac"),
+    ("kl", "stats/kl"),
+    ("entropy", "stats/entropy"),
+    ("clip_ratio/region_mean", "stats/clipfrac"),
+    ("completions/clipped_ratio", "rollout/truncated_frac"),
+    ("completions/mean_length", "rollout/response_len"),
+    ("grad_norm", "stats/grad_norm"),
+    ("loss", "loss/policy"),
+    ("sampling/sampling_logp_difference/mean", "stats/rollout_vs_old_logp_diff"),  # vLLM vs trainer, mean |dlogp|
+)
+# what logprob_mismatch reads; the threshold of stats/<x> is logprob_mismatch.<x>
+MISMATCH = ("stats/first_mb_clipfrac", "stats/first_mb_ratio_dev", "stats/rollout_vs_old_logp_diff")
+MISMATCH += ("stats/rollout_vs_old_prob_diff",)
+ONLY_OURS = ("rollout/acc", "stats/score_std", "stats/token_reward_kl_abs", "stats/adv_abs_mean", "stats/return_std")
+KNOWN = frozenset(ONLY_OURS + MISMATCH) | {ours for _, ours in NAME_MAP}  # every name a check reads, and more
+FOREIGN = frozenset(theirs for theirs, _ in NAME_MAP)
+
+
+def to_ours(metrics: dict) -> dict:
+    """Rename veRL/TRL keys to ours (NAME_MAP); our names and unknown keys pass through unchanged."""
+    out = {k: v for k, v in metrics.items() if k not in FOREIGN}
+    for theirs, ours in NAME_MAP:
+        if metrics.get(theirs) is not None and out.get(ours) is None:
+            out[ours] = metrics[theirs]
+    return out
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    step: int
+    evidence: str
+    cause: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.id} @ step {self.step}: {self.evidence} | likely cause: {self.cause} | try: {self.fix}"
+
+
+def _med(xs) -> float:
+    return float(statistics.median(xs))  # stdlib: faster than numpy on a window of ~20 values
+
+
+class LiveDiagnoser:
+    """Feed one metrics row per step (any supported names); `update` returns the findings new at this step."""
+
+    def __init__(self, reward_max: float = 1.0):
+        self.reward_max = reward_max
+        self.hist: dict[str, deque] = {}  # name -> (step, value): the last window + 1 finite values
+        self.first: dict[str, list[float]] = {}  # name -> its first baseline_n finite values
+        self.count: dict[str, int] = {}  # name -> finite values seen so far
+        self.cur: dict[str, float] = {}  # this step's finite known values
+        self.nonfinite: list[str] = []  # this step's non-finite values, any column
+        self.streak: dict[str, list] = {}  # id -> [start step, consecutive hits]
+        self.active: dict[str, int] = {}  # reported id -> consecutive misses since
+        self.evaluated: set[str] = set()
+
+    def update(self, step: int, metrics: dict) -> list[Finding]:
+        step, self.cur, self.nonfinite = int(step), {}, []
+        for k, v in to_ours(metrics).items():
+            if k == "step" or isinstance(v, bool) or not isinstance(v, (int, float, np.number)):
+                continue
+            if not math.isfinite(v):
+                self.nonfinite.append(f"{k}={v}")
+            elif k in KNOWN:
+                self.cur[k] = float(v)
+                self.hist.setdefault(k, deque(maxlen=int(TH["window"]) + 1)).append((step, float(v)))
+                self.count[k] = self.count.get(k, 0) + 1
+                if len(self.first.setdefault(k, [])) < TH["baseline_n"]:
+                    self.first[k].append(float(v))
+        new = []
+        for cid, check, _ in CHECKS:
+            res = check(self)
+            if res is None:  # its metrics are not in this row, or its window is not full yet
+                continue
+            self.evaluated.add(cid)
+            hit, evidence, start = res
+            if not hit:
+                self.streak.pop(cid, None)
+                if cid in self.active:
+                    self.active[cid] += 1
+                    if self.active[cid] >= TH["clear_steps"]:
+                        del self.active[cid]
+                continue
+            s = self.streak.setdefault(cid, [step if start is None else min(start, step), 0])
+            s[1] += 1
+            if cid in self.active:
+                self.active[cid] = 0
+            elif s[1] >= TH.get(f"{cid}.persist", 1):
+                self.active[cid] = 0
+                cause, fix = " ".join(check.__doc__.split()).split(" Try: ")
+                new.append(Finding(cid, s[0], evidence, cause, fix))
+        return new
+
+    def skipped(self) -> dict[str, str]:
+        """Check id -> why it never ran (none of its metrics logged, or too few steps for its window)."""
+        out = {}
+        for cid, _, needs in CHECKS:
+            if cid not in self.evaluated:
+                seen = any(n in self.count for n in needs)
+                out[cid] = "too few steps for its window" if seen else "needs " + " or ".join(needs)
+        if "logprob_mismatch" in out and "stats/clipfrac" in self.count:  # veRL/TRL average over all minibatches
+            out["logprob_mismatch"] += "; an all-minibatch clip fraction mixes in the ratio's normal drift"
+        return out
+
+    def vals(self, name: str) -> list[float]:
+        return [v for _, v in self.hist.get(name, ())]
+
+    def prev(self, name: str) -> list[float]:
+        v = self.vals(name)
+        return v[:-1] if name in self.cur else v  # the window before this step
+
+    def base(self, name: str) -> float | None:
+        f = self.first.get(name, [])
+        return _med(f) if len(f) >= TH["baseline_n"] else None
+
+    def saturated(self) -> bool:
+        """Recent accuracy (or reward) at the ceiling: median of the last baseline_n values."""
+        n, f = int(TH["baseline_n"]), TH["saturated_frac"]
+        acc, r = self.vals("rollout/acc")[-n:], self.vals("rollout/reward_mean")[-n:]
+        return (bool(acc) and _med(acc) >= f) or (bool(r) and _med(r) >= f * self.reward_max)
+
+
+# Checks return None (cannot run on this row) or (hit, evidence, start step | None); docstring: "<cause> Try: <fix>"
+
+
+def _nan_inf(d: LiveDiagnoser):
+    """A NaN/inf loss or gradient: lr too high, log(0), a zero std in a division, fp16 overflow.
+    Try: lower lr, check reward outputs and std eps, use fp32/bf16, keep grad clipping on."""
+    return bool(d.nonfinite), "non-finite values: " + ", ".join(d.nonfinite[:6]), None
+
+
+def _logprob_mismatch(d: LiveDiagnoser):
+    """Sampler and trainer logprobs differ: temperature not applied in both, logits one position off, stale
+    old_logprobs, dropout on, top-p/top-k, a low-precision sampler. Try: recompute old_logprobs right before
+    the update (dropout off, sampling temperature) and compare per-token logprobs of one batch."""
+    got = [(k, TH[f"logprob_mismatch.{k[6:]}"]) for k in MISMATCH if k in d.cur]  # threshold of stats/<x>: <id>.<x>
+    bad = [f"{k}={d.cur[k]:.3g} (> {t:g})" for k, t in got if d.cur[k] > t]
+    return (bool(bad), "; ".join(bad), None) if got else None
+
+
+def _reward_scale(d: LiveDiagnoser):
+    """The task reward is on the wrong scale for the KL term or the value head (e.g. a score times 0.01).
+    Try: rescale the reward to O(1), lower the in-reward KL coefficient, or normalise advantages per group."""
+    c, msgs = d.cur, []
+    sig = c.get("stats/score_std", c.get("rollout/reward_std"))
+    if sig is None and "rollout/score_max" in c and "rollout/score_min" in c:
+        sig = (c["rollout/score_max"] - c["rollout/score_min"]) / 2  # veRL: an upper bound of the std
+    kl_seq = None  # what the in-reward KL penalty adds to a sequence's return
+    if "stats/token_reward_kl_abs" in c:
+        kl_seq = c["stats/token_reward_kl_abs"] * c.get("rollout/response_len", 1.0)
+    elif "rollout/reward_kl_mean" in c and "rollout/reward_mean" in c:  # veRL: score - reward = KL penalty
+        kl_seq = abs(c["rollout/reward_mean"] - c["rollout/reward_kl_mean"])
+    if sig and kl_seq and sig / kl_seq < TH["reward_scale.kl_ratio"]:
+        msgs.append(f"score std {sig:.3g} vs KL penalty per sequence {kl_seq:.3g} (ratio {sig / kl_seq:.2g})")
+    adv, zero = c.get("stats/adv_abs_mean"), c.get("rollout/zero_std_frac", 0.0)
+    if adv is not None and adv < TH["reward_scale.adv_tiny"] and zero < TH["zero_variance_groups.frac"] and sig != 0:
+        msgs.append(f"mean |advantage| {adv:.3g}")
+    err = math.sqrt(2 * c["loss/value"]) if "loss/value" in c else None  # >= the critic's RMS error
+    if sig and err is not None and err > TH["reward_scale.value_err"] * sig:
+        msgs.append(f"critic RMS error up to {err:.3g} vs score std {sig:.3g}")
+    ret = max([abs(c[k]) for k in ("stats/return_mean", "stats/return_std") if k in c], default=None)
+    if ret is not None and ret > TH["reward_scale.huge"]:
+        msgs.append(f"return magnitude {ret:.3g}")
+    ran = sig is not None and (kl_seq is not None or err is not None) or adv is not None or ret is not None
+    return (bool(msgs), "; ".join(msgs), None) if ran else None
+
+
+def _zero_variance(d: LiveDiagnoser):
+    """Most prompts are all-solved or all-failed: identical rewards in a group give zero advantage.
+    Try: prompts of the right difficulty, larger groups, partial-credit rewards, or dynamic sampling."""
+    if (z := d.cur.get("rollout/zero_std_frac")) is not None:
+        return z >= TH["zero_variance_groups.frac"] and not d.saturated(), f"{z:.0%} of groups have equal rewards", None
+
+
+def _flat_reward(d: LiveDiagnoser):
+    """No learning signal reaches the policy (reward scale, zero-variance groups, lr too low, a masking bug).
+    Try: read the other findings, print the rewards of a few samples, check lr, reproduce on a tiny task."""
+    w, n = int(TH["window"]), int(TH["baseline_n"])
+    win = list(d.hist.get("rollout/reward_mean", ()))[-w:]
+    if "rollout/reward_mean" not in d.cur or len(win) < w:
+        return None
+    r, x = np.array([v for _, v in win]), np.arange(w) - (w - 1) / 2
+    slope = float(x @ (r - r.mean()) / (x @ x))  # least-squares trend over the window, per step
+    se = float(np.sqrt(np.sum((r - r.mean() - slope * x) ** 2) / (w - 2) / (x @ x)))
+    t = slope / se if se > 0 else (math.inf if slope > 0 else 0.0)
+    std = _med(d.vals("rollout/reward_std")) if "rollout/reward_std" in d.hist else 0.0
+    tol = TH["flat_reward.min_gain"] * (std if std > 0 else 0.5 * d.reward_max)
+    base, now = d.base("rollout/reward_mean"), _med(r[-n:])
+    hit = now - base < tol and t < TH["flat_reward.t_stat"] and not d.saturated()
+    ev = f"reward {base:.4g} at the start, {now:.4g} now (rise < {tol:.3g}); trend {slope:+.2g}/step, t = {t:.2g}"
+    return hit, ev, win[0][0]
+
+
+def _kl_blowup(d: LiveDiagnoser):
+    """The policy runs away from the reference: lr too high, too many epochs, KL coefficient too low, reward
+    hacking. Try: lower lr or ppo_epochs, raise the KL coefficient (or adaptive KL), read high-reward samples."""
+    k, prev = d.cur.get("stats/kl"), d.prev("stats/kl")
+    if k is None:
+        return None
+    ref = _med(prev) if len(prev) >= TH["baseline_n"] else math.inf
+    hit = k > TH["kl_blowup.max"] or (k > TH["kl_blowup.jump_floor"] and k > TH["kl_blowup.jump"] * ref)
+    return hit, f"KL to reference {k:.3g} nat/token, median of the previous {len(prev)} steps {ref:.3g}", None
+
+
+def _entropy_collapse(d: LiveDiagnoser):
+    """The policy turned (nearly) deterministic before solving the task: too large updates, no entropy bonus,
+    clip_high too tight. Try: lower lr, raise clip_high (clip-higher), add an entropy bonus, sample hotter."""
+    if (e := d.cur.get("stats/entropy")) is not None and (base := d.base("stats/entropy")) is not None:
+        low = e < TH["entropy_collapse.rel"] * base or e < TH["entropy_collapse.abs"]
+        return low and not d.saturated(), f"entropy {e:.3g} nat/token vs {base:.3g} at the start", None
+
+
+def _high_truncation(d: LiveDiagnoser):
+    """Responses do not end with EOS: wrong EOS id, EOS masked out, max_new_tokens too small.
+    Try: check the EOS id and the response mask, raise max_new_tokens, or penalise truncated responses."""
+    if (t := d.cur.get("rollout/truncated_frac")) is not None:
+        return t > TH["high_truncation.frac"], f"{t:.0%} of responses hit the length limit", None
+
+
+def _value_divergence(d: LiveDiagnoser):
+    """The critic does not fit the returns: critic lr too high, value targets not detached, returns on a huge
+    scale. Try: lower the critic lr, keep value clipping, detach the returns, rescale rewards, warm up the critic."""
+    name, msgs = "critic/explained_var", []
+    ev, vl, base = d.cur.get(name), d.cur.get("loss/value"), d.base("loss/value")
+    if ev is None and vl is None:
+        return None
+    if ev is not None and ev < TH["value_divergence.ev_min"] and d.count[name] > TH["value_divergence.ev_warmup"]:
+        msgs.append(f"explained variance {ev:.3g}")
+    spread = d.cur.get("stats/return_std", d.cur.get("stats/score_std", d.cur.get("rollout/reward_std", 0.0)))
+    ref = max(base or 0.0, 0.5 * spread**2)  # a constant critic's loss: return variance grows with learning
+    if vl is not None and base is not None and vl > TH["value_divergence.loss_factor"] * ref:
+        msgs.append(f"value loss {vl:.3g} vs {ref:.3g} (start, or 0.5 return variance)")
+    return bool(msgs), "; ".join(msgs), None
+
+
+def _grad_spike(d: LiveDiagnoser):
+    """One batch produced an outsized gradient: outlier advantages, a near-zero-probability token, a bad sample.
+    Try: keep grad clipping on, lower lr, look at the advantages and stats/ratio_max of that step."""
+    g, prev = d.cur.get("stats/grad_norm"), d.prev("stats/grad_norm")
+    if g is None or len(prev) < TH["baseline_n"]:
+        return None
+    ref = _med(prev)
+    return ref > 0 and g > TH["grad_spike.factor"] * ref, f"grad norm {g:.3g} vs median {ref:.3g} before", None
+
+
+# (id, check, metrics any of which lets it run), in the order the checks run.
+CHECKS = (
+    ("nan_inf", _nan_inf, ("any",)),
+    ("logprob_mismatch", _logprob_mismatch, MISMATCH),
+    ("reward_scale", _reward_scale, ("stats/token_reward_kl_abs", "stats/adv_abs_mean", "stats/return_std")),
+    ("zero_variance_groups", _zero_variance, ("rollout/zero_std_frac",)),
+    ("flat_reward", _flat_reward, ("rollout/reward_mean",)),
+    ("kl_blowup", _kl_blowup, ("stats/kl",)),
+    ("entropy_collapse", _entropy_collapse, ("stats/entropy",)),
+    ("high_truncation", _high_truncation, ("rollout/truncated_frac",)),
+    ("value_divergence", _value_divergence, ("critic/explained_var", "loss/value")),
+    ("grad_spike", _grad_spike, ("stats/grad_norm",)),
+)
+
+
+def diagnose(rows: list[dict], reward_max: float = 1.0) -> list[Finding]:
+    """Every finding of a whole run. rows: one metrics dict per step (any supported names; 'step' optional)."""
+    d = LiveDiagnoser(reward_max)
+    return [f for i, row in enumerate(rows) for f in d.update(int(row.get("step", i)), row)]
+
+
+class InputError(ValueError):
+    """A metrics file that cannot be read; the message names the file, the line and what was expected."""
+
+
+def _entries(p: Path, text: str):
+    """(where, raw dict) for each entry of a CSV, TRL trainer_state.json or JSONL file."""
+    if p.suffix == ".csv":
+        reader = csv.reader(io.StringIO(text))
+        header = next(reader)
+        for row in reader:
+            if len(row) != len(header) and any(c.strip() for c in row):
+                msg = f"{len(row)} fields but the header (line 1) has {len(header)}: truncated? expected one per column"
+                raise InputError(f"{p}, line {reader.line_num}: {msg}")
+            yield f"line {reader.line_num}", {k: v for k, v in zip(header, row) if v.strip()}
+    elif p.suffix == ".json":
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{p}, line {e.lineno}: not valid JSON ({e.msg}, column {e.colno}): truncated?") from None
+        hist = obj.get("log_history") if isinstance(obj, dict) else obj
+        if not isinstance(hist, list) or not all(isinstance(e, dict) for e in hist):
+            raise InputError(f"{p}, line 1: expected TRL's trainer_state.json (a 'log_history' list of objects)")
+        yield from ((f"log_history[{i}] (step {e.get('step', '?')})", e) for i, e in enumerate(hist))
+    else:
+        for n, line in enumerate(text.splitlines(), 1):
+            try:
+                obj = json.loads(line) if line.strip() else {}
+            except json.JSONDecodeError as e:
+                msg = f"not valid JSON ({e.msg}, column {e.colno}): truncated or corrupt? expected one JSON object"
+                raise InputError(f"{p}, line {n}: {msg}") from None
+            if not isinstance(obj, dict):
+                raise InputError(f'{p}, line {n}: expected an object like {{"step": 0, "stats/kl": 0.1}}')
+            if isinstance(obj.get("data"), dict):  # veRL's file logger: {"step": s, "data": {...}}
+                obj.update(obj.pop("data"))
+            yield f"line {n}", obj
+
+
+def _number(p: Path, where: str, key: str, v) -> float:
+    try:
+        return float(v) if type(v) in (int, float) else float(v.strip())  # numbers written as text: "0.5", "nan"
+    except (AttributeError, ValueError):
+        msg = f"column '{key}' = {v!r:.40} is not a number; expected a float (NaN/inf allowed: they are reported)"
+        raise InputError(f"{p}, {where}: {msg}") from None
+
+
+def load_metrics(path: str | Path) -> list[dict]:
+    """Rows (one dict per step, our names, 'step' set) from a run dir, .jsonl, .csv or trainer_state.json."""
+    p = Path(path)
+    if p.is_dir():  # a run directory
+        p = next((p / n for n in ("metrics.jsonl", "metrics.csv", "trainer_state.json") if (p / n).is_file()), p)
+    if not p.is_file():
+        raise InputError(f"{p}: no such file (a run dir needs metrics.jsonl, metrics.csv or trainer_state.json)")
+    text = p.read_text(encoding="utf-8", errors="replace")
+    if not text.strip():
+        raise InputError(f"{p}, line 1: the file is empty; expected one row of metrics per training step")
+    rows, columns, first = [], {}, None
+    for i, (where, raw) in enumerate(_entries(p, text)):
+        first, columns = first or (where if raw else None), columns | dict.fromkeys(raw)
+        row = to_ours({k: _number(p, where, k, v) for k, v in raw.items() if k in KNOWN | FOREIGN and v is not None})
+        if not row:
+            continue  # a blank line, an eval-only entry, TRL's final summary (train_runtime, ...)
+        row |= {k: float(v) for k, v in raw.items() if k not in KNOWN | FOREIGN and type(v) in (int, float)}
+        row["step"] = int(_number(p, where, "step", raw["step"])) if raw.get("step") is not None else i
+        if rows and rows[-1]["step"] == row["step"]:
+            rows[-1].update(row)  # one step logged in several entries
+        else:
+            rows.append(row)
+    if not rows:
+        msg = f"none of the columns {list(columns)[:6]} is a known metric; expected ours (rollout/reward_mean, ...)"
+        msg = "no rows (only a header or empty objects)" if first is None else msg + " or veRL/TRL names (NAME_MAP)"
+        raise InputError(f"{p}, {first or 'line 2'}: {msg}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pos = [i for i, a in enumerate(argv) if not a.startswith("-") and (i == 0 or not argv[i - 1].startswith("--"))]
+    if pos:
+        argv.insert(pos[0], "--path")  # the metrics path as a positional argument
+    try:
+        cfg = parse_config(Config, argv)
+        if not cfg.path:
+            raise ValueError("give a run directory or a metrics file: python diagnose.py RUN_DIR_OR_METRICS_FILE")
+        rows = load_metrics(cfg.path)
+    except ValueError as e:  # InputError included
+        print(f"diagnose.py: bad input: {e}", file=sys.stderr)
+        return 2
+    d = LiveDiagnoser(cfg.reward_max)
+    findings = [f for r in rows for f in d.update(r["step"], r)]
+    print(f"{cfg.path}: {len(rows)} steps ({rows[0]['step']}..{rows[-1]['step']})")
+    cols = ["rollout/reward_mean", "rollout/zero_std_frac", "stats/kl", "stats/entropy", "stats/grad_norm"]
+    picks = sorted({int(i) for i in np.linspace(0, len(rows) - 1, min(len(rows), 6))})
+    print(format_table([rows[i] for i in picks], ["step", *[c for c in cols if any(c in r for r in rows)]]))
+    for cid in dict.fromkeys(f.id for f in findings):  # one line per failure mode, in order of appearance
+        f, *more = [f for f in findings if f.id == cid]
+        print(f"FOUND {f}" + (f" (again at step {', '.join(str(g.step) for g in more)})" if more else ""))
+    skipped = d.skipped()
+    print("checks run: " + ", ".join(cid for cid, _, _ in CHECKS if cid not in skipped))
+    for cid, why in skipped.items():
+        print(f"check skipped: {cid}: {why}")
+    unused = sorted({k for r in rows for k in r} - KNOWN - {"step"})
+    if unused:
+        print(f"columns not used ({len(unused)}): {', '.join(unused[:8])}{' ...' if len(unused) > 8 else ''}")
+    n = len({f.id for f in findings})
+    print(f"{n} failure mode(s) flagged" if n else "no failure mode flagged")
+    return 1 if n else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

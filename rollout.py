@@ -1,0 +1,301 @@
+"""Batched sampling from any Hugging Face causal LM with a KV cache, per-token logprobs and masks.
+
+    python rollout.py        # sample from the embedded default, print tokens/s and a few responses
+
+Tensor conventions (DESIGN.md section 3): B sequences, P prompt length (left-padded), R response
+length (right-padded).
+- `response_mask` [B, R] is 1 on generated tokens up to AND including the first stop token, 0 after.
+- `rollout_logprobs` [B, R] are log-probs of the sampled tokens under the behaviour policy: the full
+  softmax of logits / T, before any top-p / top-k truncation. With top_p = 1 and top_k = 0 (the
+  training default) that is exactly the policy the trainer differentiates; anything else makes the
+  sampler differ from the trained policy and PPO's ratio is then off-policy.
+- The logprob of response token t comes from the logits at position P + t - 1.
+- A row that reaches `max_new_tokens` without a stop token keeps an all-ones mask; `truncated` flags it.
+
+Implementation details (our choices)
+1. Our own decode loop instead of `model.generate`: it returns the behaviour logprobs for free and is
+   as fast or faster (bench/rollout_bench.py). Position ids are `cumsum(attention_mask) - 1`, so
+   absolute-position models (GPT-2) handle left padding too.
+2. Temperature 0 means greedy; its logprobs are those of the T = 1 softmax (used only for evaluation).
+3. The KV-cache keyword differs between transformers versions (`past_key_values` up to 5.10, `cache`
+   later); `_cache_kw` is the one place that knows.
+4. Finished rows keep being fed pad tokens (masked out) until every row is done: simpler than
+   compacting the batch, and the work is bounded by max_new_tokens.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Rollout:
+    """One batch of samples, DESIGN.md section 3 tensors. Optional fields are filled by the trainer."""
+
+    prompt_ids: torch.Tensor  # [B, P] left-padded
+    response_ids: torch.Tensor  # [B, R] right-padded with pad id after the stop token
+    attention_mask: torch.Tensor  # [B, P+R] 1 on real prompt and response tokens
+    response_mask: torch.Tensor  # [B, R] 1 up to and including the first stop token
+    rollout_logprobs: torch.Tensor  # [B, R] behaviour-policy logprobs of the sampled tokens
+    truncated: torch.Tensor  # [B] bool: hit max_new_tokens without a stop token
+    group_ids: torch.Tensor | None = None  # [B] which prompt a sample came from
+    policy_version: torch.Tensor | None = None  # [B] weights version that produced the sample
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)  # [B, P+R]
+
+    def select(self, idx: torch.Tensor) -> Rollout:
+        """The rows `idx` of every tensor field (minibatching, filtering)."""
+        return Rollout(
+            **{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[idx] for f in fields(self)}
+        )
+
+
+def tokenize_prompts(tokenizer, texts: list[str], max_prompt_len: int):
+    """Left-padded prompt ids [B, P] and mask [B, P]; raises if a prompt is longer than max_prompt_len."""
+    enc = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+    for i, ids in enumerate(enc):
+        if len(ids) > max_prompt_len:
+            raise ValueError(f"prompt {i} has {len(ids)} tokens > max_prompt_len={max_prompt_len}: {texts[i][:80]!r}")
+        if not ids:
+            raise ValueError(f"prompt {i} is empty")
+    P = max(map(len, enc))
+    ids = torch.full((len(enc), P), tokenizer.pad_token_id, dtype=torch.long)  # [B, P]
+    mask = torch.zeros(len(enc), P, dtype=torch.long)  # [B, P]
+    for i, e in enumerate(enc):
+        ids[i, P - len(e) :], mask[i, P - len(e) :] = torch.tensor(e), 1
+    return ids, mask
+
+
+def _cache_kw(model) -> str:
+    """Name of the KV-cache argument and output field for this model and transformers version."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _last_logits_kw(model, n: int) -> dict:
+    """Ask the model for the logits of the last n positions only, if its forward supports it."""
+    forward = getattr(model, "module", model).forward  # DDP's own forward hides the wrapped model's arguments
+    return {"logits_to_keep": n} if "logits_to_keep" in inspect.signature(forward).parameters else {}
+
+
+def decode_responses(tokenizer, rollout: Rollout) -> list[str]:
+    """The text of each response: its valid tokens only (the mask, never the pad id), specials dropped."""
+    return [
+        tokenizer.decode(r[m.bool()], skip_special_tokens=True)
+        for r, m in zip(rollout.response_ids, rollout.response_mask)
+    ]
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position of each token among the real tokens of its row; 0 on left padding. [B, T]"""
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def truncate_logits(logits: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
+    """Mask (to -inf) logits outside top-k and outside the smallest set with cumulative prob >= top_p."""
+    if top_k > 0:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]  # [B, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)  # [B, V]
+        cum = sorted_logits.softmax(-1).cumsum(-1)  # [B, V]
+        drop_sorted = cum - sorted_logits.softmax(-1) >= top_p  # keep the token that crosses top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def generate(
+    model,
+    prompt_ids,
+    attention_mask,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    eos_token_ids: list[int],
+    pad_token_id: int,
+    generator: torch.Generator | None = None,
+) -> Rollout:
+    """Sample up to max_new_tokens per row with a KV cache. prompt_ids/attention_mask: [B, P], left-padded."""
+    if not eos_token_ids:
+        raise ValueError("generate needs at least one stop token id (eos_token_ids is empty)")
+    B, dev = prompt_ids.shape[0], prompt_ids.device
+    kw, last1 = _cache_kw(model), _last_logits_kw(model, 1)
+    stop = torch.tensor(eos_token_ids, device=dev)
+    mask = attention_mask.clone()  # [B, P+t] grows by one column per step
+    inp, cache = prompt_ids, None
+    tokens, logps = [], []
+    done = torch.zeros(B, dtype=torch.bool, device=dev)  # [B] row has emitted its stop token
+    for _ in range(max_new_tokens):
+        pos = position_ids_from_mask(mask)[:, -inp.shape[1] :]  # [B, T_in]
+        out = model(input_ids=inp, attention_mask=mask, position_ids=pos, use_cache=True, **{kw: cache}, **last1)
+        cache = getattr(out, kw)
+        logits = out.logits[:, -1, :].float()  # [B, V]
+        logp_full = F.log_softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)  # [B, V]
+        if temperature > 0:
+            probs = truncate_logits(logits / temperature, top_p, top_k).softmax(-1)  # [B, V]
+            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # [B]
+        else:
+            nxt = logits.argmax(-1)  # [B]
+        nxt = torch.where(done, torch.full_like(nxt, pad_token_id), nxt)  # pad after the stop token
+        tokens.append(nxt)
+        logps.append(logp_full.gather(-1, nxt[:, None]).squeeze(1).masked_fill(done, 0.0))  # [B]
+        mask = torch.cat([mask, (~done).long()[:, None]], dim=1)  # the new token is real iff row not done
+        done = done | torch.isin(nxt, stop)
+        if done.all():
+            break
+        inp = nxt[:, None]  # [B, 1]
+    response_ids = torch.stack(tokens, 1)  # [B, R]
+    response_mask = mask[:, prompt_ids.shape[1] :]  # [B, R] 1 up to and including the stop token
+    return Rollout(
+        prompt_ids=prompt_ids,
+        response_ids=response_ids,
+        attention_mask=mask,
+        response_mask=response_mask,
+        rollout_logprobs=torch.stack(logps, 1) * response_mask,
+        truncated=~done,
+    )
+
+
+def sequence_logprobs(
+    model,
+    input_ids,
+    attention_mask,
+    response_len: int,
+    *,
+    temperature: float = 1.0,
+    micro_batch: int = 64,
+    with_entropy: bool = False,
+):
+    """Log-probs [B, R] of the last `response_len` tokens (and entropies [B, R] if asked), recomputed.
+
+    The logits at position P + t - 1 predict response token t; they are divided by the sampling
+    temperature (forgetting it is a classic silent bug). Gradients flow if called with grad enabled.
+    """
+    if temperature <= 0:
+        temperature = 1.0  # greedy sampling: logprobs of the plain softmax (implementation detail 2)
+    keep = response_len + 1  # positions P-1 .. P+R-1; the last one is dropped below
+    pos = position_ids_from_mask(attention_mask)
+    logps, ents = [], []
+    for i in range(0, input_ids.shape[0], micro_batch):
+        sl = slice(i, i + micro_batch)
+        logits = model(
+            input_ids=input_ids[sl],
+            attention_mask=attention_mask[sl],
+            position_ids=pos[sl],
+            use_cache=False,
+            **_last_logits_kw(model, keep),
+        ).logits[:, -keep:]  # [b, R+1, V]
+        logits = logits[:, :-1].float() / temperature  # [b, R, V] position P+t-1 predicts token t
+        logp_all = F.log_softmax(logits, dim=-1)  # [b, R, V]
+        target = input_ids[sl, -response_len:]  # [b, R]
+        logps.append(logp_all.gather(-1, target[..., None]).squeeze(-1))  # [b, R]
+        if with_entropy:
+            ents.append(-(logp_all.exp() * logp_all).sum(-1))  # [b, R]  H = -sum p log p
+    return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
+
+
+def resolve_model_path(name: str) -> str:
+    """A local folder as is; a path-like name that does not exist is an error; else a hub name."""
+    if Path(name).exists():
+        return name
+    looks_local = name.startswith((".", "/", "~")) or name.count("/") != 1 or Path(name).parent.is_dir()
+    if looks_local:  # e.g. "runs/my-model": its parent folder exists here, so it is a missing local path
+        raise FileNotFoundError(f"model {name!r} does not exist (not a local folder, not an 'org/name' hub id)")
+    return name
+
+
+def load_policy(name_or_path: str, device):
+    """AutoModelForCausalLM + AutoTokenizer, dropout off, a pad token guaranteed (logged if assigned)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one "Loading weights" bar per model would drown the metrics table
+    path = resolve_model_path(name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    except (OSError, ValueError) as e:  # hub name unreachable or not a model folder: say which model
+        raise FileNotFoundError(f"could not load model {name_or_path!r}: {e}") from e
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"tokenizer of {name_or_path!r} has no eos token: responses could never end")
+    if tokenizer.pad_token_id is None:
+        # masks are carried explicitly and never rebuilt from ids, so pad == eos is harmless here
+        tokenizer.pad_token = tokenizer.eos_token
+        print(f"[minrl] tokenizer of {name_or_path!r} has no pad token: using eos {tokenizer.eos_token!r} as pad")
+    return model.to(device).eval(), tokenizer  # eval() = dropout off, always
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    """EOS of the tokenizer plus the model's generation-config EOS ids (chat models have several)."""
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
+    return sorted(ids)
+
+
+def sample_responses(model, tokenizer, problems: list[dict], cfg, eos_ids, generator=None) -> Rollout:
+    """Format, tokenize and sample one response per problem with the trainer's sampling settings (cfg).
+
+    generator None = greedy decoding (evaluation); else sampling at cfg.temperature / top_p / top_k.
+    """
+    from tasks import format_prompt
+
+    ids, am = tokenize_prompts(tokenizer, [format_prompt(tokenizer, p["prompt"]) for p in problems], cfg.max_prompt_len)
+    dev = next(model.parameters()).device
+    sampling = {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k} if generator else {}
+    return generate(
+        model,
+        ids.to(dev),
+        am.to(dev),
+        max_new_tokens=cfg.max_new_tokens,
+        eos_token_ids=eos_ids,
+        pad_token_id=tokenizer.pad_token_id,
+        generator=generator,
+        **(sampling or {"temperature": 0.0}),
+    )
+
+
+def main():
+    from tasks import format_prompt, make_task, make_tiny_model, make_tokenizer
+
+    torch.manual_seed(0)
+    tok = make_tokenizer()
+    model = make_tiny_model(tok).eval()
+    import numpy as np
+
+    problems = make_task("reverse").sample(64, "train", np.random.default_rng(0))
+    ids, mask = tokenize_prompts(tok, [format_prompt(tok, p["prompt"]) for p in problems], 64)
+    t0 = time.perf_counter()
+    ro = generate(
+        model,
+        ids,
+        mask,
+        max_new_tokens=32,
+        eos_token_ids=[tok.eos_token_id],
+        pad_token_id=tok.pad_token_id,
+        generator=torch.Generator().manual_seed(0),
+    )
+    dt = time.perf_counter() - t0
+    old, _ = sequence_logprobs(model, ro.input_ids, ro.attention_mask, ro.response_ids.shape[1])
+    diff = ((old - ro.rollout_logprobs).abs() * ro.response_mask).max().item()
+    print(
+        f"{int(ro.response_mask.sum())} tokens in {dt:.2f}s = {ro.response_mask.sum().item() / dt:.0f} tok/s; "
+        f"truncated {ro.truncated.float().mean():.2f}; max |rollout - recomputed logp| {diff:.2e}"
+    )
+    for r in decode_responses(tok, ro)[:4]:
+        print(repr(r))
+
+
+if __name__ == "__main__":
+    main()

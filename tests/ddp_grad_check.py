@@ -1,0 +1,122 @@
+"""DDP correctness check (DESIGN.md 7.1, detail 3 of ppo_minimal.py), driven by tests/test_distributed.py:
+
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 tests/ddp_grad_check.py OUT.pt
+
+Every rank builds the same fixed global batch, keeps its half and runs one `ppo_minimal.ppo_update` with
+plain SGD at lr = 1 and a grad-norm clip too large to act, so each parameter's change is exactly minus its
+gradient (Adam would hide magnitude errors). The micro-batch is smaller than the per-rank batch, so
+gradient accumulation under `no_sync` is exercised, and the KL loss, the entropy bonus, separate pg/entropy
+masks, ragged and empty responses, and two critics with disjoint shares and their own targets are all on.
+Rank 0 saves the parameter changes per loss-aggregation mode; the test compares them with
+`update_deltas(mode, 0, 1)`, one process on the whole batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import ppo_minimal as pm  # noqa: E402
+from common import setup_dist  # noqa: E402
+from critics import Critics, make_value_model  # noqa: E402
+from rollout import sequence_logprobs  # noqa: E402
+from tasks import make_tiny_model, make_tokenizer  # noqa: E402
+
+B, P, R, M = 8, 5, 7, 2  # global batch, prompt length, response length, critics
+MICRO = 3  # < B / 2: uneven micro-batches on every rank and in the single process
+
+
+def make_models(seed: int = 0):
+    """The tiny policy and two critics with non-zero heads (a zero head would give the backbone no gradient)."""
+    torch.manual_seed(seed)
+    tok = make_tokenizer()
+    policy = make_tiny_model(tok).eval()
+    vms = [make_value_model(policy) for _ in range(M)]
+    for vm in vms:
+        torch.nn.init.normal_(vm.head.weight, std=0.05)
+    return tok, policy, vms
+
+
+@torch.no_grad()
+def make_batch(policy, vocab: int, seed: int = 0) -> dict:
+    """A fixed global batch with section-3 tensors: left-padded prompts, ragged (one empty) responses."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_len = torch.tensor([5, 3, 4, 2, 5, 1, 3, 4])  # [B]
+    resp_len = torch.tensor([7, 2, 5, 1, 4, 0, 6, 3])  # [B] row 5 (rank 1's half) has no valid token
+    prompt_mask = (torch.arange(P) >= P - prompt_len[:, None]).long()  # [B, P] left padding
+    response_mask = (torch.arange(R) < resp_len[:, None]).long()  # [B, R] right padding
+    attention_mask = torch.cat([prompt_mask, response_mask], 1)  # [B, P+R]
+    input_ids = torch.randint(4, vocab, (B, P + R), generator=g) * attention_mask  # [B, P+R] pad id 0
+    logp, _ = sequence_logprobs(policy, input_ids, attention_mask, R)  # [B, R]
+    mask = response_mask.float()
+
+    def noise(scale):
+        return torch.randn(B, R, generator=g) * scale  # [B, R]
+
+    keep_pg = (torch.rand(B, R, generator=g) > 0.2).long()  # [B, R] an AsyPPO-like advantage mask
+    keep_ent = (torch.rand(B, R, generator=g) > 0.3).long()  # [B, R] an entropy filter
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "response_mask": response_mask,
+        "old_logprobs": (logp + noise(0.15)) * mask,  # ratios around 1: some clipped, most not
+        "ref_logprobs": (logp + noise(0.3)) * mask,
+        "advantages": noise(1.0) * mask,
+        "returns": noise(1.0) * mask,
+        "critic_returns": torch.randn(B, M, R, generator=g) * mask[:, None],  # [B, M, R] a target per critic
+        "token_weights": None,
+        "pg_mask": response_mask * keep_pg,
+        "ent_mask": response_mask * keep_ent,
+        "old_values": torch.randn(B, M, R, generator=g) * 0.1 * mask[:, None],  # [B, M, R]
+        "shares": torch.stack([torch.arange(B) % 2 == 0, torch.arange(B) % 2 == 1], 1),  # [B, M] disjoint
+        "kl_beta": 0.0,
+    }
+
+
+def update_deltas(loss_agg: str, rank: int, world: int) -> dict[str, torch.Tensor]:
+    """Parameter changes of policy and critics after one ppo_update on this rank's half of the batch."""
+    tok, policy, vms = make_models()
+    batch = make_batch(policy, len(tok))
+    half = B // world
+    batch = pm.select(batch, torch.arange(rank * half, (rank + 1) * half))
+    cfg = pm.Config(
+        loss_agg=loss_agg,
+        micro_batch=MICRO,
+        minibatches=1,
+        ppo_epochs=1,
+        grad_clip=1e9,
+        kl_loss=True,
+        kl_loss_coef=0.1,
+        ent_coef=0.01,
+        temperature=0.9,
+    )
+    ddp = world > 1
+    policy_train = torch.nn.parallel.DistributedDataParallel(policy) if ddp else policy
+    opt = torch.optim.SGD(policy.parameters(), lr=1.0)
+    critics = Critics(vms, lr=1.0, adam_eps=1e-8, grad_clip=1e9, ddp=ddp)
+    critics.opts = [torch.optim.SGD(vm.parameters(), lr=1.0) for vm in vms]  # plain SGD here too
+    named = {f"policy.{n}": p for n, p in policy.named_parameters()}
+    named.update({f"critic{k}.{n}": p for k, vm in enumerate(vms) for n, p in vm.named_parameters()})
+    before = {n: p.detach().clone() for n, p in named.items()}
+    pm.ppo_update(
+        cfg, policy_train, opt, critics, batch, world, torch.Generator().manual_seed(0), contextlib.nullcontext
+    )
+    return {n: (p.detach() - before[n]) for n, p in named.items()}
+
+
+def main(out: str) -> None:
+    rank, _, world, _ = setup_dist(timeout_s=60, device="cpu")
+    result = {mode: update_deltas(mode, rank, world) for mode in pm.AGG_MODES}
+    if rank == 0:
+        torch.save(result, out)
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,421 @@
+"""AsyPPO mini-critics (critics.py, DESIGN.md 7.2, papers.md 1f): equivalences, properties, and a learning run.
+
+Expected numbers are derived by hand in comments or recomputed independently (numpy), never by the code
+under test. Trainings are tiny and seeded; nothing here is timed.
+"""
+
+import contextlib
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import critics
+import ppo_minimal as pm
+from common import read_jsonl
+from tasks import make_tiny_model, make_tokenizer
+
+F64 = torch.float64
+
+
+def ragged_mask(B: int, R: int, seed: int) -> torch.Tensor:
+    """[B, R] right-padded 0/1 mask with random lengths in 0..R (row 0 always full, row 1 always empty)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, R + 1, (B,), generator=g)
+    lengths[0], lengths[1] = R, 0
+    return (torch.arange(R) < lengths[:, None]).to(F64)
+
+
+# ----------------------------------------------------------------------------------------------
+# GAE on the ensemble mean
+
+
+@pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (0.9, 0.95), (0.99, 0.0), (0.5, 0.7)])
+def test_gae_of_mean_value_is_mean_of_gae(gamma, lam):
+    # GAE is linear in V, so GAE(mean_m V_m) == mean_m GAE(V_m) for advantages and returns (papers.md 1a)
+    g = torch.Generator().manual_seed(1)
+    M, B, R = 3, 5, 9
+    values = torch.randn(M, B, R, generator=g, dtype=F64)
+    rewards = torch.randn(B, R, generator=g, dtype=F64)
+    mask = ragged_mask(B, R, 2)
+    mask[2, 3] = 0.0  # a hole in the middle (an observation token) passes values through
+    adv_bar, ret_bar = pm.gae(rewards, values.mean(0), mask, gamma, lam)
+    per = [pm.gae(rewards, v, mask, gamma, lam) for v in values]
+    assert torch.allclose(adv_bar, torch.stack([a for a, _ in per]).mean(0), atol=1e-12)
+    assert torch.allclose(ret_bar, torch.stack([r for _, r in per]).mean(0), atol=1e-12)
+
+
+# ----------------------------------------------------------------------------------------------
+# Partition of each group's responses
+
+
+@pytest.mark.parametrize("M", [1, 2, 4])
+def test_partition_properties(M):
+    G, n_groups = 8, 5
+    g = torch.Generator().manual_seed(0)
+    group_ids = torch.arange(n_groups).repeat(G)[torch.randperm(G * n_groups, generator=g)]  # [B] interleaved
+    gen = torch.Generator().manual_seed(7)
+    state = gen.get_state()
+    shares = critics.partition_shares(group_ids, M, gen)  # [B, M]
+    assert shares.shape == (G * n_groups, M) and shares.dtype == torch.bool
+    assert (shares.sum(1) == 1).all()  # disjoint and complete: every response in exactly one share
+    for grp in range(n_groups):
+        counts = shares[group_ids == grp].sum(0)  # [M] responses of this prompt in each share
+        assert counts.tolist() == [G // M] * M  # G/M of every prompt in every share
+    if M == 1:
+        assert torch.equal(gen.get_state(), state)  # M = 1 draws nothing from its generator
+    else:
+        again = critics.partition_shares(group_ids, M, torch.Generator().manual_seed(7))
+        other = critics.partition_shares(group_ids, M, torch.Generator().manual_seed(8))
+        assert torch.equal(shares, again)  # seeded
+        assert not torch.equal(shares, other)  # and a real shuffle
+
+
+def test_partition_group_size_not_divisible_is_an_error():
+    with pytest.raises(ValueError, match="not divisible by 2"):
+        critics.partition_shares(torch.tensor([0, 0, 0, 1, 1, 1]), 2, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="group_size"):
+        pm.Config(critic="asyppo", n_critics=3, group_size=16)
+
+
+# ----------------------------------------------------------------------------------------------
+# sigma and the two masks
+
+
+def test_masks_known_answer_two_critics():
+    # V_1 = 0, V_2 = (2, 4, 6, 8, 10, pad): sigma = |V_1 - V_2| / 2 (population std) = (1, 2, 3, 4, 5)
+    # n = 5, k = h = 0.2: round(0.2 * 5) = 1 lowest (token 0) loses the PPO term; the complement of the
+    # round(0.8 * 5) = 4 lowest, i.e. token 4, loses the entropy bonus; the pad column is never selected
+    values = torch.tensor([[[0.0, 0, 0, 0, 0, 0]], [[2.0, 4, 6, 8, 10, 99]]])  # [2, 1, 6]
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0]])
+    pg, ent, m = critics.asyppo_masks(values, mask, 0.2, 0.2)
+    assert pg.tolist() == [[0, 1, 1, 1, 1, 0]]
+    assert ent.tolist() == [[1, 1, 1, 1, 0, 0]]
+    assert m["stats/sigma_mean"] == pytest.approx(3.0)  # (1 + 2 + 3 + 4 + 5) / 5
+    assert m["stats/sigma_max"] == pytest.approx(5.0)
+    assert m["stats/asyppo_pg_masked_frac"] == pytest.approx(0.2)
+    assert m["stats/asyppo_ent_filtered_frac"] == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("k,h", [(0.2, 0.2), (0.1, 0.3), (0.5, 0.5), (0.0, 0.0), (1.0, 0.0), (0.35, 0.0)])
+def test_masked_fractions_equal_quantiles_on_distinct_sigma(k, h):
+    g = torch.Generator().manual_seed(3)
+    M, B, R = 3, 7, 11
+    values = torch.randn(M, B, R, generator=g, dtype=F64)
+    mask = ragged_mask(B, R, 4).long()
+    pg, ent, m = critics.asyppo_masks(values, mask, k, h)
+    valid = mask.bool()
+    n = int(valid.sum())
+    sigma = torch.from_numpy(np.std(values.numpy(), axis=0))  # [B, R] independent population std
+    low, top = valid & (pg == 0), valid & (ent == 0)
+    assert not ((pg | ent).bool() & ~valid).any()  # padding is never kept, selected or counted
+    assert int(low.sum()) == round(k * n)  # count rule of critics.py detail 7
+    assert int(top.sum()) == n - round((1 - h) * n)
+    if low.any() and (valid & ~low).any():  # the masked tokens are the lowest-sigma ones
+        assert sigma[low].max() < sigma[valid & ~low].min()
+    if top.any() and (valid & ~top).any():  # the filtered tokens are the highest-sigma ones
+        assert sigma[top].min() > sigma[valid & ~top].max()
+    assert not (low & top).any()  # k + h <= 1: no token loses both terms
+    assert m["stats/asyppo_pg_masked_frac"] == pytest.approx(int(low.sum()) / n)
+    assert m["stats/asyppo_ent_filtered_frac"] == pytest.approx(int(top.sum()) / n)
+    assert m["stats/sigma_mean"] == pytest.approx(float(sigma[valid].mean()), rel=1e-6)
+
+
+def test_identical_critics_give_zero_sigma_and_deterministic_disjoint_masks():
+    v = torch.randn(1, 4, 10, generator=torch.Generator().manual_seed(5))
+    values = v.expand(2, 4, 10).clone()  # [2, B, R] two identical critics
+    mask = ragged_mask(4, 10, 6).long()
+    n = int(mask.sum())
+    pg, ent, m = critics.asyppo_masks(values, mask, 0.2, 0.2)
+    pg2, ent2, _ = critics.asyppo_masks(values, mask, 0.2, 0.2)
+    assert m["stats/sigma_mean"] == 0.0 and m["stats/sigma_max"] == 0.0
+    assert torch.equal(pg, pg2) and torch.equal(ent, ent2)
+    # all sigma tie at 0: ties break by flat index, so the first round(0.2 n) valid tokens lose the PPO term
+    # and the last n - round(0.8 n) valid tokens lose the entropy bonus
+    flat_valid = mask.reshape(-1).nonzero().squeeze(1)
+    n_low, n_top = round(0.2 * n), n - round(0.8 * n)
+    assert (pg.reshape(-1)[flat_valid[:n_low]] == 0).all() and int((mask - pg).sum()) == n_low
+    assert (ent.reshape(-1)[flat_valid[n - n_top :]] == 0).all() and int((mask - ent).sum()) == n_top
+
+
+def test_single_critic_sigma_is_zero_not_nan():
+    values = torch.randn(1, 3, 5, dtype=F64)
+    mask = torch.ones(3, 5)
+    pg, ent, m = critics.asyppo_masks(values, mask, 0.0, 0.0)
+    assert m["stats/sigma_mean"] == 0.0 and np.isfinite(m["stats/sigma_rel"])
+    assert torch.equal(pg, mask) and torch.equal(ent, mask)  # k = h = 0: the plain PPO masks
+
+
+def _masks_on_rank(rank: int, world: int, init_file: str, values, mask, out_dir: str) -> None:
+    """One rank of the DDP test: this rank's half of the rows, quantiles over the whole (global) batch."""
+    import os
+
+    import common
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    common.setup_dist(timeout_s=60, device="cpu", init_method=f"file://{init_file}")
+    rows = slice(rank * values.shape[1] // world, (rank + 1) * values.shape[1] // world)
+    torch.save(critics.asyppo_masks(values[:, rows], mask[rows], 0.2, 0.3), f"{out_dir}/rank{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_masks_under_ddp_equal_the_single_process_masks(tmp_path):
+    # quantiles are global (papers.md 1e pitfall 1): 2 ranks x half the rows == 1 process x all rows
+    import torch.multiprocessing as mp
+
+    values = torch.randn(2, 8, 9, generator=torch.Generator().manual_seed(9), dtype=F64)  # [M, B, R]
+    mask = ragged_mask(8, 9, 10).long()  # ragged: the two halves hold different numbers of valid tokens
+    mp.spawn(_masks_on_rank, args=(2, str(tmp_path / "init"), values, mask, str(tmp_path)), nprocs=2)
+    parts = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    pg, ent, m = critics.asyppo_masks(values, mask, 0.2, 0.3)
+    assert torch.equal(torch.cat([p[0] for p in parts]), pg) and torch.equal(torch.cat([p[1] for p in parts]), ent)
+    for key in ("stats/sigma_mean", "stats/asyppo_pg_masked_frac", "stats/asyppo_ent_filtered_frac"):
+        assert parts[0][2][key] == pytest.approx(m[key]) and parts[1][2][key] == pytest.approx(m[key])
+
+
+# ----------------------------------------------------------------------------------------------
+# The loss: normaliser and gradient isolation, through ppo_minimal.ppo_update
+
+
+def test_policy_loss_pg_mask_keeps_the_valid_token_denominator():
+    # ratio 1 (logp == old): per-token loss -A. Row 0: A = (1, 2, 3, 4), mask (1, 1, 1, 0), pg_mask (1, 0, 1, 0)
+    # token-mean: -(1 + 3) / 3 valid tokens = -4/3 (not / 2 kept tokens)
+    # seq-mean-token-mean with row 1: A = (5, 5, 5, 5), mask (1, 1, 0, 0), pg_mask (0, 1, 0, 0):
+    # row 0 -> -4/3, row 1 -> -5/2; mean over 2 rows = -(4/3 + 5/2) / 2 = -23/12
+    adv = torch.tensor([[1.0, 2, 3, 4], [5, 5, 5, 5]], dtype=F64)
+    mask = torch.tensor([[1.0, 1, 1, 0], [1, 1, 0, 0]], dtype=F64)
+    pg_mask = torch.tensor([[1.0, 0, 1, 0], [0, 1, 0, 0]], dtype=F64)
+    logp = torch.zeros(2, 4, dtype=F64)
+    tok, _ = pm.policy_loss(logp[:1], logp[:1], adv[:1], mask[:1], pg_mask=pg_mask[:1], agg="token-mean")
+    seq, _ = pm.policy_loss(logp, logp, adv, mask, pg_mask=pg_mask, agg="seq-mean-token-mean")
+    assert float(tok) == pytest.approx(-4 / 3)
+    assert float(seq) == pytest.approx(-23 / 12)
+
+
+class LogitTable(nn.Module):
+    """A toy policy whose logits are parameters: a row reads table[row id], the id being its first token."""
+
+    def __init__(self, B: int, T: int, V: int, seed: int = 0):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(B, T, V, generator=torch.Generator().manual_seed(seed)))
+
+    def forward(self, input_ids, **kwargs):
+        return SimpleNamespace(logits=self.table[input_ids[:, 0]])  # [b, T, V]
+
+
+B, P, R, V = 6, 3, 5, 7
+
+
+def toy_batch(seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    response_mask = ragged_mask(B, R, seed + 1).long()
+    input_ids = torch.randint(0, V, (B, P + R), generator=g)  # [B, P+R]
+    input_ids[:, 0] = torch.arange(B)  # row id, read by LogitTable
+    attention_mask = torch.cat([torch.ones(B, P, dtype=torch.long), response_mask], 1)  # [B, P+R]
+    with torch.no_grad():
+        logp, _ = pm.sequence_logprobs(LogitTable(B, P + R, V), input_ids, attention_mask, R)  # [B, R]
+    mask = response_mask.float()
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "response_mask": response_mask,
+        "old_logprobs": (logp + 0.1 * torch.randn(B, R, generator=g)) * mask,  # ratios near 1, some clipped
+        "ref_logprobs": logp * mask,
+        "advantages": torch.randn(B, R, generator=g) * mask,
+        "token_weights": None,
+        "pg_mask": response_mask * (torch.rand(B, R, generator=g) > 0.3),  # [B, R]
+        "ent_mask": response_mask * (torch.rand(B, R, generator=g) > 0.3),  # [B, R]
+    }
+
+
+def logit_grads(batch: dict, ent_coef: float, loss_agg: str = "token-mean") -> torch.Tensor:
+    """Gradient of the ppo_update loss w.r.t. the logits that predict each response token: [B, R, V]."""
+    policy = LogitTable(B, P + R, V)
+    before = policy.table.detach().clone()
+    cfg = pm.Config(ent_coef=ent_coef, loss_agg=loss_agg, micro_batch=4, grad_clip=1e9)  # 2 micro-batches
+    opt = torch.optim.SGD(policy.parameters(), lr=1.0)  # one step: delta = -grad
+    pm.ppo_update(cfg, policy, opt, None, batch, 1, torch.Generator().manual_seed(0), contextlib.nullcontext)
+    return (before - policy.table.detach())[:, P - 1 : P + R - 1]  # logits at P + t - 1 predict token t
+
+
+@pytest.mark.parametrize("loss_agg", pm.AGG_MODES)
+def test_gradient_isolation(loss_agg):
+    batch = toy_batch()
+    full = logit_grads(batch, 0.3, loss_agg)
+    pg_only = logit_grads(batch, 0.0, loss_agg)
+    ent_only = logit_grads({**batch, "advantages": torch.zeros(B, R)}, 0.3, loss_agg)
+    valid = batch["response_mask"].bool()
+    masked = valid & (batch["pg_mask"] == 0)  # advantage-masked tokens
+    filtered = valid & (batch["ent_mask"] == 0)  # entropy-filtered tokens
+    assert masked.any() and filtered.any() and (masked & ~filtered).any()
+    # masked tokens: gradient only from the entropy term; filtered tokens: only from the policy term
+    assert pg_only[masked].abs().max() == 0 and torch.allclose(full[masked], ent_only[masked], atol=1e-7)
+    assert ent_only[filtered].abs().max() == 0 and torch.allclose(full[filtered], pg_only[filtered], atol=1e-7)
+    assert torch.allclose(full, pg_only + ent_only, atol=1e-6)  # the two terms add up everywhere
+    assert pg_only[valid & ~masked].abs().amax(-1).min() > 0  # and both act where they are kept
+    assert ent_only[valid & ~filtered].abs().amax(-1).min() > 0
+    assert full[~valid].abs().max() == 0  # padding gets nothing
+
+
+def test_masking_a_token_leaves_the_other_tokens_gradient_unchanged():
+    # token-mean with the all-valid-tokens denominator: dropping the PPO term of some tokens does not rescale
+    # the gradient of the kept ones (a denominator over kept tokens would scale it by n_valid / n_kept)
+    batch = toy_batch(1)
+    valid = batch["response_mask"].bool()
+    plain = logit_grads({**batch, "pg_mask": batch["response_mask"]}, 0.0)
+    masked = logit_grads(batch, 0.0)
+    kept = valid & (batch["pg_mask"] == 1)
+    assert (valid & ~kept).any()
+    assert torch.allclose(plain[kept], masked[kept], atol=1e-7)
+
+
+def test_single_critic_no_masking_gives_the_plain_ppo_gradient_exactly():
+    batch = toy_batch(2)
+    plain = {**batch, "pg_mask": batch["response_mask"], "ent_mask": batch["response_mask"]}
+    values = torch.randn(1, B, R)  # [M = 1, B, R]
+    pg, ent, _ = critics.asyppo_masks(values, batch["response_mask"], 0.0, 0.0)
+    assert torch.equal(logit_grads(plain, 1e-3), logit_grads({**batch, "pg_mask": pg, "ent_mask": ent}, 1e-3))
+
+
+# ----------------------------------------------------------------------------------------------
+# Critic construction, memory accounting
+
+
+def test_mini_critic_keeps_the_actor_first_layers_and_round_trips(tmp_path):
+    torch.manual_seed(0)
+    tok = make_tokenizer()
+    policy = make_tiny_model(tok).eval()  # 2 decoder layers
+    mini = critics.make_value_model(policy, depth=0.5)
+    assert len(mini.backbone.layers) == 1 and mini.backbone.config.num_hidden_layers == 1
+    assert policy.config.num_hidden_layers == 2 and len(policy.model.layers) == 2  # the actor is untouched
+    for (n, a), b in zip(mini.backbone.layers[0].named_parameters(), policy.model.layers[0].parameters()):
+        assert torch.equal(a, b) and a.data_ptr() != b.data_ptr(), n  # a copy of the actor's first layer
+    torch.nn.init.normal_(mini.head.weight, std=0.1)
+    ids = torch.randint(4, len(tok), (3, 9))
+    am = torch.ones(3, 9, dtype=torch.long)
+    mini.save_pretrained(tmp_path / "c")
+    again = critics.ValueModel.from_pretrained(tmp_path / "c").eval()
+    assert torch.equal(mini(ids, am, 4), again(ids, am, 4))
+    full = critics.make_value_model(policy)
+    assert len(full.backbone.layers) == 2
+
+
+def test_critic_model_must_share_the_actor_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    tok = make_tokenizer()
+    model = make_tiny_model(tok)
+    model.save_pretrained(tmp_path / "same")
+    tok.save_pretrained(tmp_path / "same")
+    vm = critics.make_value_model(model, str(tmp_path / "same"), tok)
+    assert vm.backbone.config.vocab_size == len(tok)
+    model.save_pretrained(tmp_path / "bare")  # no tokenizer saved with it: none, or a default one, loads
+    with pytest.raises(ValueError, match="tokenizer"):
+        critics.make_value_model(model, str(tmp_path / "bare"), tok)
+    vocab = {t: i for i, t in enumerate(reversed(list(tok.get_vocab())))}  # same tokens, other ids
+    other = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>")))
+    model.save_pretrained(tmp_path / "other")
+    other.save_pretrained(tmp_path / "other")
+    with pytest.raises(ValueError, match="another tokenizer than the actor"):
+        critics.make_value_model(model, str(tmp_path / "other"), tok)
+
+
+class Toy(nn.Module):
+    def __init__(self, H: int):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(H))
+
+    def forward(self, input_ids, attention_mask, response_len):
+        x = input_ids.float()  # [B, T] no grad
+        return torch.tanh(x[..., None] * self.w)  # mul saves x (w needs grad), tanh saves its output
+
+
+def test_saved_activation_bytes_known_answer():
+    # B = 3, T = 4, H = 5, fp32: x is 3*4*4 = 48 bytes, tanh's output 3*4*5*4 = 240 bytes; w is a parameter
+    ids = torch.ones(3, 4, dtype=torch.long)
+    assert critics.saved_activation_bytes(Toy(5), ids, ids, 2) == 48 + 240
+
+
+def test_critic_footprint_counts():
+    torch.manual_seed(0)
+    tok = make_tokenizer()
+    policy = make_tiny_model(tok).eval()
+    minis = [critics.make_value_model(policy, depth=0.5) for _ in range(2)]
+    ids = torch.randint(4, len(tok), (8, 12))
+    am = torch.ones(8, 12, dtype=torch.long)
+    f = critics.critic_footprint(minis, policy, ids, am, 5)
+    n_mini = sum(p.numel() for p in minis[0].parameters())
+    n_full = sum(p.numel() for p in policy.model.parameters()) + policy.config.hidden_size + 1  # + head
+    assert f["critic/params"] == 2 * n_mini and f["critic/actor_sized_params"] == n_full
+    act_mini = critics.saved_activation_bytes(minis[0], ids, am, 5)
+    act_full = critics.saved_activation_bytes(critics.make_value_model(policy), ids, am, 5)
+    assert 0 < act_mini < act_full
+    # 4 bytes per fp32 value: weights + 2 AdamW moments for all critics, gradients + activations of one
+    assert f["critic/mem_mb"] * 2**20 == pytest.approx(12 * 2 * n_mini + 4 * n_mini + act_mini)
+    assert f["critic/actor_sized_mem_mb"] * 2**20 == pytest.approx(16 * n_full + act_full)
+
+
+# ----------------------------------------------------------------------------------------------
+# Trainer-level: M = 1 reduces to PPO, critic warm-up, and the method acting in a learning run
+
+TINY = dict(prompts_per_step=4, group_size=4, eval_every=3, eval_n=20, ent_coef=1e-3, critic_depth=1.0)
+
+
+def comparable(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith(("time/", "perf/"))}
+
+
+def train_rows(sft_path, out, **overrides) -> list[dict]:
+    pm.train(pm.Config(model=str(sft_path), out_dir=str(out), **{**TINY, **overrides}))
+    return [comparable(r) for r in read_jsonl(out / "metrics.jsonl")]
+
+
+def test_single_critic_asyppo_without_masks_is_plain_ppo(sft_path, tmp_path):
+    plain = train_rows(sft_path, tmp_path / "ppo", steps=3)
+    asy = train_rows(sft_path, tmp_path / "asy", steps=3, critic="asyppo", n_critics=1, asyppo_k=0.0, asyppo_h=0.0)
+    assert len(plain) == len(asy) == 3
+    for a, b in zip(plain, asy):
+        extra = set(b) - set(a)
+        assert extra and all(k.startswith("stats/") for k in extra), extra  # only the AsyPPO statistics
+        assert b["stats/sigma_mean"] == 0.0 and b["stats/asyppo_pg_masked_frac"] == 0.0
+        diff = {k: (a[k], b.get(k)) for k in a if a[k] != b.get(k)}
+        assert not diff, f"step {a['step']}: {diff}"  # same losses, gradients, values, eval: bitwise
+    assert any(r["loss/policy"] != 0 for r in plain) and "eval/acc" in plain[-1]
+
+
+def test_critic_warmup_leaves_the_actor_untouched(sft_path, tmp_path):
+    # two warm-up iterations at the normal lr == two iterations at lr 0: same rollouts, critics and metrics
+    # (except the policy gradient norm, which warm-up does not compute, and the eval after step 3's actor step)
+    kw = dict(steps=3, critic="asyppo", eval_every=2)
+    warm = train_rows(sft_path, tmp_path / "warm", **kw, critic_warmup_steps=2)
+    frozen = train_rows(sft_path, tmp_path / "lr0", **kw, critic_warmup_steps=0, lr=0.0)
+    assert "eval/acc" in warm[1] and "eval/acc" in frozen[1]
+    for a, b in zip(warm, frozen):
+        a, b = dict(a), dict(b)
+        gn_warm, gn_frozen = a.pop("stats/grad_norm"), b.pop("stats/grad_norm")
+        if a["step"] == 3:
+            a.pop("eval/acc"), b.pop("eval/acc")
+        assert a == b
+        assert gn_frozen > 0 and gn_warm == (0.0 if a["step"] <= 2 else gn_frozen)
+
+
+def test_asyppo_learning_run_acts(sft_path, tmp_path):
+    """A short AsyPPO run on the default task: the method must act (a method that silently does nothing fails).
+
+    Realised mask fractions ~ k and h at every step, sigma > 0 once the critics have trained on their shares,
+    the two critics fit differently, and the actor steps only after the critic warm-up.
+    (Whether accuracy rises over an lr = 0 control is the learning test's job, with the tuned default recipe.)
+    """
+    kw = dict(critic="asyppo", critic_depth=0.5, prompts_per_step=8, group_size=16, eval_every=0)
+    rows = train_rows(sft_path, tmp_path / "asy", **kw, steps=12, critic_warmup_steps=3, asyppo_k=0.3)
+    for r in rows:
+        n = r["rollout/response_len"] * 128  # valid tokens in the batch; the fractions are counts / n
+        assert abs(r["stats/asyppo_pg_masked_frac"] - 0.3) <= 1 / n + 1e-6
+        assert abs(r["stats/asyppo_ent_filtered_frac"] - 0.2) <= 1 / n + 1e-6
+        assert (r["stats/grad_norm"] > 0) == (r["step"] > 3)  # critic-only iterations first
+        if r["step"] > 3:  # after the warm-up the critics, trained on different shares, disagree
+            assert r["stats/sigma_mean"] > 0 and r["critic/explained_var_0"] != r["critic/explained_var_1"]
+    assert rows[0]["stats/sigma_mean"] == 0.0  # identical copies before their first step

@@ -1,0 +1,119 @@
+"""Multi-process tests (DESIGN.md 9, 6): DDP gives the single-process gradient, a 2-rank ppo_minimal run
+works end to end, and a dead or stuck rank makes the survivor fail with an error naming it.
+
+The dead-rank tests use torch.multiprocessing.spawn with join=False and a file:// rendezvous, not one
+torchrun agent: an agent kills the surviving ranks itself as soon as one exits, which would hide whether
+the survivors notice on their own.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+COLLECTIVE_TIMEOUT = 5.0  # seconds, for the dead-rank tests
+
+
+def torchrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc_per_node=2 ARGS` with this interpreter, in the repository root."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def load_grad_check():
+    spec = importlib.util.spec_from_file_location("ddp_grad_check", ROOT / "tests" / "ddp_grad_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def ddp_deltas(tmp_path_factory) -> dict:
+    """Parameter changes per loss_agg mode from one 2-rank torchrun of tests/ddp_grad_check.py."""
+    out = tmp_path_factory.mktemp("ddp") / "deltas.pt"
+    proc = torchrun("tests/ddp_grad_check.py", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return torch.load(out, weights_only=True)
+
+
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_ddp_update_equals_single_process(ddp_deltas, loss_agg):
+    """2 ranks x half the batch == 1 process x the whole batch: policy and both critics, SGD lr 1 (delta = -grad)."""
+    check = load_grad_check()
+    single = check.update_deltas(loss_agg, rank=0, world=1)
+    ddp = ddp_deltas[loss_agg]
+    assert ddp.keys() == single.keys()
+    for who in ("policy.", "critic0.", "critic1."):
+        moved = max(single[n].abs().max().item() for n in single if n.startswith(who))
+        assert moved > 1e-3, f"{who} barely moved ({moved}): the check would be vacuous"
+    worst = max(single, key=lambda n: (ddp[n] - single[n]).abs().max().item())
+    diff = (ddp[worst] - single[worst]).abs().max().item()
+    assert diff < 1e-5, f"{loss_agg}: DDP and single-process updates differ by {diff:.2e} at {worst}"
+
+
+def test_torchrun_ppo_minimal_smoke(sft_path, tmp_path):
+    """`torchrun --nproc_per_node=2 ppo_minimal.py` runs 2 steps; only rank 0 writes the metrics rows."""
+    out = tmp_path / "run"
+    proc = torchrun(
+        "ppo_minimal.py",
+        *("--model", str(sft_path), "--steps", "2", "--prompts-per-step", "4", "--group-size", "4"),
+        *("--eval-every", "2", "--eval-n", "16", "--out-dir", str(out), "--dist-timeout", "60"),
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "world 2" in proc.stdout
+    from common import read_jsonl
+
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]  # two ranks writing would duplicate them
+    assert 0.0 <= rows[-1]["eval/acc"] <= 1.0 and "critic/explained_var" in rows[-1]
+
+
+def _rank_worker(rank: int, world: int, init_file: str, fate: str, out_dir: str) -> None:
+    """One rank of the dead-rank test: rank 1 dies (or hangs) before the second collective."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    import common
+
+    common.setup_dist(timeout_s=COLLECTIVE_TIMEOUT, device="cpu", init_method=f"file://{init_file}")
+    common.all_reduce_sum(torch.ones(1))  # everyone alive: this one succeeds
+    if rank == 1:
+        if fate == "dies":
+            os._exit(3)  # no cleanup, no goodbye: like a crash or an OOM kill
+        time.sleep(120)  # stuck: alive, but never reaches the next collective
+    t0 = time.perf_counter()
+    try:
+        common.all_reduce_sum(torch.ones(1))
+    except RuntimeError as e:
+        Path(out_dir, f"rank{rank}.txt").write_text(f"{time.perf_counter() - t0:.3f}\n{e}")
+        raise
+    Path(out_dir, f"rank{rank}.txt").write_text("no error")
+
+
+@pytest.mark.parametrize("fate", ["dies", "hangs"])
+def test_dead_rank_is_named(tmp_path, fate):
+    """The survivor exits non-zero within the collective timeout, naming rank 1 as dead or stuck."""
+    ctx = mp.spawn(_rank_worker, args=(2, str(tmp_path / "init"), fate, str(tmp_path)), nprocs=2, join=False)
+    survivor, victim = ctx.processes
+    try:
+        survivor.join(120)  # start-up (imports) on a busy 2-core machine included; a hang would stay alive
+        assert survivor.exitcode is not None, "rank 0 still running: it hangs instead of failing"
+        assert survivor.exitcode != 0
+        if fate == "dies":
+            victim.join(10)
+            assert victim.exitcode == 3
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.terminate()
+                p.join(10)
+    elapsed, message = (tmp_path / "rank0.txt").read_text().split("\n", 1)
+    assert "rank(s) [1] never reached it" in message, message
+    assert "rank 0: collective #2 (all_reduce)" in message, message
+    assert float(elapsed) < 2 * COLLECTIVE_TIMEOUT, f"the failed collective took {elapsed} s"

@@ -1,0 +1,305 @@
+"""Every error of the foundation issue's "Errors" list: it is raised, and its message says what is wrong.
+
+(The dead-rank error lives with the torchrun tests.)
+"""
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import common
+import ppo_minimal as pm
+import rollout
+import tasks
+from rollout import generate, tokenize_prompts
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Config values
+
+
+@pytest.mark.parametrize(
+    "field,value,allowed",
+    [
+        ("lr", -1e-4, "[0.0, inf]"),
+        ("critic_lr", float("nan"), "[0.0, inf]"),
+        ("steps", -1, "[0, inf]"),
+        ("group_size", 0, "[1, inf]"),
+        ("micro_batch", 0, "[1, inf]"),
+        ("max_prompt_len", 0, "[1, inf]"),
+        ("clip_low", 1.0, "(0.0, 1.0)"),
+        ("clip_low", 0.0, "(0.0"),
+        ("clip_high", 0.0, "(0.0, inf]"),
+        ("value_clip", -0.5, "(0.0, inf]"),
+        ("temperature", 0.0, "(0.0, inf]"),
+        ("top_p", 0.0, "(0.0, 1.0]"),
+        ("top_p", 1.5, "(0.0, 1.0]"),
+        ("top_k", -1, "[0, inf]"),
+        ("gamma", 1.01, "[0.0, 1.0]"),
+        ("lam", -0.1, "[0.0, 1.0]"),
+        ("dual_clip", 1.0, "(1.0, inf]"),
+        ("adam_eps", 0.0, "(0.0, inf]"),
+        ("grad_clip", float("inf"), "(0.0, inf]"),
+        ("dist_timeout", 0.0, "(0.0, inf]"),
+        ("sft_target", 0.0, "(0.0, 1.0]"),
+    ],
+)
+def test_config_range_errors_name_field_and_range(field, value, allowed):
+    with pytest.raises(ValueError) as e:
+        pm.Config(**{field: value})
+    msg = str(e.value)
+    assert f"'{field}'" in msg and allowed in msg, msg
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("adv_estimator", "ppo"), ("loss_agg", "mean"), ("kl_ctrl", "adaptve"), ("kl_loss_type", "k4")],
+)
+def test_config_choice_errors_list_the_choices(field, value):
+    with pytest.raises(ValueError) as e:
+        pm.Config(**{field: value})
+    msg = str(e.value)
+    assert f"'{field}'" in msg and repr(value) in msg and "must be one of" in msg, msg
+
+
+def test_config_group_estimators_need_groups():
+    for est in ("grpo", "rloo"):
+        with pytest.raises(ValueError, match=rf"'group_size' = 1: {est} needs >= 2"):
+            pm.Config(adv_estimator=est, group_size=1)
+    pm.Config(adv_estimator="gae", group_size=1)  # PPO with a critic is fine with one sample per prompt
+
+
+def test_config_errors_from_the_command_line():
+    with pytest.raises(ValueError, match=r"'lr' = -1.0 is out of range"):
+        common.parse_config(pm.Config, ["--lr", "-1"])
+    with pytest.raises(SystemExit):  # argparse rejects a choice outside the Literal
+        common.parse_config(pm.Config, ["--adv-estimator", "ppo"])
+    cfg = common.parse_config(pm.Config, ["--clip-high", "0.28", "--dual_clip", "none", "--no-grpo-norm-std"])
+    assert (cfg.clip_high, cfg.dual_clip, cfg.grpo_norm_std) == (0.28, None, False)
+
+
+def test_check_helpers():
+    common.check_range("x", 0.5, 0.0, 1.0)
+    with pytest.raises(ValueError, match=r"'x' = 1.5 is out of range: allowed \[0.0, 1.0\)"):
+        common.check_range("x", 1.5, 0.0, 1.0, hi_open=True)
+    with pytest.raises(ValueError, match=r"'x' = None"):
+        common.check_range("x", None, 0)
+    with pytest.raises(ValueError, match=r"'mode' = 'b': must be one of \['a'\]"):
+        common.check_choice("mode", "b", ["a"])
+
+
+def test_help_lists_every_field_with_default_and_meaning():
+    env = {**os.environ, "COLUMNS": "1000", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, "ppo_minimal.py", "--help"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    # one block per option: "  --flag METAVAR, --alias METAVAR   help text (default: X)"; the help text
+    # follows the option strings after a run of >= 2 spaces or a newline
+    blocks = {}
+    for block in re.split(r"\n  (?=-)", out.stdout):
+        options, _, help_text = block.strip().partition("  ")
+        blocks[options.split()[0].rstrip(",")] = (options, " ".join(help_text.split()))
+    for f in dataclasses.fields(pm.Config):
+        flag = "--" + f.name.replace("_", "-")
+        assert flag in blocks, f"--help does not list {flag}"
+        options, text = blocks[flag]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        assert text.endswith(f"(default: {default})"), f"{flag}: no default in {text!r}"
+        meaning = text[: -len(f"(default: {default})")].strip()
+        assert len(meaning) > 10, f"{flag}: no meaning in {text!r} (options {options!r})"
+    assert blocks["--steps"][1] == "Number of RL iterations. (default: 150)"
+    assert blocks["--adv-estimator"][1].endswith("(default: gae)")
+
+
+# ----------------------------------------------------------------------------------------------
+# Rewards
+
+
+class FakeTask:
+    name = "fake-task"
+
+    def compute_score(self, solution_str: str, ground_truth: str) -> float:
+        if "boom" in solution_str:
+            raise KeyError("parser exploded")
+        if "nan" in solution_str:
+            return float("nan")
+        if "inf" in solution_str:
+            return float("inf")
+        return float(solution_str == ground_truth)
+
+
+def test_reward_that_raises_names_task_sample_and_text():
+    problems = [{"ground_truth": "1"}] * 3
+    with pytest.raises(RuntimeError) as e:
+        tasks.score_responses(FakeTask(), ["1", "2", "xx boom xx"], problems)
+    msg = str(e.value)
+    assert "'fake-task'" in msg and "sample 2" in msg and "'xx boom xx'" in msg and "parser exploded" in msg, msg
+    assert isinstance(e.value.__cause__, KeyError)
+
+
+@pytest.mark.parametrize("text,what", [("a nan", "nan"), ("-inf!", "inf")])
+def test_reward_non_finite_names_task_sample_and_text(text, what):
+    with pytest.raises(ValueError) as e:
+        tasks.score_responses(FakeTask(), ["1", text], [{"ground_truth": "1"}] * 2)
+    msg = str(e.value)
+    assert "'fake-task'" in msg and "sample 1" in msg and repr(text) in msg and what in msg, msg
+
+
+def test_rewards_that_work_give_floats():
+    assert tasks.score_responses(FakeTask(), ["1", "2"], [{"ground_truth": "1"}] * 2) == [1.0, 0.0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Prompts, tokenizers, model paths
+
+
+def test_prompt_longer_than_max_prompt_len():
+    tok = tasks.make_tokenizer()
+    with pytest.raises(ValueError) as e:
+        tokenize_prompts(tok, ["12>", "123456789>"], max_prompt_len=8)
+    msg = str(e.value)
+    assert "prompt 1" in msg and "10 tokens" in msg and "max_prompt_len=8" in msg and "123456789>" in msg, msg
+    with pytest.raises(ValueError, match="prompt 0 is empty"):
+        tokenize_prompts(tok, [""], max_prompt_len=8)
+
+
+def test_prompt_too_long_stops_training(sft_path, tmp_path):
+    # the embedded default's prompt "<bos>123456>" has 8 tokens
+    cfg = pm.Config(model=str(sft_path), max_prompt_len=5, steps=1, eval_every=0, out_dir=str(tmp_path / "run"))
+    with pytest.raises(ValueError, match=r"tokens > max_prompt_len=5"):
+        pm.train(cfg)
+
+
+def save_tiny(tmp_path, tok) -> str:
+    torch.manual_seed(0)
+    tasks.make_tiny_model(tasks.make_tokenizer()).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    return str(tmp_path)
+
+
+def test_tokenizer_without_pad_gets_eos_and_says_so(tmp_path, capsys):
+    tok = tasks.make_tokenizer()
+    tok.pad_token = None
+    assert tok.pad_token_id is None
+    path = save_tiny(tmp_path, tok)
+    model, loaded = rollout.load_policy(path, "cpu")
+    out = capsys.readouterr().out
+    assert "has no pad token" in out and "'<eos>'" in out and path in out, out
+    assert loaded.pad_token_id == loaded.eos_token_id == tok.eos_token_id
+    assert not model.training  # dropout off
+
+
+def test_tokenizer_without_eos_is_an_error(tmp_path):
+    tok = tasks.make_tokenizer()
+    tok.eos_token = None
+    path = save_tiny(tmp_path, tok)
+    with pytest.raises(ValueError, match=r"has no eos token"):
+        rollout.load_policy(path, "cpu")
+
+
+def test_generate_without_stop_token_is_an_error():
+    tok = tasks.make_tokenizer()
+    ids, am = tokenize_prompts(tok, ["1"], 4)
+    with pytest.raises(ValueError, match="stop token"):
+        generate(tasks.make_tiny_model(tok), ids, am, max_new_tokens=2, eos_token_ids=[], pad_token_id=0)
+
+
+@pytest.mark.parametrize("name", ["/no/such/model/dir", "./missing-model", "~/missing-model", "no_such_model"])
+def test_model_path_that_does_not_exist(name):
+    with pytest.raises(FileNotFoundError) as e:
+        rollout.resolve_model_path(name)
+    assert repr(name) in str(e.value) and "does not exist" in str(e.value)
+    with pytest.raises(FileNotFoundError, match=re.escape(repr(name))):
+        rollout.load_policy(name, "cpu")
+
+
+def test_model_folder_that_is_not_a_model(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a model")
+    with pytest.raises((FileNotFoundError, OSError, ValueError)) as e:
+        rollout.load_policy(str(tmp_path), "cpu")
+    assert str(tmp_path) in str(e.value), f"the error does not name the folder: {e.value}"
+
+
+def test_hub_style_name_is_passed_to_the_hub():
+    assert rollout.resolve_model_path("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
+
+
+# ----------------------------------------------------------------------------------------------
+# --data files, task and reward names
+
+
+def write(tmp_path, text: str) -> str:
+    p = tmp_path / "data.jsonl"
+    p.write_text(text)
+    return str(p)
+
+
+def test_data_bad_json_names_the_line(tmp_path):
+    good = json.dumps({"prompt": "1+1=", "ground_truth": "2"})
+    path = write(tmp_path, f"{good}\n\n{{'prompt': 'single quotes'}}\n{good}\n")
+    with pytest.raises(ValueError) as e:
+        tasks.make_task("reverse", data=path)
+    msg = str(e.value)
+    assert f"{path}:3:" in msg and "not valid JSON" in msg and "single quotes" in msg, msg
+
+
+@pytest.mark.parametrize(
+    "row",
+    [{"prompt": "1+1="}, {"ground_truth": "2"}, {"prompt": 5, "ground_truth": "2"}, ["1+1=", "2"]],
+)
+def test_data_missing_keys_names_the_line(tmp_path, row):
+    good = json.dumps({"prompt": "1+1=", "ground_truth": "2"})
+    path = write(tmp_path, f"{good}\n{json.dumps(row)}\n")
+    with pytest.raises(ValueError) as e:
+        tasks.make_task("reverse", data=path)
+    msg = str(e.value)
+    assert f"{path}:2:" in msg and '"prompt"' in msg and '"ground_truth"' in msg, msg
+
+
+@pytest.mark.parametrize("text", ["", "\n\n  \n"])
+def test_data_empty_file(tmp_path, text):
+    path = write(tmp_path, text)
+    with pytest.raises(ValueError, match="no training rows"):
+        tasks.make_task("reverse", data=path)
+
+
+def test_data_file_missing(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        tasks.make_task("reverse", data=str(tmp_path / "nope.jsonl"))
+
+
+def test_data_file_that_works(tmp_path):
+    rows = [{"prompt": f"{a}+{a}=", "ground_truth": 2 * a} for a in range(40)]
+    path = write(tmp_path, "\n".join(json.dumps(r) for r in rows) + "\n")
+    task = tasks.make_task("reverse", data=path, reward="math_exact")
+    assert len(task.rows["train"]) + len(task.rows["eval"]) == 40
+    assert task.compute_score("the answer is 14", "14") == 1.0 and task.compute_score("13", "14") == 0.0
+
+
+def test_unknown_task():
+    with pytest.raises(ValueError) as e:
+        tasks.make_task("reverse-words")
+    msg = str(e.value)
+    assert "'task'" in msg and "'reverse-words'" in msg and "reverse" in msg and "--data" in msg, msg
+    with pytest.raises(ValueError, match=r"'task' = 'reverse-words'"):
+        pm.Config(task="reverse-words")
+
+
+def test_bad_reward_name(tmp_path):
+    path = write(tmp_path, json.dumps({"prompt": "1+1=", "ground_truth": "2"}) + "\n")
+    with pytest.raises(ValueError) as e:
+        tasks.make_task("reverse", data=path, reward="fuzzy")
+    msg = str(e.value)
+    assert "'reward'" in msg and "'fuzzy'" in msg and "math_exact" in msg, msg
+    with pytest.raises(ValueError, match=r"'reward' = 'fuzzy'"):
+        pm.Config(data=path, reward="fuzzy")

@@ -1,0 +1,368 @@
+"""Tests of rollout.py and the tokenizer of tasks.py: padding, masks, position ids, top-k/top-p, and the
+logprob consistency PPO relies on (old_logprobs == rollout_logprobs, ratio == 1 before the first step).
+"""
+
+import contextlib
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ppo_minimal as pm
+import rollout
+import tasks
+from rollout import (
+    decode_responses,
+    generate,
+    position_ids_from_mask,
+    sequence_logprobs,
+    tokenize_prompts,
+    truncate_logits,
+)
+
+TOL = 1e-5  # fp32 on CPU: rollout vs recomputed logprobs
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tasks.make_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    torch.manual_seed(0)
+    return tasks.make_tiny_model(tok).eval()
+
+
+def prompts(tok, texts, max_len=64):
+    return tokenize_prompts(tok, [tasks.format_prompt(tok, x) for x in texts], max_len)
+
+
+def sample(model, tok, texts, *, temperature=1.0, max_new_tokens=24, seed=0, pad_token_id=None, **kw):
+    ids, am = prompts(tok, texts)
+    return generate(
+        model,
+        ids,
+        am,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        eos_token_ids=[tok.eos_token_id],
+        pad_token_id=tok.pad_token_id if pad_token_id is None else pad_token_id,
+        generator=torch.Generator().manual_seed(seed),
+        **kw,
+    )
+
+
+def check_mask_invariants(ro, eos_id: int, pad_id: int) -> None:
+    """response_mask is 1 up to and including the first EOS, 0 (and pad ids) after; truncated rows all ones."""
+    for ids, m, trunc in zip(ro.response_ids.tolist(), ro.response_mask.tolist(), ro.truncated.tolist()):
+        if eos_id in ids:
+            k = ids.index(eos_id)
+            assert m == [1] * (k + 1) + [0] * (len(ids) - k - 1), (ids, m)
+            assert ids[k + 1 :] == [pad_id] * (len(ids) - k - 1)
+            assert not trunc
+        else:
+            assert m == [1] * len(ids) and trunc, (ids, m, trunc)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tokenizer and prompts
+
+
+def test_tokenizer_round_trip_through_save_pretrained(tok, tmp_path):
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    tok.save_pretrained(tmp_path)
+    back = AutoTokenizer.from_pretrained(tmp_path)
+    assert isinstance(back, PreTrainedTokenizerFast)
+    text = "123456>654321 a+b=(c)"
+    assert back(text, add_special_tokens=False).input_ids == tok(text, add_special_tokens=False).input_ids
+    assert len(back(text, add_special_tokens=False).input_ids) == len(text)  # one token per character
+    assert back.decode(back(text, add_special_tokens=False).input_ids) == text
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id", "unk_token_id"):
+        assert getattr(back, name) == getattr(tok, name), name
+    assert len({tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, tok.unk_token_id}) == 4
+    assert back.get_vocab() == tok.get_vocab()
+
+
+def test_tokenize_prompts_left_pads(tok):
+    ids, mask = tokenize_prompts(tok, ["ab", "abcd", "c"], max_prompt_len=4)
+    a, b, c, d = (tok.convert_tokens_to_ids(x) for x in "abcd")
+    p = tok.pad_token_id
+    assert ids.tolist() == [[p, p, a, b], [a, b, c, d], [p, p, p, c]]
+    assert mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 1], [0, 0, 0, 1]]
+    assert position_ids_from_mask(mask).tolist() == [[0, 0, 0, 1], [0, 1, 2, 3], [0, 0, 0, 0]]
+
+
+def test_tokenize_prompts_too_long_names_the_prompt(tok):
+    with pytest.raises(ValueError, match=r"prompt 1 has 5 tokens > max_prompt_len=4"):
+        tokenize_prompts(tok, ["ab", "abcde"], max_prompt_len=4)
+
+
+# ----------------------------------------------------------------------------------------------
+# top-k / top-p
+
+
+def test_truncate_logits_known_answers():
+    # probabilities [0.5, 0.25, 0.15, 0.1] (logits = their logs)
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1]]))
+    kept = lambda out: torch.isfinite(out[0]).tolist()  # noqa: E731
+    # top-p: keep the smallest prefix (by probability) whose mass reaches p; exclusive cumsums [0, .5, .75, .9]
+    assert kept(truncate_logits(logits, top_p=0.4, top_k=0)) == [True, False, False, False]  # 0.5 >= 0.4
+    assert kept(truncate_logits(logits, top_p=0.7, top_k=0)) == [True, True, False, False]  # 0.75 >= 0.7
+    assert kept(truncate_logits(logits, top_p=0.8, top_k=0)) == [True, True, True, False]  # 0.9 >= 0.8
+    assert kept(truncate_logits(logits, top_p=1.0, top_k=0)) == [True] * 4
+    assert kept(truncate_logits(logits, top_p=1.0, top_k=2)) == [True, True, False, False]
+    assert kept(truncate_logits(logits, top_p=1.0, top_k=10)) == [True] * 4  # k > V keeps everything
+    # both: top-k 3 renormalises to [0.5, 0.25, 0.15] / 0.9 = [.556, .278, .167]; top-p 0.6 -> 2 tokens
+    assert kept(truncate_logits(logits, top_p=0.6, top_k=3)) == [True, True, False, False]
+    # unsorted vocabulary order: the kept set follows probability, not position
+    shuffled = logits[:, [3, 1, 0, 2]]  # [0.1, 0.25, 0.5, 0.15]
+    assert kept(truncate_logits(shuffled, top_p=0.7, top_k=0)) == [False, True, True, False]
+    # kept logits are unchanged
+    out = truncate_logits(logits, top_p=0.7, top_k=0)
+    assert torch.equal(out[0, :2], logits[0, :2])
+
+
+def test_top_k_one_sampling_is_greedy(model, tok):
+    texts = ["123456>", "9876>", "s314159>"]
+    greedy = sample(model, tok, texts, temperature=0.0, max_new_tokens=8)
+    topk1 = sample(model, tok, texts, temperature=1.0, max_new_tokens=8, top_k=1, seed=3)
+    assert torch.equal(greedy.response_ids, topk1.response_ids)
+    # rollout_logprobs are those of the FULL softmax (before truncation): < 0, not log(1) = 0
+    assert (topk1.rollout_logprobs[topk1.response_mask.bool()] < -1e-3).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# Masks and EOS handling
+
+
+class ChainLM(torch.nn.Module):
+    """A scripted LM: after token t it predicts t + 1, after `trigger` it predicts EOS (logit margin 50).
+
+    It uses the `past_key_values` keyword (the transformers <= 5.10 name) and ignores its cache: its
+    prediction depends on the last token only.
+    """
+
+    def __init__(self, vocab: int, trigger: int, eos: int):
+        super().__init__()
+        self.vocab, self.trigger, self.eos = vocab, trigger, eos
+        self.calls = 0
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False, past_key_values=None):
+        self.calls += 1
+        nxt = torch.where(input_ids == self.trigger, self.eos, (input_ids + 1).clamp(max=self.vocab - 1))
+        return SimpleNamespace(logits=F.one_hot(nxt, self.vocab).float() * 50.0, past_key_values=None)
+
+
+def test_generate_masks_with_eos_at_known_steps(tok):
+    # digits are consecutive ids; after '9' the model emits EOS. With max_new_tokens 5:
+    #   "<bos>9" -> EOS                       (stops at step 1)
+    #   "<bos>7" -> 8 9 EOS pad pad           (step 3)
+    #   "<bos>5" -> 6 7 8 9 EOS               (EOS at the very last step: not truncated, all ones)
+    #   "<bos>3" -> 4 5 6 7 8                 (truncated: all ones)
+    d = {c: tok.convert_tokens_to_ids(c) for c in "0123456789"}
+    assert [d[str(i)] for i in range(10)] == list(range(d["0"], d["0"] + 10))
+    lm = ChainLM(len(tok), trigger=d["9"], eos=tok.eos_token_id)
+    E, P = tok.eos_token_id, tok.pad_token_id
+    for temperature in (0.0, 1.0):
+        ro = sample(lm, tok, ["9", "7", "5", "3"], temperature=temperature, max_new_tokens=5)
+        assert ro.response_ids.tolist() == [
+            [E, P, P, P, P],
+            [d["8"], d["9"], E, P, P],
+            [d["6"], d["7"], d["8"], d["9"], E],
+            [d["4"], d["5"], d["6"], d["7"], d["8"]],
+        ]
+        assert ro.response_mask.tolist() == [[1, 0, 0, 0, 0], [1, 1, 1, 0, 0], [1] * 5, [1] * 5]
+        assert ro.truncated.tolist() == [False, False, False, True]
+        assert ro.attention_mask.tolist() == [[1, 1] + m for m in ro.response_mask.tolist()]
+        # the chosen token has probability 1 - 55 e^-50: logprob ~ 0 on valid tokens, exactly 0 on padding
+        assert ro.rollout_logprobs.abs().max().item() < 1e-12
+        assert decode_responses(tok, ro) == ["", "89", "6789", "45678"]
+    # generation stops as soon as every row is done: "9" and "7" alone need 3 forward calls, not 5
+    lm.calls = 0
+    ro = sample(lm, tok, ["9", "7"], temperature=0.0, max_new_tokens=5)
+    assert ro.response_ids.shape == (2, 3) and lm.calls == 3
+
+
+def test_generate_masks_on_sampled_outputs(model, tok):
+    ro = sample(model, tok, ["123456>"] * 24 + ["s98>"] * 24, max_new_tokens=30, seed=1)
+    check_mask_invariants(ro, tok.eos_token_id, tok.pad_token_id)
+    assert 0 < ro.truncated.sum() < 48, "want both ended and truncated rows in this sample"
+    R = ro.response_ids.shape[1]
+    assert ro.attention_mask.shape == (48, ro.prompt_ids.shape[1] + R)
+    assert torch.equal(ro.attention_mask[:, -R:], ro.response_mask)
+    assert (ro.rollout_logprobs[ro.response_mask == 0] == 0).all()
+    assert (ro.rollout_logprobs[ro.response_mask == 1] < 0).all()
+
+
+def test_generate_is_seeded(model, tok):
+    a = sample(model, tok, ["123456>"] * 8, seed=7)
+    b = sample(model, tok, ["123456>"] * 8, seed=7)
+    c = sample(model, tok, ["123456>"] * 8, seed=8)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.rollout_logprobs, b.rollout_logprobs)
+    assert not torch.equal(a.response_ids, c.response_ids)
+
+
+# ----------------------------------------------------------------------------------------------
+# Position ids, left padding, KV cache
+
+
+def padded_vs_alone(model, tok, short: str, long: str, temperature: float = 0.0):
+    both = sample(model, tok, [short, long], temperature=temperature, max_new_tokens=10)
+    alone = sample(model, tok, [short], temperature=temperature, max_new_tokens=10)
+    assert both.prompt_ids.shape[1] > alone.prompt_ids.shape[1]  # the short prompt really is left-padded
+    n = min(int(both.response_mask[0].sum()), int(alone.response_mask[0].sum()))
+    assert torch.equal(both.response_ids[0, :n], alone.response_ids[0, :n])
+    return (both.rollout_logprobs[0, :n] - alone.rollout_logprobs[0, :n]).abs().max().item()
+
+
+def test_left_padding_gives_same_logprobs_rope(model, tok):
+    assert padded_vs_alone(model, tok, "12>", "s9876543210>") < TOL
+
+
+def gpt2(tok):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(
+        vocab_size=len(tok),
+        n_embd=64,
+        n_layer=2,
+        n_head=2,
+        n_positions=128,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    return GPT2LMHeadModel(cfg).eval()
+
+
+def test_left_padding_gives_same_logprobs_gpt2_absolute_positions(tok):
+    m = gpt2(tok)
+    assert padded_vs_alone(m, tok, "12>", "s9876543210>") < TOL
+    # the check has power: without position ids GPT-2 sees the left padding as positions 0..k-1
+    ids, am = prompts(tok, ["12>", "s9876543210>"])
+    with torch.no_grad():
+        naive = m(input_ids=ids, attention_mask=am).logits[0, -1].log_softmax(-1)
+        alone_ids, alone_am = prompts(tok, ["12>"])
+        ref = m(input_ids=alone_ids, attention_mask=alone_am).logits[0, -1].log_softmax(-1)
+    assert (naive - ref).abs().max().item() > 1e-3
+
+
+@torch.no_grad()
+def greedy_without_cache(model, ids, am, steps: int, eos: int, pad: int):
+    """Reference decode: a full forward over the whole sequence at every step (no KV cache)."""
+    done = torch.zeros(ids.shape[0], dtype=torch.bool)
+    toks, logps = [], []
+    for _ in range(steps):
+        pos = (am.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=False).logits[:, -1].float()
+        lp = logits.log_softmax(-1)
+        nxt = torch.where(done, torch.full_like(logits[:, 0], pad, dtype=torch.long), logits.argmax(-1))
+        toks.append(nxt)
+        logps.append(lp.gather(-1, nxt[:, None])[:, 0].masked_fill(done, 0.0))
+        ids = torch.cat([ids, nxt[:, None]], 1)
+        am = torch.cat([am, (~done).long()[:, None]], 1)
+        done = done | (nxt == eos)
+        if done.all():
+            break
+    return torch.stack(toks, 1), torch.stack(logps, 1)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+def test_kv_cache_generate_equals_no_cache_recompute(model, tok, arch):
+    m = model if arch == "qwen2" else gpt2(tok)
+    texts = ["12>", "s9876543210>", "5+7=", "000111>"]
+    ro = sample(m, tok, texts, temperature=0.0, max_new_tokens=12)
+    ids, am = prompts(tok, texts)
+    ref_ids, ref_lp = greedy_without_cache(m, ids, am, 12, tok.eos_token_id, tok.pad_token_id)
+    assert torch.equal(ro.response_ids, ref_ids)
+    assert (ro.rollout_logprobs - ref_lp * ro.response_mask).abs().max().item() < TOL
+
+
+# ----------------------------------------------------------------------------------------------
+# Logprob consistency: old_logprobs (recompute) == rollout_logprobs, ratio == 1 before the first step
+
+
+def consistency(m, tok, temperature: float, pad_token_id=None, micro_batch: int = 5):
+    texts = ["123456>", "s12>", "9+9=", "000000>", "314>", "s271828>"] * 2
+    ro = sample(m, tok, texts, temperature=temperature, max_new_tokens=20, seed=11, pad_token_id=pad_token_id)
+    R = ro.response_ids.shape[1]
+    with torch.no_grad():
+        old, ent = sequence_logprobs(
+            m, ro.input_ids, ro.attention_mask, R, temperature=temperature, micro_batch=micro_batch, with_entropy=True
+        )
+    valid = ro.response_mask.bool()
+    diff = (old - ro.rollout_logprobs)[valid].abs().max().item()
+    # the entropy is that of the temperature-scaled softmax: positive, at most log V
+    assert (ent[valid] > 0).all() and (ent[valid] <= math.log(len(tok)) + 1e-5).all()
+    return ro, old, diff
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_old_logprobs_equal_rollout_logprobs(model, tok, temperature):
+    ro, old, diff = consistency(model, tok, temperature)
+    assert diff < TOL, f"max |old - rollout| = {diff:.2e} at T={temperature}"
+    # the check has power: recomputing at the wrong temperature is far off
+    R = ro.response_ids.shape[1]
+    with torch.no_grad():
+        wrong, _ = sequence_logprobs(model, ro.input_ids, ro.attention_mask, R, temperature=1.3)
+    assert (wrong - ro.rollout_logprobs)[ro.response_mask.bool()].abs().max().item() > 1e-2
+
+
+def test_old_logprobs_equal_rollout_logprobs_pad_equals_eos(model, tok):
+    tok2 = tasks.make_tokenizer()
+    tok2.pad_token = tok2.eos_token
+    assert tok2.pad_token_id == tok2.eos_token_id
+    ro, _, diff = consistency(model, tok2, 0.7, pad_token_id=tok2.pad_token_id)
+    check_mask_invariants(ro, tok2.eos_token_id, tok2.pad_token_id)
+    assert (~ro.truncated).any()  # some rows ended with an EOS followed by pad == eos ids
+    assert diff < TOL, f"max |old - rollout| = {diff:.2e} with pad == eos"
+
+
+def test_old_logprobs_equal_rollout_logprobs_gpt2(tok):
+    _, _, diff = consistency(gpt2(tok), tok, 1.0)
+    assert diff < TOL
+
+
+def test_old_logprobs_equal_rollout_logprobs_sft_model(sft_path):
+    m, t = rollout.load_policy(str(sft_path), "cpu")
+    _, _, diff = consistency(m, t, 1.0)
+    assert diff < TOL
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_ratio_is_one_before_first_step(model, tok, temperature):
+    """The PPO update's own path (grad enabled, other micro-batching) sees ratio 1 before its first step."""
+    ro, old, _ = consistency(model, tok, temperature)
+    B, R = ro.response_ids.shape
+    mask = ro.response_mask.float()
+    logp, _ = sequence_logprobs(model, ro.input_ids, ro.attention_mask, R, temperature=temperature, micro_batch=3)
+    assert logp.requires_grad
+    ratio = torch.exp(logp.detach() - old)
+    assert (ratio - 1)[mask.bool()].abs().max().item() < TOL
+    loss, m = pm.policy_loss(logp, old, torch.randn(B, R), mask)
+    assert float(m["clipfrac"]) == 0.0 and abs(float(m["ratio_mean"]) - 1) < TOL
+    # and ppo_update reports it (stats/first_mb_*) on its first minibatch
+    cfg = pm.Config(adv_estimator="grpo", temperature=temperature, micro_batch=4, minibatches=2, group_size=2)
+    batch = {
+        "input_ids": ro.input_ids,
+        "attention_mask": ro.attention_mask,
+        "response_mask": ro.response_mask,
+        "old_logprobs": old,
+        "ref_logprobs": old.clone(),
+        "advantages": torch.randn(B, R) * mask,
+        "token_weights": None,
+        "pg_mask": ro.response_mask,
+        "ent_mask": ro.response_mask,
+    }
+    work = tasks.make_tiny_model(tok)
+    work.load_state_dict(model.state_dict())
+    work.eval()
+    opt = torch.optim.AdamW(work.parameters(), lr=1e-3)
+    out = pm.ppo_update(cfg, work, opt, None, batch, 1, torch.Generator().manual_seed(0), contextlib.nullcontext)
+    assert out["stats/first_mb_ratio_dev"] < TOL
+    assert out["stats/first_mb_clipfrac"] == 0.0
