@@ -242,7 +242,9 @@ def masked_sum(x, mask, dim=None):
 
 
 def masked_mean(x, mask, dim=None, global_: bool = False):
-    """veRL masked_mean: sum(x*mask) / (sum(mask) + 1e-8). Global over ranks when global_ (dim=None)."""
+    """veRL masked_mean: sum(x*mask) / (sum(mask) + 1e-8). Global over ranks when global_ (a scalar, no grad)."""
+    if global_ and dim is not None:
+        raise ValueError("masked_mean: global_=True reduces over everything; it takes no dim")
     if global_:
         s = all_reduce_sum(x.new_tensor([masked_sum(x, mask), mask.sum()], dtype=x.dtype))
         return s[0] / (s[1] + 1e-8)

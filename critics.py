@@ -24,17 +24,15 @@ Implementation details (our choices where the paper is silent)
 4. Partition (1a): per prompt group, a seeded shuffle split into M equal shares, with its own generator
    (seed + rank), so M = 1 draws nothing; G % M != 0 is a config error (pitfall 3).
 5. sigma is the population std over critics (correction 0: M = 1 gives 0, not NaN), detached (pitfall 5).
-6. Quantiles over all valid tokens of the batch, gathered over ranks (`common.masked_extreme_frac`,
-   pitfall 1): the round(k n) smallest sigma lose the PPO term; the highest-h set is the complement of the
-   round((1 - h) n) smallest: one ascending order (ties by index), so the sets never overlap when k + h <= 1,
-   even when identical critics tie (sigma = 0 before the first critic step; `--critic-warmup-steps`).
+6. Quantiles over the batch's valid tokens, gathered over ranks (pitfall 1): the round(k n) lowest sigma lose
+   the PPO term, the n - round((1 - h) n) highest the entropy bonus. One ascending order (ties by index), so
+   the sets never overlap if k + h <= 1, even when identical critics tie (sigma = 0 before their first step).
 7. Normaliser (DESIGN.md 7.2, pitfall 4): the masks multiply the per-token losses and the denominator
    still counts every valid token, so masking shrinks the step (by about 1 - k) instead of re-weighting.
 8. Critic warm-up (pitfall 7): `--critic-warmup-steps` iterations train the critics only; the actor's
    optimizer does not step and its lr warm-up starts afterwards (the slime-fork script uses 10).
-9. Memory (`critic_footprint`, vs an actor-sized critic counted alike): weights and AdamW moments of every
-   critic persist (12 B/param, fp32); gradients and activations (the tensors autograd saves in one forward)
-   of one critic and one micro-batch at a time. On a GPU the trainer also logs max_memory_allocated.
+9. Memory (`critic_footprint`, an actor-sized critic counted alike): weights + AdamW moments of all critics
+   (12 B/param, fp32) plus gradients and saved activations of one critic and one micro-batch at a time.
 """
 
 from __future__ import annotations
@@ -57,7 +55,7 @@ class Config:
     seeds: int = 3
     """Seeds per method with --full (the quick run uses seed 0)."""
     steps: int = 0
-    """RL iterations per run (0 = 30 quick, 150 full)."""
+    """RL iterations per run (0 = 20 quick, 150 full)."""
     target_acc: float = 0.8
     """Eval accuracy whose first crossing is reported as steps-to-target."""
     train_args: str = ""
@@ -81,7 +79,8 @@ class ValueModel(nn.Module):
     def forward(self, input_ids, attention_mask, response_len: int):
         """Values [B, R]: V(s_t) from the hidden state at position P + t - 1."""
         pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [B, P+R] left padding aware
-        h = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).last_hidden_state
+        h = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False)
+        h = h.last_hidden_state  # [B, P+R, H]
         return self.head(h[:, -response_len - 1 : -1]).squeeze(-1).float()  # [B, R]
 
     def save_pretrained(self, path):
@@ -228,6 +227,8 @@ class Critics:
                 loss.backward()
                 losses.append(loss.detach())
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), self.grad_clip)
+            if not torch.isfinite(gn):  # never step a NaN into the weights
+                raise FloatingPointError(f"critic {k}: gradient norm is {gn.item()}")
             opt.step()
             opt.zero_grad(set_to_none=True)
             metrics[f"critic/loss_{k}"] = float(sum(losses))
@@ -376,13 +377,12 @@ def main(argv=None):
     from common import format_table, parse_config
 
     cfg = parse_config(Config, argv)
-    steps = cfg.steps or (150 if cfg.full else 30)
+    steps = cfg.steps or (150 if cfg.full else 20)
     methods = list(METHODS) if cfg.full else ["ppo_1_full", "asyppo_2_mini"]
     seeds = list(range(cfg.seeds)) if cfg.full else [0]
     out = Path(cfg.out_dir) / ("full" if cfg.full else "quick")
-    # every method gets AsyPPO's entropy bonus, so that only the critic differs between the PPO variants
     quick = "" if cfg.full else "--prompts-per-step 8 --eval-n 200"  # half the batch: about a minute on 2 cores
-    shared = shlex.split(f"--steps {steps} --ent-coef 1e-3 {quick} {cfg.train_args}")
+    shared = shlex.split(f"--steps {steps} --ent-coef 1e-3 {quick} {cfg.train_args}")  # AsyPPO's bonus for all
     specs = [
         {"method": m, "seed": s, "argv": [*METHODS[m], *shared, "--seed", str(s), "--out-dir", str(out / f"{m}-s{s}")]}
         for m in methods

@@ -209,9 +209,12 @@ def resolve_model_path(name: str) -> str:
     """A local folder as is; a path-like name that does not exist is an error; else a hub name."""
     if Path(name).exists():
         return name
-    looks_local = name.startswith((".", "/", "~")) or name.count("/") != 1 or Path(name).parent.is_dir()
-    if looks_local:  # e.g. "runs/my-model": its parent folder exists here, so it is a missing local path
-        raise FileNotFoundError(f"model {name!r} does not exist (not a local folder, not an 'org/name' hub id)")
+    # "./x", "/x", "~/x", "a/b/c", or "runs/x" whose parent folder exists here: a missing local path, not a hub id
+    looks_local = (
+        name.startswith((".", "/", "~")) or name.count("/") > 1 or (name.count("/") == 1 and Path(name).parent.is_dir())
+    )
+    if looks_local:
+        raise FileNotFoundError(f"model {name!r} does not exist (not a local folder, not a hub id)")
     return name
 
 

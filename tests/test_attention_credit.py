@@ -194,9 +194,17 @@ def test_gamma_introducer_counts_once_and_window_stays_in_response():
     assert gamma.tolist() == [[1.5, 1.25, 1.25, 1.25, 1.0, 1.0]]
     gamma, _ = ac.gamma_coupled(w, delta, f, mask, mask, q=0.5, k=2, alpha=1.0, amp=1.5)  # alpha 1: all to t1
     assert gamma.tolist() == [[1.5, 1.5, 1.0, 1.0, 1.0, 1.0]]
-    bound = ac.gamma_coupled(torch.tensor([W12]), ac.deltas(torch.tensor([W12]), torch.ones(1, 12)),
-                             torch.tensor([FAI12]), torch.ones(1, 12).bool(), torch.ones(1, 12).bool())[0]  # fmt: skip
-    assert bound.max() <= 1 + 0.5 + 0.5 * 0.5
+
+
+def test_gamma_coupled_bound_on_random_inputs():
+    """Additive terms: every gamma is 1 + 0.25 * {0, 1, 2, 3} and never above 1 + b + alpha b = 1.75."""
+    g = torch.Generator().manual_seed(0)
+    w, f = torch.rand(200, 30, generator=g) * 10, torch.rand(200, 30, generator=g)
+    mask = torch.arange(30)[None] < torch.randint(1, 31, (200, 1), generator=g)  # [200, 30] random lengths
+    gamma, parts = ac.gamma_coupled(w, ac.deltas(w, mask), f, mask, mask, q=0.4, k=3, alpha=0.5, amp=1.5)
+    assert set(((gamma - 1) / 0.25).round().unique().tolist()) <= {0, 1, 2, 3} and gamma.max() <= 1.75
+    assert (gamma == 1.75).any()  # the bound is reached: an undominated anchor that also introduces
+    assert torch.equal(parts["anchor"].sum(1), torch.ceil(0.4 * mask.sum(1) - 1e-9).long())  # TopQ count
 
 
 # ------------------------------------------------------------------------------------------------

@@ -117,7 +117,7 @@ def test_help_lists_every_field_with_default_and_meaning():
         assert text.endswith(f"(default: {default})"), f"{flag}: no default in {text!r}"
         meaning = text[: -len(f"(default: {default})")].strip()
         assert len(meaning) > 10, f"{flag}: no meaning in {text!r} (options {options!r})"
-    assert blocks["--steps"][1] == "Number of RL iterations. (default: 150)"
+    assert blocks["--steps"][1] == f"Number of RL iterations. (default: {pm.Config.steps})"
     assert blocks["--adv-estimator"][1].endswith("(default: gae)")
 
 
@@ -214,7 +214,7 @@ def test_generate_without_stop_token_is_an_error():
         generate(tasks.make_tiny_model(tok), ids, am, max_new_tokens=2, eos_token_ids=[], pad_token_id=0)
 
 
-@pytest.mark.parametrize("name", ["/no/such/model/dir", "./missing-model", "~/missing-model", "no_such_model"])
+@pytest.mark.parametrize("name", ["/no/such/model/dir", "./missing-model", "~/missing-model", "tests/no_such_model"])
 def test_model_path_that_does_not_exist(name):
     with pytest.raises(FileNotFoundError) as e:
         rollout.resolve_model_path(name)
@@ -232,6 +232,7 @@ def test_model_folder_that_is_not_a_model(tmp_path):
 
 def test_hub_style_name_is_passed_to_the_hub():
     assert rollout.resolve_model_path("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
+    assert rollout.resolve_model_path("gpt2") == "gpt2"  # hub ids without an org exist too
 
 
 # ----------------------------------------------------------------------------------------------
