@@ -651,7 +651,7 @@ def train(cfg: Config, hooks=()) -> dict:
         )
 
     metrics, footprint, diag = {}, {}, LiveDiagnoser()
-    if cfg.adv_estimator == "gae" and cfg.critic == "asyppo":  # critic params and memory vs one actor-sized critic
+    if critics is not None:  # critic params and training memory vs one actor-sized critic (one micro-batch)
         ids = torch.full((cfg.micro_batch, cfg.max_prompt_len + cfg.max_new_tokens), eos_ids[0], device=device)
         footprint = critic_footprint(critics.models, policy, ids, torch.ones_like(ids), cfg.max_new_tokens)
         if rank == 0:
