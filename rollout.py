@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -50,12 +50,6 @@ class Rollout:
     @property
     def input_ids(self) -> torch.Tensor:
         return torch.cat([self.prompt_ids, self.response_ids], dim=1)  # [B, P+R]
-
-    def select(self, idx: torch.Tensor) -> Rollout:
-        """The rows `idx` of every tensor field (minibatching, filtering)."""
-        return Rollout(
-            **{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[idx] for f in fields(self)}
-        )
 
 
 def tokenize_prompts(tokenizer, texts: list[str], max_prompt_len: int):
