@@ -327,9 +327,14 @@ def format_table(rows: list[dict], columns: list[str] | None = None) -> str:
 
 
 class MetricsLogger:
-    """One row per step: printed as an aligned table (rank 0), appended to `metrics.jsonl`."""
+    """One row per step: printed as an aligned table (rank 0), appended to `metrics.jsonl`.
 
-    def __init__(self, out_dir: str | Path, columns: list[str], enabled: bool = True, tensorboard: bool = False):
+    An existing metrics.jsonl keeps only its rows up to `start_step` (0 for a fresh run, the checkpoint's
+    step on resume), so a rerun or a resume never mixes two runs' rows in one file."""
+
+    def __init__(
+        self, out_dir: str | Path, columns: list[str], enabled: bool = True, tensorboard: bool = False, start_step=0
+    ):
         self.columns, self.enabled, self.n = columns, enabled, 0
         self.labels = column_labels(columns)
         self.width = max(10, *(len(c) for c in self.labels))
@@ -337,10 +342,34 @@ class MetricsLogger:
         self.tb = None
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            rows = self._rows_of_previous_run() if self.path.exists() else []
+            kept = [r for r in rows if r["step"] <= start_step]
+            if rows:
+                dropped = len(rows) - len(kept)
+                print(f"[minrl] {self.path}: kept {len(kept)} rows up to step {start_step}, dropped {dropped}")
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
             if tensorboard:
                 from torch.utils.tensorboard import SummaryWriter  # needs the `tensorboard` package
 
                 self.tb = SummaryWriter(str(self.path.parent / "tb"))
+
+    def _rows_of_previous_run(self) -> list[dict]:
+        """The existing file's rows; a half-written last line (a killed run) is dropped, other damage raises."""
+        lines = self.path.read_text().splitlines()
+        rows = []
+        for n, line in enumerate(lines, 1):
+            try:
+                row = json.loads(line) if line.strip() else None
+            except json.JSONDecodeError:
+                if n == len(lines):  # the run was killed while writing it
+                    print(f"[minrl] {self.path}, line {n}: dropping a half-written last row")
+                    break
+                raise ValueError(f"{self.path}, line {n}: not a JSON metrics row; move the file away") from None
+            if row is not None:
+                if not isinstance(row, dict) or "step" not in row:
+                    raise ValueError(f"{self.path}, line {n}: a metrics row needs a 'step'; move the file away")
+                rows.append(row)
+        return rows
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:

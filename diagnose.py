@@ -86,11 +86,14 @@ THRESHOLDS = (
     Threshold("logprob_mismatch.rollout_vs_old_logp_diff", 0.05, "mean |dlogp|: 1e-7 fp32, 0.01-0.03 bf16 sampler"),
     Threshold("logprob_mismatch.rollout_vs_old_prob_diff", 0.02, "veRL mean |dp|: ~0.003 bf16, ~0.012 fp8 sampler"),
     Threshold("logprob_mismatch.persist", 2, "old logprobs are recomputed each step; a bug shows every step"),
+    Threshold("eos_mask.frac", 0.0, "any response whose mask does not end at its first EOS: masks are exact"),
+    Threshold("eos_mask.persist", 2, "a masking bug shows on every batch"),
     Threshold("high_truncation.frac", 0.2, "a fifth of responses without EOS: their reward and mask are suspect"),
     Threshold("high_truncation.persist", 3, "early policies truncate briefly; three steps is a pattern"),
     Threshold("value_divergence.ev_min", -0.5, "explained variance < -0.5: far worse than a constant critic"),
     Threshold("value_divergence.ev_warmup", 10, "a fresh critic starts negative; judge it after 10 values"),
     Threshold("value_divergence.loss_factor", 10.0, "value loss > 10x max(start, 0.5 return var): diverging"),
+    Threshold("value_divergence.grad_zero", 1e-12, "critic grad norm ~0, value loss > 0: its target moves with it"),
     Threshold("value_divergence.persist", 3, "value loss is noisy per batch; three steps in a row"),
     Threshold("grad_spike.factor", 10.0, "grad norm 10x the median of the previous window; noise is 2-3x"),
 )
@@ -108,6 +111,7 @@ NAME_MAP = (
     ("critic/returns/mean", "stats/return_mean"),
     ("critic/vf_explained_var", "critic/explained_var"),
     ("critic/vf_loss", "loss/value"),
+    ("critic/grad_norm", "critic/grad_norm_0"),
     ("response_length/mean", "rollout/response_len"),
     ("response_length/clip_ratio", "rollout/truncated_frac"),
     ("actor/pg_clipfrac", "stats/clipfrac"),  # veRL: actor update
@@ -135,6 +139,7 @@ NAME_MAP = (
 MISMATCH = ("stats/first_mb_clipfrac", "stats/first_mb_ratio_dev", "stats/rollout_vs_old_logp_diff")
 MISMATCH += ("stats/rollout_vs_old_prob_diff",)
 ONLY_OURS = ("rollout/acc", "stats/score_std", "stats/token_reward_kl_abs", "stats/adv_abs_mean", "stats/return_std")
+ONLY_OURS += ("critic/grad_norm_0", "stats/eos_mask_err_frac")
 KNOWN = frozenset(ONLY_OURS + MISMATCH) | {ours for _, ours in NAME_MAP}  # every name a check reads, and more
 FOREIGN = frozenset(theirs for theirs, _ in NAME_MAP)
 
@@ -341,12 +346,20 @@ def _high_truncation(d: LiveDiagnoser):
         return t > TH["high_truncation.frac"], f"{t:.0%} of responses hit the length limit", None
 
 
+def _eos_mask(d: LiveDiagnoser):
+    """The response mask does not end at the first EOS: EOS masked out (pad == eos with masks rebuilt from ids),
+    or the padding after it trained. Try: build the mask from the sampler's stop position, pad with a non-EOS id."""
+    if (e := d.cur.get("stats/eos_mask_err_frac")) is not None:
+        return e > TH["eos_mask.frac"], f"{e:.0%} of responses have a mask that does not end at their first EOS", None
+
+
 def _value_divergence(d: LiveDiagnoser):
-    """The critic does not fit the returns: critic lr too high, value targets not detached, returns on a huge
-    scale. Try: lower the critic lr, keep value clipping, detach the returns, rescale rewards, warm up the critic."""
+    """The critic does not fit the returns: critic lr too high, value targets not detached (built from the live
+    values, they cancel its gradient), returns on a huge scale. Try: lower the critic lr, keep value clipping,
+    detach the returns, rescale rewards, warm up the critic."""
     name, msgs = "critic/explained_var", []
     ev, vl, base = d.cur.get(name), d.cur.get("loss/value"), d.base("loss/value")
-    if ev is None and vl is None:
+    if ev is None and vl is None and "critic/grad_norm_0" not in d.cur:
         return None
     if ev is not None and ev < TH["value_divergence.ev_min"] and d.count[name] > TH["value_divergence.ev_warmup"]:
         msgs.append(f"explained variance {ev:.3g}")
@@ -354,6 +367,8 @@ def _value_divergence(d: LiveDiagnoser):
     ref = max(base or 0.0, 0.5 * spread**2)  # a constant critic's loss: return variance grows with learning
     if vl is not None and base is not None and vl > TH["value_divergence.loss_factor"] * ref:
         msgs.append(f"value loss {vl:.3g} vs {ref:.3g} (start, or 0.5 return variance)")
+    if (gn := d.cur.get("critic/grad_norm_0", 1.0)) <= TH["value_divergence.grad_zero"] and (vl or 0.0) > 0:
+        msgs.append(f"critic gradient norm {gn:.3g} with value loss {vl:.3g}: the critic cannot move")
     return bool(msgs), "; ".join(msgs), None
 
 
@@ -376,8 +391,9 @@ CHECKS = (
     ("flat_reward", _flat_reward, ("rollout/reward_mean",)),
     ("kl_blowup", _kl_blowup, ("stats/kl",)),
     ("entropy_collapse", _entropy_collapse, ("stats/entropy",)),
+    ("eos_mask", _eos_mask, ("stats/eos_mask_err_frac",)),
     ("high_truncation", _high_truncation, ("rollout/truncated_frac",)),
-    ("value_divergence", _value_divergence, ("critic/explained_var", "loss/value")),
+    ("value_divergence", _value_divergence, ("critic/explained_var", "loss/value", "critic/grad_norm_0")),
     ("grad_spike", _grad_spike, ("stats/grad_norm",)),
 )
 

@@ -4,6 +4,9 @@
     python ppo_minimal.py --adv-estimator grpo                   # GRPO (group baseline, no critic)
     python ppo_minimal.py --model PATH_OR_HF_NAME --data my.jsonl --reward math_exact
     torchrun --standalone --nproc_per_node=2 ppo_minimal.py      # data parallel: gloo on CPU, nccl on GPU
+    python ppo_minimal.py --inject reward_scale --steps 40       # plant a classic bug; the live diagnosis names it
+    python ppo_minimal.py --dump-batch 7 --steps 7               # save everything update 7 needs (batch-7.pt)
+    python ppo_minimal.py --replay runs/ppo/batch-7.pt           # re-run exactly that update, bit for bit
 
 One iteration (DESIGN.md section 4): sample G responses per prompt -> score -> recompute old logprobs
 -> ref logprobs -> values -> token rewards -> advantages (GAE then whitening, or a group baseline) ->
@@ -51,12 +54,22 @@ Implementation details (numbered; the deviations from veRL are marked "ours")
 10. Mixed precision: `--dtype bfloat16` autocasts the compute; weights and AdamW state stay fp32.
 11. CPU runs are bitwise reproducible for a fixed seed and thread count; a resumed run reproduces the
     uninterrupted one exactly (torch, sampler, task and shuffle RNG states are checkpointed).
+12. Bug injection (INJECTIONS, lines marked "INJECT"): an injection's stated config is applied to the fields
+    whose value equals the default (a flag set explicitly TO the default is overridden too; each override
+    is printed). diagnose.py's regression suite is tests/test_inject.py.
+13. --dump-batch needs world size 1; --replay runs one process and matches the original bit for bit on the
+    same device, dtype and thread count. The file is saved before the update, so a crashing update (a NaN
+    gradient) still leaves its inputs, with the error, and its replay must raise the same error.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
+import hashlib
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -71,6 +84,7 @@ from common import (
     all_reduce_sum,
     check_choice,
     check_range,
+    format_table,
     load_state,
     masked_mean,
     masked_var,
@@ -83,10 +97,22 @@ from common import (
 )
 from critics import Critics, critic_footprint, make_value_model, partition_shares, value_stats
 from diagnose import LiveDiagnoser
-from rollout import Rollout, decode_responses, load_policy, sample_responses, sequence_logprobs, stop_token_ids
+from rollout import (
+    Rollout,
+    decode_responses,
+    load_policy,
+    position_ids_from_mask,
+    sample_responses,
+    sequence_logprobs,
+    stop_token_ids,
+)
 from tasks import REWARDS, TASKS, SFTConfig, make_task, score_responses, sft_warm_start
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+INJECT_NAMES = (
+    "reward_scale", "eos_unmasked", "logprob_shift", "pad_eq_eos", "stale_old_logprobs", "no_temperature",
+    "value_not_detached",
+)  # fmt: skip
 
 
 @dataclass
@@ -221,8 +247,22 @@ class Config:
     """Also log to TensorBoard (needs the tensorboard package)."""
     strict: bool = False
     """Stop the run when the live diagnosis (diagnose.py) flags a failure mode."""
+    inject: Literal[INJECT_NAMES] | None = None
+    """Plant a classic bug (README table); its stated config is applied to fields left at their default value."""
+    dump_batch: int = 0
+    """Save everything the update of this iteration needs to out_dir/batch-STEP.pt (0 = never; world size 1)."""
+    replay: str | None = None
+    """Re-run the update saved by --dump-batch in this file, print its metrics and check them against the run's."""
 
     def __post_init__(self):
+        if self.inject is not None:  # the injection's stated config, where the bug really hurts (detail 12)
+            check_choice("inject", self.inject, INJECT_NAMES)
+            for name, value in INJECTIONS[self.inject][1].items():
+                if getattr(self, name) == getattr(Config, name) and value != getattr(self, name):
+                    print(f"[minrl] --inject {self.inject}: {name} = {value!r} (its stated config)")
+                    setattr(self, name, value)
+            if self.inject == "value_not_detached" and self.adv_estimator != "gae":
+                raise ValueError("config field 'inject' = 'value_not_detached' needs adv_estimator 'gae' (a critic)")
         if self.ent_coef is None:  # derived once here, printed with the config
             self.ent_coef = 1e-3 if self.critic == "asyppo" and self.adv_estimator == "gae" else 0.0
         if self.critic_depth is None:
@@ -239,6 +279,7 @@ class Config:
             )
         for name in ("steps", "eval_every", "save_every", "top_k", "warmup_steps"):
             check_range(name, getattr(self, name), 0)
+        check_range("dump_batch", self.dump_batch, 0, self.steps)
         for name in ("prompts_per_step", "group_size", "max_prompt_len", "max_new_tokens", "ppo_epochs", "minibatches"):
             check_range(name, getattr(self, name), 1)
         for name in ("micro_batch", "eval_n", "kl_horizon", "n_critics", "credit_intro_window"):
@@ -271,6 +312,25 @@ class Config:
             check_choice("task", self.task, TASKS)
         if self.adv_estimator in ("grpo", "rloo") and self.group_size < 2:
             raise ValueError(f"config field 'group_size' = {self.group_size}: {self.adv_estimator} needs >= 2")
+
+
+# ------------------------------------------------------------------------------------------------
+# Bug injection (diagnose.py's regression suite, tests/test_inject.py). Each classic bug is planted at
+# the lines marked "INJECT <name>" in a config where it really hurts; the live diagnosis must name the
+# declared failure-mode id within a bounded number of steps. name: (the bug, its config, expected id)
+INJECTIONS = {
+    "reward_scale": (
+        "the task score is multiplied by 0.01",
+        {"kl_in_reward": True, "kl_coef": 0.05},  # whitening + Adam hide a pure rescale; the KL term does not
+        "reward_scale",
+    ),
+    "eos_unmasked": ("the loss mask is all ones: the padding after EOS is trained too", {}, "eos_mask"),
+    "logprob_shift": ("the trainer scores each token with the logits at its own position", {}, "logprob_mismatch"),
+    "pad_eq_eos": ("pad id == EOS id, the response mask rebuilt from ids: EOS is masked out", {}, "eos_mask"),
+    "stale_old_logprobs": ("old logprobs come from a policy copy never re-synced", {}, "logprob_mismatch"),
+    "no_temperature": ("the trainer's logprobs skip logits / T", {"temperature": 0.7}, "logprob_mismatch"),
+    "value_not_detached": ("the value target is advantages + the live values", {}, "value_divergence"),
+}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -424,6 +484,24 @@ class KLController:
 # One iteration's pieces
 
 
+def trainer_logprobs(cfg: Config, model, input_ids, attention_mask, R: int, with_entropy: bool = False):
+    """The trainer's logprobs (and entropies) [B, R] with the sampling temperature (detail 2): old, ref, loss."""
+    temperature = 1.0 if cfg.inject == "no_temperature" else cfg.temperature  # INJECT no_temperature
+    if cfg.inject == "logprob_shift":  # INJECT logprob_shift: token t scored by the logits AT t (they predict t+1)
+        pos, lps, ents = position_ids_from_mask(attention_mask), [], []
+        for i in range(0, input_ids.shape[0], cfg.micro_batch):
+            sl = slice(i, i + cfg.micro_batch)
+            out = model(
+                input_ids=input_ids[sl], attention_mask=attention_mask[sl], position_ids=pos[sl], use_cache=False
+            )
+            logp_all = torch.log_softmax(out.logits[:, -R:].float() / temperature, -1)  # [b, R, V]
+            lps.append(logp_all.gather(-1, input_ids[sl, -R:, None]).squeeze(-1))
+            ents.append(-(logp_all.exp() * logp_all).sum(-1))
+        return torch.cat(lps), torch.cat(ents)
+    kw = {"temperature": temperature, "micro_batch": cfg.micro_batch, "with_entropy": with_entropy}
+    return sequence_logprobs(model, input_ids, attention_mask, R, **kw)
+
+
 def compute_advantages(cfg: Config, batch: dict, scores, group_ids, values):
     """Token rewards, then advantages and returns [B, R] (whitened for GAE only, DESIGN.md 7.1)."""
     mask = batch["response_mask"].float()
@@ -495,14 +573,8 @@ def ppo_update(cfg, policy_train, opt, critics, batch: dict, world: int, gen, au
                 sync = s == starts[-1] or world == 1  # DDP all-reduces gradients on the last micro-batch only
                 no_sync = contextlib.nullcontext() if sync else policy_train.no_sync()
                 with no_sync, autocast(), torch.set_grad_enabled(update_actor):
-                    logp, ent = sequence_logprobs(
-                        policy_train,
-                        mi["input_ids"],
-                        mi["attention_mask"],
-                        R,
-                        with_entropy=True,
-                        temperature=cfg.temperature,
-                        micro_batch=cfg.micro_batch,
+                    logp, ent = trainer_logprobs(
+                        cfg, policy_train, mi["input_ids"], mi["attention_mask"], R, with_entropy=True
                     )  # [b, R]
                     pg, m = policy_loss(
                         logp,
@@ -556,7 +628,14 @@ def ppo_update(cfg, policy_train, opt, critics, batch: dict, world: int, gen, au
                         mb["old_values"],
                         mb["shares"],
                         loss_fn=lambda v, ov, r, mk, d: value_loss(
-                            v, ov, r, mk, clip=cfg.value_clip, agg=cfg.loss_agg, denom=d, world=world
+                            v,
+                            ov,
+                            r - ov + v if cfg.inject == "value_not_detached" else r,  # INJECT value_not_detached
+                            mk,
+                            clip=cfg.value_clip,
+                            agg=cfg.loss_agg,
+                            denom=d,
+                            world=world,
                         ),
                         norm_fn=lambda mk: agg_denominator(mk, cfg.loss_agg),
                         micro_batch=cfg.micro_batch,
@@ -589,6 +668,21 @@ TABLE = (
 ).split()
 
 
+def eos_mask_errors(response_ids, response_mask, eos_ids) -> float:
+    """Share of responses whose mask is not 1 exactly up to and including their first stop token (all ones
+    without one): EOS masked out (pad == eos, masks rebuilt from ids) or padding trained after it."""
+    stop = torch.isin(response_ids, torch.tensor(eos_ids, device=response_ids.device)).long()  # [B, R]
+    expected = (stop.cumsum(-1) - stop) == 0  # [B, R] positions up to the first stop token
+    return (expected != response_mask.bool()).any(-1).float().mean().item()
+
+
+def make_autocast(cfg: Config, device):
+    """A context factory: bf16 autocast for --dtype bfloat16 (weights stay fp32, detail 10), else a no-op."""
+    if cfg.dtype == "bfloat16":
+        return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
 def train(cfg: Config, hooks=()) -> dict:
     """The RL loop. Returns the last metrics row plus the eval history ("eval_history": [(step, acc)])."""
     rank, _, world, device = setup_dist(timeout_s=cfg.dist_timeout, device=cfg.device)
@@ -598,8 +692,9 @@ def train(cfg: Config, hooks=()) -> dict:
     if n_local % cfg.minibatches:
         raise ValueError(f"config field 'minibatches' = {cfg.minibatches} must divide the {n_local} sequences per rank")
     torch.manual_seed(cfg.seed)  # identical init on every rank
-    bf16 = cfg.dtype == "bfloat16"
-    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+    if cfg.dump_batch and world > 1:
+        raise ValueError("config field 'dump_batch' needs world size 1 (the replay is one process, no DDP)")
+    autocast = make_autocast(cfg, device)
 
     # --- models (policy, frozen reference, critics), tokenizer, task
     source = cfg.model or str(sft_warm_start(SFTConfig(task=cfg.task, target_acc=cfg.sft_target)))
@@ -607,6 +702,9 @@ def train(cfg: Config, hooks=()) -> dict:
     ref, _ = load_policy(source, device)
     ref.requires_grad_(False)
     eos_ids = stop_token_ids(policy, tokenizer)
+    anchor = policy  # computes old_logprobs: the current policy, right before its update (detail 2)
+    if cfg.inject == "stale_old_logprobs":  # INJECT stale_old_logprobs: a copy synced one update late
+        anchor = copy.deepcopy(policy).requires_grad_(False)
     task = make_task(cfg.task, cfg.data, cfg.reward)
     if cfg.data is not None and cfg.model is None and rank == 0:
         print("[minrl] WARNING --data without --model trains the character-level tiny model on your text")
@@ -642,7 +740,7 @@ def train(cfg: Config, hooks=()) -> dict:
         rng.bit_generator.state = streams["task_rng"]
         kl_ctrl.beta, start, history = st["kl_beta"], st["step"], json.loads(st["history"])
     out_dir = Path(cfg.out_dir)
-    logger = MetricsLogger(out_dir, TABLE, enabled=rank == 0, tensorboard=cfg.tensorboard)
+    logger = MetricsLogger(out_dir, TABLE, enabled=rank == 0, tensorboard=cfg.tensorboard, start_step=start)
     if rank == 0:
         (out_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
         print(
@@ -671,6 +769,10 @@ def train(cfg: Config, hooks=()) -> dict:
         group_ids = torch.arange(n_local, device=device) // cfg.group_size + rank * n_local  # [B]
         with autocast():
             ro: Rollout = sample_responses(policy, tokenizer, problems, cfg, eos_ids, generator=sample_gen)
+        if cfg.inject == "pad_eq_eos":  # INJECT pad_eq_eos: pad with EOS, then mask = ids != pad drops EOS itself
+            ro.response_ids = ro.response_ids.masked_fill(ro.response_mask == 0, eos_ids[0])
+            ro.response_mask = (ro.response_ids != eos_ids[0]).long()
+            ro.attention_mask = torch.cat([ro.attention_mask[:, : ro.prompt_ids.shape[1]], ro.response_mask], 1)
         t1 = time.perf_counter()
 
         # --- reward
@@ -679,6 +781,10 @@ def train(cfg: Config, hooks=()) -> dict:
         acc = (scores == 1.0).float()  # [B] exact answers (before any penalty)
         if cfg.no_eos_penalty is not None:
             scores = torch.where(ro.truncated, torch.full_like(scores, cfg.no_eos_penalty), scores)  # detail 5
+        if cfg.inject == "reward_scale":  # INJECT reward_scale
+            scores = scores * 0.01
+        if cfg.inject == "eos_unmasked":  # INJECT eos_unmasked: every position of the response counts
+            ro.response_mask = torch.ones_like(ro.response_mask)
         t2 = time.perf_counter()
 
         # --- old logprobs (PPO anchor), reference logprobs, values: no gradient
@@ -689,10 +795,11 @@ def train(cfg: Config, hooks=()) -> dict:
             "response_mask": ro.response_mask,
             "kl_beta": kl_ctrl.beta,
         }
-        lp = {"temperature": cfg.temperature, "micro_batch": cfg.micro_batch}
         with torch.no_grad(), autocast():
-            batch["old_logprobs"] = sequence_logprobs(policy, ro.input_ids, ro.attention_mask, R, **lp)[0]  # [B, R]
-            batch["ref_logprobs"] = sequence_logprobs(ref, ro.input_ids, ro.attention_mask, R, **lp)[0]  # [B, R]
+            batch["old_logprobs"] = trainer_logprobs(cfg, anchor, ro.input_ids, ro.attention_mask, R)[0]  # [B, R]
+            batch["ref_logprobs"] = trainer_logprobs(cfg, ref, ro.input_ids, ro.attention_mask, R)[0]  # [B, R]
+            if anchor is not policy:  # INJECT stale_old_logprobs: re-synced only now, so next step's anchor is stale
+                anchor.load_state_dict(policy.state_dict())
             all_values = critics.values(ro.input_ids, ro.attention_mask, R, cfg.micro_batch) if critics else None
         mask = ro.response_mask.float()  # [B, R]
         values = all_values.mean(0) * mask if all_values is not None else None  # [B, R] ensemble mean
@@ -712,7 +819,14 @@ def train(cfg: Config, hooks=()) -> dict:
         shaped = shape_advantages(cfg, batch, policy, all_values)
 
         # --- update
-        upd = ppo_update(cfg, policy_train, opt, critics, batch, world, shuffle_gen, autocast, update_actor)
+        args = (cfg, policy_train, opt, critics, batch, world, shuffle_gen, autocast, update_actor)
+        if cfg.dump_batch == step + 1:  # --dump-batch: save the update's inputs, run it, add its outcome
+            texts_in = {"prompts": [p["prompt"] for p in problems], "responses": texts, "scores": scores.cpu()}
+            extra = {"update_actor": update_actor, "token_rewards": token_rewards.cpu(), **texts_in}
+            inputs, run = update_inputs(policy, opt, critics, shuffle_gen), functools.partial(ppo_update, *args)
+            upd = dump_update(out_dir / f"batch-{step + 1}.pt", cfg, policy, opt, critics, inputs, batch, extra, run)
+        else:
+            upd = ppo_update(*args)
         if cfg.kl_in_reward:  # adaptive controller: batch mean of per-sequence mean KL, n = sequences
             seq_kl = (kl.sum(-1) / mask.sum(-1).clamp(min=1)).mean().item()
             kl_ctrl.update(float(reduce_metrics({"kl": seq_kl}, device)["kl"]), n_local * world)
@@ -728,6 +842,7 @@ def train(cfg: Config, hooks=()) -> dict:
             "rollout/response_len": mask.sum(-1).mean().item(),
             "rollout/truncated_frac": ro.truncated.float().mean().item(),
             "rollout/zero_std_frac": ((group_std < 1e-8) & (group_n > 1)).float().mean().item(),
+            "stats/eos_mask_err_frac": eos_mask_errors(ro.response_ids, ro.response_mask, eos_ids),
             "stats/kl": float(masked_mean(kl, mask)),
             "stats/kl_coef": kl_ctrl.beta,
             "stats/rollout_vs_old_logp_diff": float(
@@ -808,10 +923,121 @@ def save(cfg, path, step: int, ckpt: dict, gens: dict, history: dict, rank: int)
     ckpt["tokenizer"].save_pretrained(Path(path) / "policy")
 
 
+# ------------------------------------------------------------------------------------------------
+# Deterministic replay of one update: --dump-batch STEP writes batch-STEP.pt, --replay FILE re-runs it
+
+
+def _cpu_state(module) -> dict:
+    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+
+
+def update_inputs(policy, opt, critics, shuffle_gen) -> dict:
+    """Everything ppo_update reads besides the batch, copied before the update changes it in place."""
+    return {
+        "policy": _cpu_state(policy),
+        "opt": copy.deepcopy(opt.state_dict()),
+        "critics": [_cpu_state(m) for m in critics.models] if critics else [],
+        "critic_opts": [copy.deepcopy(o.state_dict()) for o in critics.opts] if critics else [],
+        "shuffle_gen": shuffle_gen.get_state(),
+        "torch_rng": torch.get_rng_state(),
+    }
+
+
+def state_digest(policy, opt, critics) -> str:
+    """sha256 over every policy/critic weight and optimizer moment: equal iff two updates agree bit for bit."""
+    tensors = [(k, v) for m in [policy, *(critics.models if critics else [])] for k, v in m.state_dict().items()]
+    for o in [opt, *(critics.opts if critics else [])]:
+        tensors += [(f"{i}.{k}", v) for i, st in o.state_dict()["state"].items() for k, v in st.items()]
+    h = hashlib.sha256()
+    for k, v in tensors:
+        h.update(k.encode() + v.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def dump_update(path, cfg: Config, policy, opt, critics, inputs: dict, batch: dict, extra: dict, run_update):
+    """Save the update's inputs (one weights_only file), run it, then add its metrics and the digest of the
+    state after it; an update that raises (a NaN gradient) is saved with its error and the error re-raised."""
+    record = {
+        "config": json.dumps(asdict(cfg)),
+        "model_config": policy.config.to_json_string(),
+        "batch": {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in batch.items()},
+        **extra,  # update_actor, the rewards and the decoded prompts/responses (for reading in a debugger)
+        **inputs,
+        "metrics": None,
+        "error": None,
+    }
+    torch.save(record, path)  # before the update: a crash inside it still leaves its inputs on disk
+    try:
+        record["metrics"] = run_update()
+    except Exception as e:
+        record["error"] = f"{type(e).__name__}: {e}"
+        torch.save(record, path)
+        raise
+    record["state_after"] = state_digest(policy, opt, critics)
+    torch.save(record, path)
+    print(f"[minrl] saved the update of this step to {path}; rerun it: python ppo_minimal.py --replay {path}")
+    return record["metrics"]
+
+
+def _same(a: dict, b: dict) -> list[str]:
+    """Keys whose values differ (NaN equals NaN: a replayed NaN update is still the same update)."""
+    same = lambda x, y: x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
+    return [k for k in sorted(a.keys() | b.keys()) if not same(a.get(k), b.get(k))]
+
+
+def replay(path: str) -> tuple[dict | None, bool]:
+    """Re-run the update saved in `path` (set a breakpoint in ppo_update to step through it). Returns its
+    metrics and whether it equals the original: same metrics and state digest, or the same error."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    d = torch.load(path, weights_only=True, map_location="cpu")
+    cfg = Config(**{**json.loads(d["config"]), "dump_batch": 0, "replay": None})
+    _, _, _, device = setup_dist(device=cfg.device)
+    model_config = json.loads(d["model_config"])
+    policy = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_config.pop("model_type"), **model_config))
+    policy.load_state_dict(d["policy"])
+    policy.to(device).eval()
+    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps, weight_decay=0.0)
+    opt.load_state_dict(d["opt"])
+    critics = None
+    if d["critics"]:
+        models = [make_value_model(policy, cfg.critic_model, None, cfg.critic_depth) for _ in d["critics"]]
+        for m, state in zip(models, d["critics"]):
+            m.load_state_dict(state)
+            m.to(device)
+        critics = Critics(models, lr=cfg.critic_lr, adam_eps=cfg.adam_eps, grad_clip=cfg.grad_clip, ddp=False)
+        for o, state in zip(critics.opts, d["critic_opts"]):
+            o.load_state_dict(state)
+    gen = torch.Generator()
+    gen.set_state(d["shuffle_gen"])
+    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in d["batch"].items()}
+    torch.set_rng_state(d["torch_rng"])  # last: building the models above draws from the global RNG
+    try:
+        metrics = ppo_update(cfg, policy, opt, critics, batch, 1, gen, make_autocast(cfg, device), d["update_actor"])
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+        print(f"[minrl] replay of {path} raised {error}\n[minrl] the original update raised {d['error']}")
+        return None, error == d["error"]
+    if d["error"] is not None:
+        print(f"[minrl] replay of {path} ran through, but the original update raised {d['error']}")
+        return metrics, False
+    diff, same_state = _same(metrics, d["metrics"]), state_digest(policy, opt, critics) == d["state_after"]
+    cols = ["step", *sorted(metrics)]
+    print(format_table([{"step": "original", **d["metrics"]}, {"step": "replay", **metrics}], cols))
+    print(
+        f"[minrl] replay of {path}: metrics {'identical' if not diff else 'differ in ' + ', '.join(diff)}; weights and "
+        f"optimizer state (sha256) {'identical' if same_state else 'differ'}"
+        + ("" if same_state and not diff else " (same device, dtype and OMP_NUM_THREADS as the run?)")
+    )
+    return metrics, same_state and not diff
+
+
 def main(argv=None):
     cfg = parse_config(Config, argv)
+    if cfg.replay:
+        sys.exit(0 if replay(cfg.replay)[1] else 1)
     out = train(cfg)
-    if int(__import__("os").environ.get("RANK", "0")) == 0:
+    if int(__import__("os").environ.get("RANK", "0")) == 0 and out["eval_history"]:
         print("eval accuracy by step:", ", ".join(f"{s}: {a:.3f}" for s, a in out["eval_history"]))
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

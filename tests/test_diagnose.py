@@ -46,6 +46,8 @@ def healthy(n=N, seed=0, beta=0.05, kl_abs=0.05, resp_len=8.0):
                 "stats/first_mb_clipfrac": 0.0,
                 "stats/first_mb_ratio_dev": 2e-6 * rng.random(),
                 "stats/rollout_vs_old_logp_diff": 1e-7 * rng.random(),
+                "stats/eos_mask_err_frac": 0.0,
+                "critic/grad_norm_0": 0.3 * np.exp(rng.normal(0, 0.3)),
                 "stats/adv_abs_mean": 0.8 + rng.normal(0, 0.02),
                 "stats/adv_std": 1.0,
                 "stats/return_mean": p,
@@ -141,6 +143,7 @@ CASES = {
     "entropy_collapse": (35, dict(stats__entropy=0.004)),
     "logprob_mismatch": (1, dict(stats__first_mb_ratio_dev=0.4, stats__first_mb_clipfrac=0.05)),  # stale old logp
     "high_truncation": (20, dict(rollout__truncated_frac=0.6)),
+    "eos_mask": (0, dict(stats__eos_mask_err_frac=0.9)),  # pad == eos: EOS dropped from almost every mask
     "value_divergence": (25, dict(critic__explained_var=-3.0, loss__value=5.0)),
     "nan_inf": (33, dict(loss__policy=float("nan"))),
     "grad_spike": (45, dict(stats__grad_norm=lambda t: 20.0 if t == 45 else 0.5)),
@@ -162,6 +165,11 @@ def test_each_failure_mode_is_named_with_its_start_step(fid):
     assert ids_and_steps(run_diagnose(rows)) == [(fid, start)]
 
 
+def test_a_critic_that_cannot_move_is_value_divergence():
+    rows = edit(healthy(), 12, critic__grad_norm_0=0.0)  # target = advantages + live values: zero gradient
+    assert ids_and_steps(run_diagnose(rows)) == [("value_divergence", 12)]
+
+
 def test_temperature_bug_shows_as_rollout_vs_old_mismatch():
     rows = edit(healthy(), 0, stats__rollout_vs_old_logp_diff=0.15)
     assert ids_and_steps(run_diagnose(rows)) == [("logprob_mismatch", 0)]
@@ -180,7 +188,8 @@ def test_tiny_score_under_critic_noise_is_reward_scale():
 
 
 def test_grpo_without_critic_or_kl_in_reward_is_healthy_and_reports_what_it_skipped():
-    drop = ("loss/value", "critic/explained_var", "stats/token_reward_kl_abs", "stats/return_mean", "stats/return_std")
+    drop = ("loss/value", "critic/explained_var", "critic/grad_norm_0", "stats/token_reward_kl_abs")
+    drop += ("stats/return_mean", "stats/return_std")
     rows = [{k: v for k, v in r.items() if k not in drop} for r in healthy(seed=4)]
     d = LiveDiagnoser()
     assert [f for r in rows for f in d.update(r["step"], r)] == []

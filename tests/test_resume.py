@@ -83,3 +83,17 @@ def test_same_seed_is_bitwise_identical(run):
     assert_same_rows(first, again, "same seed twice")
     other, _, _ = run("seed1-gae", "gae", 3, seed=1)
     assert comparable(other[0]) != comparable(first[0]), "a different seed gave the same metrics: vacuous check"
+
+
+def test_resume_into_the_same_folder_keeps_each_step_once(sft_path, tmp_path):
+    """A run stopped after step 3 (having logged a step 4 and half of step 5 before it was killed), then
+    resumed from ckpt-3 into the same folder: metrics.jsonl holds steps 1..5, each once."""
+    cfg = dict(model=str(sft_path), adv_estimator="grpo", out_dir=str(tmp_path), **TINY)
+    pm.train(pm.Config(steps=4, save_every=3, **cfg))
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 5, "rollout/rew')  # killed mid-write
+    pm.train(pm.Config(steps=5, resume=str(tmp_path / "ckpt-3"), **cfg))
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')  # damage before the end
+    with pytest.raises(ValueError, match="line 2: not a JSON metrics row"):
+        pm.train(pm.Config(steps=5, resume=str(tmp_path / "ckpt-3"), **cfg))
