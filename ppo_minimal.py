@@ -7,6 +7,7 @@
     python ppo_minimal.py --inject reward_scale --steps 40       # plant a classic bug; the live diagnosis names it
     python ppo_minimal.py --dump-batch 7 --steps 7               # save everything update 7 needs (batch-7.pt)
     python ppo_minimal.py --replay runs/ppo/batch-7.pt           # re-run exactly that update, bit for bit
+    python ppo_minimal.py --task calc --adv-estimator grpo       # multi-turn tool use (calculator environment)
 
 One iteration (DESIGN.md section 4): sample G responses per prompt -> score -> recompute old logprobs
 -> ref logprobs -> values -> token rewards -> advantages (GAE then whitening, or a group baseline) ->
@@ -60,6 +61,10 @@ Implementation details (numbered; the deviations from veRL are marked "ours")
 13. --dump-batch needs world size 1; --replay runs one process and matches the original bit for bit on the
     same device, dtype and thread count. The file is saved before the update, so a crashing update (a NaN
     gradient) still leaves its inputs, with the error, and its replay must raise the same error.
+14. Environments (`--task calc | guess | gem:<id>`, tasks.py): rollout.rollout_env runs G episodes per env
+    seed (a GRPO group); each turn's reward sits at its last action token, observation tokens have mask 0
+    and GAE passes values through them (DESIGN.md 7.1). A single-turn task is the one-turn case
+    (tasks.TaskEnv), so both share one code path; eval/acc is greedy success on held-out episodes.
 """
 
 from __future__ import annotations
@@ -98,15 +103,14 @@ from common import (
 from critics import Critics, critic_footprint, make_value_model, partition_shares, value_stats
 from diagnose import LiveDiagnoser
 from rollout import (
-    Rollout,
     decode_responses,
     load_policy,
     position_ids_from_mask,
-    sample_responses,
+    rollout_env,
     sequence_logprobs,
     stop_token_ids,
 )
-from tasks import REWARDS, TASKS, SFTConfig, make_task, score_responses, sft_warm_start
+from tasks import ENVS, REWARDS, TASKS, TaskEnv, is_env, make_env, make_task, sft_config_for, sft_warm_start
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 INJECT_NAMES = (
@@ -120,7 +124,7 @@ class Config:
     model: str | None = None
     """HF model name or local folder (AutoModelForCausalLM); None = the embedded tiny model after SFT."""
     task: str = "reverse"
-    """Procedural task: reverse | add | sort | chain (ignored with --data)."""
+    """Task reverse | add | sort | chain, or multi-turn environment calc | guess | gem:<id> (ignored with --data)."""
     data: str | None = None
     """JSONL file of {"prompt", "ground_truth"} lines to train on instead of a procedural task."""
     reward: str = "math_exact"
@@ -164,7 +168,13 @@ class Config:
     max_prompt_len: int = 64
     """Longest prompt in tokens; a longer prompt is an error."""
     max_new_tokens: int = 16
-    """Response length limit; a response without EOS by then is kept and counted as truncated."""
+    """Response (per-turn action) length limit; one without EOS by then is kept and counted as truncated."""
+    max_turns: int = 8
+    """Multi-turn environments: actions per episode at most (the environment's own limit usually ends it first)."""
+    max_context: int = 256
+    """Multi-turn environments: tokens per episode at most (prompt, actions, observations)."""
+    env_latency: float = 0.0
+    """Embedded environments: mean seconds each step takes (log-normal, sigma 0.5; exercises async rollouts)."""
     temperature: float = 1.0
     """Sampling temperature (logprobs are recomputed with the same temperature)."""
     top_p: float = 1.0
@@ -308,8 +318,14 @@ class Config:
         check_choice("kl_loss_type", self.kl_loss_type, ("k1", "k2", "k3"))
         check_choice("dtype", self.dtype, ("float32", "bfloat16"))
         check_choice("reward", self.reward, tuple(REWARDS))
-        if self.data is None:
-            check_choice("task", self.task, TASKS)
+        if self.data is None and not self.task.startswith("gem:"):
+            check_choice("task", self.task, TASKS + tuple(ENVS))
+        check_range("max_turns", self.max_turns, 1)
+        if self.data is None and self.task.startswith("gem:") and self.model is None:
+            raise ValueError(f"config field 'task' = {self.task!r}: a gem environment needs --model (no SFT solver)")
+        if self.data is None and is_env(self.task):  # single-turn runs use max_prompt_len + max_new_tokens
+            check_range("max_context", self.max_context, self.max_prompt_len + 1)
+        check_range("env_latency", self.env_latency, 0.0)
         if self.adv_estimator in ("grpo", "rloo") and self.group_size < 2:
             raise ValueError(f"config field 'group_size' = {self.group_size}: {self.adv_estimator} needs >= 2")
 
@@ -502,11 +518,24 @@ def trainer_logprobs(cfg: Config, model, input_ids, attention_mask, R: int, with
     return sequence_logprobs(model, input_ids, attention_mask, R, **kw)
 
 
+def last_valid(mask):
+    """[B, R] bool: the last position where mask is 1 (a single-turn response's stop token)."""
+    return (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & (mask > 0)
+
+
 def compute_advantages(cfg: Config, batch: dict, scores, group_ids, values):
-    """Token rewards, then advantages and returns [B, R] (whitened for GAE only, DESIGN.md 7.1)."""
+    """Token rewards, then advantages and returns [B, R] (whitened for GAE only, DESIGN.md 7.1).
+
+    scores: [B] one outcome per sequence, placed on its last valid token, or [B, R] the environment's
+    rewards already placed (each turn's at its last action token); a reward on a masked token is an error."""
     mask = batch["response_mask"].float()
-    last = (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & (mask > 0)  # [B, R] last valid token
-    token_rewards = last.float() * scores[:, None]  # [B, R] outcome on the last valid token
+    if scores.dim() == 1:
+        scores = last_valid(mask).float() * scores[:, None]  # [B, R]
+    if scores.shape != mask.shape:
+        raise ValueError(f"scores of shape {tuple(scores.shape)}: expected [B] or [B, R] = {tuple(mask.shape)}")
+    if (scores * (1 - mask)).abs().sum() > 0:
+        raise ValueError("a reward sits on a masked token (mask 0): it would be lost; place it on an action token")
+    token_rewards = scores.clone()  # [B, R]
     kl = kl_estimate(batch["old_logprobs"], batch["ref_logprobs"], "k1") * mask  # [B, R]
     if cfg.kl_in_reward:
         token_rewards = token_rewards - batch["kl_beta"] * kl
@@ -651,13 +680,21 @@ def ppo_update(cfg, policy_train, opt, critics, batch: dict, world: int, gen, au
 
 
 @torch.no_grad()
-def evaluate(policy, tokenizer, task, problems: list[dict], cfg: Config, rank: int, world: int, eos_ids, autocast):
-    """Greedy exact-match accuracy on held-out problems, sharded over ranks and summed."""
-    mine, hits = problems[rank::world], 0
+def episode_limits(cfg: Config) -> dict:
+    """rollout_env's limits: an environment's turns and context, or one turn (a single-turn task)."""
+    if cfg.data is None and is_env(cfg.task):
+        return {"max_turns": cfg.max_turns, "max_context": cfg.max_context}
+    return {"max_turns": 1, "max_context": cfg.max_prompt_len + cfg.max_new_tokens}
+
+
+def evaluate(policy, tokenizer, episodes: list, cfg: Config, rank: int, world: int, eos_ids, autocast):
+    """Greedy success (exact answer) on held-out episodes [(env, seed)], sharded over ranks and summed."""
+    mine, hits = episodes[rank::world], 0
     for i in range(0, len(mine), 256):
+        envs, seeds = zip(*mine[i : i + 256])
         with autocast():
-            ro = sample_responses(policy, tokenizer, mine[i : i + 256], cfg, eos_ids, generator=None)
-        hits += sum(s == 1.0 for s in score_responses(task, decode_responses(tokenizer, ro), mine[i : i + 256]))
+            _, info = rollout_env(policy, tokenizer, envs, seeds, cfg, eos_ids, **episode_limits(cfg))
+        hits += sum(e["success"] for e in info)
     t = all_reduce_sum(torch.tensor([hits, len(mine)], dtype=torch.float64, device=policy.device))
     return (t[0] / t[1]).item()
 
@@ -668,12 +705,21 @@ TABLE = (
 ).split()
 
 
-def eos_mask_errors(response_ids, response_mask, eos_ids) -> float:
-    """Share of responses whose mask is not 1 exactly up to and including their first stop token (all ones
-    without one): EOS masked out (pad == eos, masks rebuilt from ids) or padding trained after it."""
-    stop = torch.isin(response_ids, torch.tensor(eos_ids, device=response_ids.device)).long()  # [B, R]
-    expected = (stop.cumsum(-1) - stop) == 0  # [B, R] positions up to the first stop token
-    return (expected != response_mask.bool()).any(-1).float().mean().item()
+def eos_mask_errors(response_ids, response_mask, eos_ids, max_len: int) -> float:
+    """Share of responses whose mask breaks the stop-token rule (DESIGN.md 3): every run of mask-1 tokens (an
+    action) ends at its first stop token, unless it is max_len tokens long (cut by the length limit).
+    Catches EOS masked out (pad == eos with masks rebuilt from ids) and padding trained after EOS."""
+    if response_mask.shape[0] == 0:
+        return 0.0
+    m = response_mask.bool()  # [B, R]
+    stop = torch.isin(response_ids, torch.tensor(eos_ids, device=response_ids.device))  # [B, R]
+    after_stop = (m[:, 1:] & m[:, :-1] & stop[:, :-1]).any(-1)  # [B] a trained token right after a stop token
+    idx = torch.arange(m.shape[1], device=m.device).expand_as(m)  # [B, R]
+    starts = m & ~torch.cat([torch.zeros_like(m[:, :1]), m[:, :-1]], 1)  # [B, R] first token of each run
+    run_len = idx - torch.where(starts, idx, -1).cummax(-1).values + 1  # [B, R] length of the run so far
+    ends = m & ~torch.cat([m[:, 1:], torch.zeros_like(m[:, :1])], 1)  # [B, R] last token of each run
+    open_end = (ends & ~stop & (run_len < max_len)).any(-1)  # [B] an action ends early without a stop token
+    return (after_stop | open_end).float().mean().item()
 
 
 def make_autocast(cfg: Config, device):
@@ -697,7 +743,7 @@ def train(cfg: Config, hooks=()) -> dict:
     autocast = make_autocast(cfg, device)
 
     # --- models (policy, frozen reference, critics), tokenizer, task
-    source = cfg.model or str(sft_warm_start(SFTConfig(task=cfg.task, target_acc=cfg.sft_target)))
+    source = cfg.model or str(sft_warm_start(sft_config_for(cfg.task, cfg.sft_target)))
     policy, tokenizer = load_policy(cfg.resume + "/policy" if cfg.resume else source, device)
     ref, _ = load_policy(source, device)
     ref.requires_grad_(False)
@@ -705,7 +751,18 @@ def train(cfg: Config, hooks=()) -> dict:
     anchor = policy  # computes old_logprobs: the current policy, right before its update (detail 2)
     if cfg.inject == "stale_old_logprobs":  # INJECT stale_old_logprobs: a copy synced one update late
         anchor = copy.deepcopy(policy).requires_grad_(False)
-    task = make_task(cfg.task, cfg.data, cfg.reward)
+    multi_turn = cfg.data is None and is_env(cfg.task)  # an environment: rewards per turn, episodes
+    task = None if multi_turn else make_task(cfg.task, cfg.data, cfg.reward)
+    env_cfg = {"latency_s": cfg.env_latency, "latency_sigma": 0.5 if cfg.env_latency else 0.0}
+
+    def episodes(split: str, n: int, rng, repeat: int = 1) -> list:
+        """n x repeat episodes [(env, seed)]: a group of `repeat` per env seed (or single-turn problem)."""
+        if not multi_turn:
+            return [(TaskEnv(task, p), None) for p in task.sample(n, split, rng) for _ in range(repeat)]
+        kw = {} if cfg.task.startswith("gem:") or split == "eval" else env_cfg  # no latency in evaluation
+        seeds = [int(x) for x in rng.integers(2**31, size=n)]
+        return [(make_env(cfg.task, split, **kw), s) for s in seeds for _ in range(repeat)]
+
     if cfg.data is not None and cfg.model is None and rank == 0:
         print("[minrl] WARNING --data without --model trains the character-level tiny model on your text")
     ddp = world > 1
@@ -726,7 +783,7 @@ def train(cfg: Config, hooks=()) -> dict:
     shuffle_gen = torch.Generator().manual_seed(cfg.seed)
     part_gen = torch.Generator().manual_seed(cfg.seed + rank)  # AsyPPO partition: its own stream
     gens = {"sample_gen": sample_gen, "shuffle_gen": shuffle_gen, "part_gen": part_gen}
-    eval_set = task.sample(cfg.eval_n, "eval", np.random.default_rng(12345))  # same held-out set for all seeds
+    eval_set = episodes("eval", cfg.eval_n, np.random.default_rng(12345))  # same held-out set for all seeds
     start, history = 0, {"eval": []}
     if cfg.resume:
         st = load_state(cfg.resume)
@@ -744,7 +801,8 @@ def train(cfg: Config, hooks=()) -> dict:
     if rank == 0:
         (out_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
         print(
-            f"[minrl] {cfg.adv_estimator} on {task.name}, world {world}, device {device}, policy "
+            f"[minrl] {cfg.adv_estimator} on {cfg.task if multi_turn else task.name}, world {world}, device {device}, "
+            "policy "
             f"{sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M params, {n_local} sequences/rank/step"
         )
 
@@ -754,6 +812,10 @@ def train(cfg: Config, hooks=()) -> dict:
         footprint = critic_footprint(critics.models, policy, ids, torch.ones_like(ids), cfg.max_new_tokens)
         if rank == 0:
             print("[minrl] critics:", ", ".join(f"{k.split('/')[1]} {v:.4g}" for k, v in footprint.items()))
+    if cfg.eval_every and start == 0 and cfg.steps > 0:  # the starting point, before any update
+        history["eval"].append((0, evaluate(policy, tokenizer, eval_set, cfg, rank, world, eos_ids, autocast)))
+        if rank == 0:
+            print(f"[minrl] eval/acc before training: {history['eval'][0][1]:.3f}")
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
         update_actor = step >= cfg.critic_warmup_steps  # critic-only iterations first (critics.py detail 8)
@@ -764,27 +826,32 @@ def train(cfg: Config, hooks=()) -> dict:
                 for group in o.param_groups:
                     group["lr"] = cfg.critic_lr * min(1.0, (step + 1) / max(1, cfg.warmup_steps))
 
-        # --- rollout: G samples per prompt (the group is rank-local)
-        problems = [p for p in task.sample(n_local // cfg.group_size, "train", rng) for _ in range(cfg.group_size)]
+        # --- rollout: G episodes per prompt or env seed (the group is rank-local); rewards come from the envs
+        envs, seeds = zip(*episodes("train", n_local // cfg.group_size, rng, repeat=cfg.group_size))
         group_ids = torch.arange(n_local, device=device) // cfg.group_size + rank * n_local  # [B]
         with autocast():
-            ro: Rollout = sample_responses(policy, tokenizer, problems, cfg, eos_ids, generator=sample_gen)
+            limits = episode_limits(cfg)
+            ro, eps = rollout_env(policy, tokenizer, envs, seeds, cfg, eos_ids, generator=sample_gen, **limits)
         if cfg.inject == "pad_eq_eos":  # INJECT pad_eq_eos: pad with EOS, then mask = ids != pad drops EOS itself
             ro.response_ids = ro.response_ids.masked_fill(ro.response_mask == 0, eos_ids[0])
             ro.response_mask = (ro.response_ids != eos_ids[0]).long()
             ro.attention_mask = torch.cat([ro.attention_mask[:, : ro.prompt_ids.shape[1]], ro.response_mask], 1)
         t1 = time.perf_counter()
 
-        # --- reward
+        # --- rewards: each turn's at its last action token (single-turn: the task score at the stop token)
         texts = decode_responses(tokenizer, ro)
-        scores = torch.tensor(score_responses(task, texts, problems), device=device)  # [B]
-        acc = (scores == 1.0).float()  # [B] exact answers (before any penalty)
-        if cfg.no_eos_penalty is not None:
-            scores = torch.where(ro.truncated, torch.full_like(scores, cfg.no_eos_penalty), scores)  # detail 5
+        token_scores = ro.token_scores  # [B, R]
+        acc = torch.tensor([float(e["success"]) for e in eps], device=device)  # [B] exact answers / solved
+        if cfg.no_eos_penalty is not None:  # detail 5: the whole return of a truncated episode is replaced
+            penalty = last_valid(ro.response_mask).float() * cfg.no_eos_penalty  # [B, R]
+            token_scores = torch.where(ro.truncated[:, None], penalty, token_scores)
         if cfg.inject == "reward_scale":  # INJECT reward_scale
-            scores = scores * 0.01
+            token_scores = token_scores * 0.01
         if cfg.inject == "eos_unmasked":  # INJECT eos_unmasked: every position of the response counts
             ro.response_mask = torch.ones_like(ro.response_mask)
+        scores = token_scores.sum(-1)  # [B] episode return
+        if cfg.inject in ("pad_eq_eos", "eos_unmasked"):  # as in the real bug: the score moves to the new mask's end
+            token_scores = last_valid(ro.response_mask).float() * scores[:, None]
         t2 = time.perf_counter()
 
         # --- old logprobs (PPO anchor), reference logprobs, values: no gradient
@@ -805,7 +872,7 @@ def train(cfg: Config, hooks=()) -> dict:
         values = all_values.mean(0) * mask if all_values is not None else None  # [B, R] ensemble mean
 
         # --- token rewards and advantages, then the extension hooks
-        token_rewards, adv, returns, kl = compute_advantages(cfg, batch, scores, group_ids, values)
+        token_rewards, adv, returns, kl = compute_advantages(cfg, batch, token_scores, group_ids, values)
         batch.update(advantages=adv, returns=returns)
         if critics is not None:
             batch["old_values"] = all_values.transpose(0, 1)  # [B, M, R] batch-first for minibatching
@@ -821,7 +888,8 @@ def train(cfg: Config, hooks=()) -> dict:
         # --- update
         args = (cfg, policy_train, opt, critics, batch, world, shuffle_gen, autocast, update_actor)
         if cfg.dump_batch == step + 1:  # --dump-batch: save the update's inputs, run it, add its outcome
-            texts_in = {"prompts": [p["prompt"] for p in problems], "responses": texts, "scores": scores.cpu()}
+            prompts = tokenizer.batch_decode(ro.prompt_ids, skip_special_tokens=True)
+            texts_in = {"prompts": prompts, "responses": texts, "scores": scores.cpu()}
             extra = {"update_actor": update_actor, "token_rewards": token_rewards.cpu(), **texts_in}
             inputs, run = update_inputs(policy, opt, critics, shuffle_gen), functools.partial(ppo_update, *args)
             upd = dump_update(out_dir / f"batch-{step + 1}.pt", cfg, policy, opt, critics, inputs, batch, extra, run)
@@ -834,6 +902,8 @@ def train(cfg: Config, hooks=()) -> dict:
 
         # --- metrics (reduced over ranks), eval, hooks, checkpoint
         n_tok = mask.sum()
+        full = torch.tensor([not e["context_cut"] for e in eps], device=device)  # [B] no action cut by max_context
+        max_len = cfg.max_new_tokens
         _, group_std, group_n = _group_stats(scores, group_ids)  # [B] per sample; singletons count as not equal
         m = {
             "rollout/reward_mean": scores.mean().item(),
@@ -842,7 +912,10 @@ def train(cfg: Config, hooks=()) -> dict:
             "rollout/response_len": mask.sum(-1).mean().item(),
             "rollout/truncated_frac": ro.truncated.float().mean().item(),
             "rollout/zero_std_frac": ((group_std < 1e-8) & (group_n > 1)).float().mean().item(),
-            "stats/eos_mask_err_frac": eos_mask_errors(ro.response_ids, ro.response_mask, eos_ids),
+            "rollout/turns": float(np.mean([e["turns"] for e in eps])),
+            "rollout/episode_cut_frac": float(np.mean([e["cut"] for e in eps])),  # ended without terminating
+            "rollout/malformed": float(np.mean([e["malformed"] for e in eps])),  # malformed actions per episode
+            "stats/eos_mask_err_frac": eos_mask_errors(ro.response_ids[full], ro.response_mask[full], eos_ids, max_len),
             "stats/kl": float(masked_mean(kl, mask)),
             "stats/kl_coef": kl_ctrl.beta,
             "stats/rollout_vs_old_logp_diff": float(
@@ -860,6 +933,7 @@ def train(cfg: Config, hooks=()) -> dict:
             "perf/tokens_per_s": n_tok.item() / (t3 - t0),
             "time/rollout": t1 - t0,
             "time/reward": t2 - t1,
+            "time/env": float(sum(sum(e["env_s"]) for e in eps)),  # inside env.step (part of time/rollout)
             "time/train": t3 - t2,
         }
         if "time/credit" in shaped:  # attention credit: its extra forward as a share of the step
@@ -872,7 +946,7 @@ def train(cfg: Config, hooks=()) -> dict:
             m["loss/value"] = float(np.mean([v for k, v in upd.items() if k.startswith("critic/loss_")]))
         m = reduce_metrics(m, device)
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
-            m["eval/acc"] = evaluate(policy, tokenizer, task, eval_set, cfg, rank, world, eos_ids, autocast)
+            m["eval/acc"] = evaluate(policy, tokenizer, eval_set, cfg, rank, world, eos_ids, autocast)
             history["eval"].append((step + 1, m["eval/acc"]))
         logger.log(step + 1, m)
         for finding in diag.update(step + 1, m) if rank == 0 else []:  # the checks of diagnose.py, live

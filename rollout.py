@@ -2,6 +2,8 @@
 
     python rollout.py        # sample from the embedded default, print tokens/s and a few responses
 
+`generate` samples one turn with a KV cache; `rollout_env` runs multi-turn episodes (GEM-style envs) on it.
+
 Tensor conventions (DESIGN.md section 3): B sequences, P prompt length (left-padded), R response
 length (right-padded).
 - `response_mask` [B, R] is 1 on generated tokens up to AND including the first stop token, 0 after.
@@ -21,11 +23,19 @@ Implementation details (our choices)
    later); `_cache_kw` is the one place that knows.
 4. Finished rows keep being fed pad tokens (masked out) until every row is done: simpler than
    compacting the batch, and the work is bounded by max_new_tokens.
+5. Multi-turn (`rollout_env`): episodes advance in lockstep turns; each turn re-encodes the live contexts
+   (no KV cache across turns: simple, and a turn's prefill is one batched forward). Sequences are built
+   from the sampled ids; an action's text is decoded for the environment but never re-tokenised, and each
+   observation is tokenised once (`observation_ids`; with a chat template, the template's own text
+   between turns; an action cut without the template's end-of-turn token gets it, with mask 0). Single-turn
+   sampling is the one-turn case of the same function. Environments step one after another on the host:
+   per-step latency adds up over a turn's episodes (async_loop.py is where it overlaps with generation).
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +54,7 @@ class Rollout:
     response_mask: torch.Tensor  # [B, R] 1 up to and including the first stop token
     rollout_logprobs: torch.Tensor  # [B, R] behaviour-policy logprobs of the sampled tokens
     truncated: torch.Tensor  # [B] bool: hit max_new_tokens without a stop token
+    token_scores: torch.Tensor | None = None  # [B, R] environment rewards, each turn's at its last action token
     group_ids: torch.Tensor | None = None  # [B] which prompt a sample came from
     policy_version: torch.Tensor | None = None  # [B] weights version that produced the sample
 
@@ -220,7 +231,7 @@ def load_policy(name_or_path: str, device):
     hf_logging.disable_progress_bar()  # one "Loading weights" bar per model would drown the metrics table
     path = resolve_model_path(name_or_path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = _as_saved(AutoTokenizer.from_pretrained(path), path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError) as e:  # hub name unreachable or not a model folder: say which model
         raise FileNotFoundError(f"could not load model {name_or_path!r}: {e}") from e
@@ -233,6 +244,31 @@ def load_policy(name_or_path: str, device):
     return model.to(device).eval(), tokenizer  # eval() = dropout off, always
 
 
+def _as_saved(tokenizer, path: str):
+    """The tokenizer exactly as saved in a local folder's tokenizer.json.
+
+    transformers 5 rebuilds the tokenizer of some model types from their class (for qwen2: Qwen's byte-level
+    pre-tokenizer) instead of the folder's tokenizer.json; a custom tokenizer saved next to such a model
+    (the embedded char tokenizer) would then silently drop spaces and newlines. If tokenizer.json encodes
+    a probe differently from what AutoTokenizer built, the folder's own file wins (logged).
+    """
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    saved = Path(path) / "tokenizer.json"
+    probe = "Ab 12+3 = x,\n  y?"
+    if not saved.is_file():
+        return tokenizer
+    if (
+        Tokenizer.from_file(str(saved)).encode(probe, add_special_tokens=False).ids
+        == tokenizer(probe, add_special_tokens=False).input_ids
+    ):
+        return tokenizer
+    print(f"[minrl] {path}: AutoTokenizer built {type(tokenizer).__name__}, which encodes differently from the saved "
+          "tokenizer.json; loading tokenizer.json as saved")  # fmt: skip
+    return PreTrainedTokenizerFast.from_pretrained(path)
+
+
 def stop_token_ids(model, tokenizer) -> list[int]:
     """EOS of the tokenizer plus the model's generation-config EOS ids (chat models have several)."""
     ids = {tokenizer.eos_token_id}
@@ -241,25 +277,176 @@ def stop_token_ids(model, tokenizer) -> list[int]:
     return sorted(ids)
 
 
-def sample_responses(model, tokenizer, problems: list[dict], cfg, eos_ids, generator=None) -> Rollout:
-    """Format, tokenize and sample one response per problem with the trainer's sampling settings (cfg).
+def observation_ids(tokenizer, text: str, first: bool) -> list[int]:
+    """Ids of an environment observation, tokenised once (implementation detail 5).
 
-    generator None = greedy decoding (evaluation); else sampling at cfg.temperature / top_p / top_k.
+    The first observation is the prompt (`format_prompt`: the chat template or <bos> + text). A later one
+    follows the model's end-of-turn token: without a chat template it is the raw text; with one, it is the
+    template's own text from the end of an assistant turn to the start of the next one, around a user
+    message holding the observation (located by rendering a probe conversation).
     """
     from tasks import format_prompt
 
-    ids, am = tokenize_prompts(tokenizer, [format_prompt(tokenizer, p["prompt"]) for p in problems], cfg.max_prompt_len)
+    if first:
+        return tokenizer(format_prompt(tokenizer, text), add_special_tokens=False).input_ids
+    if not getattr(tokenizer, "chat_template", None):
+        return tokenizer(text, add_special_tokens=False).input_ids
+    probe = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "PROBE"}]
+    msgs = probe + [{"role": "user", "content": text}]
+    rendered = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    end = "PROBE" + (tokenizer.eos_token or "")
+    if not tokenizer.eos_token or end not in rendered:
+        raise ValueError(
+            f"chat template of {tokenizer.name_or_path!r}: an assistant turn does not end with the eos token "
+            f"{tokenizer.eos_token!r}, so the text of the next observation cannot be located"
+        )
+    return tokenizer(rendered[rendered.index(end) + len(end) :], add_special_tokens=False).input_ids
+
+
+def _checked(env, method: str, episode: int, turn: int, **kw):
+    """env.reset / env.step with failures named: an env that raises or returns a non-finite reward stops the run."""
+    where = f"environment {getattr(env, 'name', type(env).__name__)!r} at turn {turn} of episode {episode}"
+    try:
+        out = getattr(env, method)(**kw)
+        if method == "reset":
+            return str(out[0]), dict(out[1] or {})
+        obs, reward, terminated, truncated, info = out
+        reward = float(reward)
+    except Exception as e:
+        raise RuntimeError(f"{where} raised in {method}({kw}): {e!r}") from e
+    if not math.isfinite(reward):
+        raise ValueError(f"{where}: reward {reward} on action {kw['action']!r}")
+    return str(obs), reward, bool(terminated), bool(truncated), dict(info or {})
+
+
+def rollout_env(
+    model, tokenizer, envs, seeds, cfg, eos_ids, generator=None, *, max_turns: int = 1, max_context: int = 1 << 30
+) -> tuple[Rollout, list[dict]]:
+    """Run one episode per env to its end, all in lockstep turns. A single-turn task is one turn (TaskEnv).
+
+    Turn k: each live episode's context (first observation + every earlier turn, as ids) is left-padded and
+    sampled with `generate` (KV cache within a turn; the context is re-encoded each turn). The action's
+    sampled ids, up to and including its stop token, join the sequence with mask 1 and their behaviour
+    logprobs; its decoded text goes to env.step; the observation is tokenised once and joins with mask 0.
+    The turn's reward sits at its last action token (`token_scores`). An episode ends when the env says
+    terminated or truncated, after max_turns actions, or when its next turn would not fit max_context.
+
+    envs: B objects with GEM's reset(seed) / step(action); seeds: B seeds (GRPO groups share one). cfg:
+    max_prompt_len, max_new_tokens (per turn) and the sampling settings. generator None = greedy.
+    Returns the Rollout (response = everything after the first observation; `truncated`: the last action
+    ended without a stop token, as in single-turn) and per episode {"return", "success", "turns",
+    "malformed", "cut" (ended without the env terminating it: env truncation, max_turns or max_context),
+    "context_cut" (an action was cut short by max_context), "no_stop_actions" (actions without a stop token),
+    "action_spans" [(start, end) in response positions], "env_s" [seconds in each env.step], "gen_s" [seconds
+    of each turn's batched generation]}.
+    """
+    from tasks import format_prompt
+
     dev = next(model.parameters()).device
     sampling = {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k} if generator else {}
-    return generate(
-        model,
-        ids.to(dev),
-        am.to(dev),
-        max_new_tokens=cfg.max_new_tokens,
-        eos_token_ids=eos_ids,
-        pad_token_id=tokenizer.pad_token_id,
-        generator=generator,
-        **(sampling or {"temperature": 0.0}),
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    first = [_checked(env, "reset", i, 0, seed=seed)[0] for i, (env, seed) in enumerate(zip(envs, seeds))]
+    ids, am = tokenize_prompts(tokenizer, [format_prompt(tokenizer, o) for o in first], cfg.max_prompt_len)
+    prompts = [row[m.bool()].tolist() for row, m in zip(ids, am)]
+    B = len(envs)
+    resp, is_action, logps, scores = ([[] for _ in range(B)] for _ in range(4))
+    blank = {"return": 0.0, "success": False, "turns": 0, "malformed": 0, "cut": False, "context_cut": False}
+    info = [{**blank, "action_spans": [], "env_s": [], "gen_s": []} for _ in envs]
+    no_stop = [False] * B  # the last action has no stop token
+    live = list(range(B))
+    for turn in range(1, max_turns + 1):
+        budget = {i: min(cfg.max_new_tokens, max_context - len(prompts[i]) - len(resp[i])) for i in live}
+        for i in live:
+            if budget[i] < 1 and turn == 1:
+                raise ValueError(f"episode {i}: the first observation leaves no room for an action in max_context")
+            info[i]["cut"] = budget[i] < 1  # no room left for another action
+        live = [i for i in live if budget[i] >= 1]
+        if not live:
+            break
+        ctx_ids, ctx_mask = _left_pad([prompts[i] + resp[i] for i in live], tokenizer.pad_token_id)
+        t_gen = time.perf_counter()
+        ro = generate(
+            model,
+            ctx_ids.to(dev),
+            ctx_mask.to(dev),
+            max_new_tokens=max(budget[i] for i in live),
+            eos_token_ids=eos_ids,
+            pad_token_id=tokenizer.pad_token_id,
+            generator=generator,
+            **(sampling or {"temperature": 0.0}),
+        )
+        r_ids, r_mask, r_logp = ro.response_ids.cpu(), ro.response_mask.cpu(), ro.rollout_logprobs.cpu()
+        t_gen = time.perf_counter() - t_gen  # this turn's batched generation
+        still = []
+        for j, i in enumerate(live):
+            n = min(int(r_mask[j].sum()), budget[i])
+            action = r_ids[j, :n].tolist()
+            stopped = n > 0 and action[-1] in eos_ids
+            text = tokenizer.decode(action, skip_special_tokens=True)
+            t0 = time.perf_counter()
+            obs, reward, terminated, truncated, step_info = _checked(envs[i], "step", i, turn, action=text)
+            info[i]["env_s"].append(time.perf_counter() - t0)
+            info[i]["gen_s"].append(t_gen)
+            info[i]["action_spans"].append((len(resp[i]), len(resp[i]) + n))
+            resp[i] += action
+            is_action[i] += [1] * n
+            logps[i] += r_logp[j, :n].tolist()
+            scores[i] += [0.0] * (n - 1) + [reward]
+            info[i]["return"] += reward
+            info[i]["turns"] = turn
+            info[i]["malformed"] += int(bool(step_info.get("malformed")))
+            info[i]["success"] = info[i]["success"] or bool(step_info.get("success"))
+            no_stop[i] = not stopped
+            info[i]["no_stop_actions"] = info[i].get("no_stop_actions", 0) + int(not stopped)
+            info[i]["context_cut"] |= not stopped and n < cfg.max_new_tokens  # cut by max_context, not the limit
+            if terminated or truncated or turn == max_turns:
+                info[i]["cut"] = not terminated
+                continue
+            obs_ids = observation_ids(tokenizer, obs, first=False)
+            if chat and (not action or action[-1] != tokenizer.eos_token_id):  # close the turn as the template
+                obs_ids = [tokenizer.eos_token_id] + obs_ids  # would (mask 0: the model did not write it)
+            if len(prompts[i]) + len(resp[i]) + len(obs_ids) >= max_context:  # no room for it and an action
+                info[i]["cut"] = True
+                continue
+            resp[i] += obs_ids
+            is_action[i] += [0] * len(obs_ids)
+            logps[i] += [0.0] * len(obs_ids)
+            scores[i] += [0.0] * len(obs_ids)
+            still.append(i)
+        live = still
+    return _pack(ids, am, resp, is_action, logps, scores, no_stop, tokenizer.pad_token_id, dev), info
+
+
+def _left_pad(seqs: list[list[int]], pad_id: int):
+    """[b, L] ids and attention mask of token lists, left-padded (DESIGN.md section 3)."""
+    n = max(map(len, seqs))
+    ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(seqs), n, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, n - len(s) :], mask[i, n - len(s) :] = torch.tensor(s, dtype=torch.long), 1
+    return ids, mask
+
+
+def _pack(prompt_ids, prompt_mask, resp, is_action, logps, scores, no_stop, pad_id, dev) -> Rollout:
+    """The Rollout of finished episodes: prompts left-padded as sampled, responses right-padded."""
+    B, R = len(resp), max(1, *map(len, resp))
+    response_ids = torch.full((B, R), pad_id, dtype=torch.long)
+    real = torch.zeros(B, R, dtype=torch.long)  # attention: every action and observation token
+    response_mask = torch.zeros(B, R, dtype=torch.long)  # loss: action tokens only
+    logp, token_scores = torch.zeros(B, R), torch.zeros(B, R)
+    for i in range(B):
+        n = len(resp[i])
+        response_ids[i, :n], real[i, :n] = torch.tensor(resp[i], dtype=torch.long), 1
+        response_mask[i, :n] = torch.tensor(is_action[i], dtype=torch.long)
+        logp[i, :n], token_scores[i, :n] = torch.tensor(logps[i]), torch.tensor(scores[i])
+    return Rollout(
+        prompt_ids=prompt_ids.to(dev),
+        response_ids=response_ids.to(dev),
+        attention_mask=torch.cat([prompt_mask, real], 1).to(dev),
+        response_mask=response_mask.to(dev),
+        rollout_logprobs=logp.to(dev),
+        truncated=torch.tensor(no_stop, device=dev),
+        token_scores=token_scores.to(dev),
     )
 
 

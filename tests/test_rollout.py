@@ -87,6 +87,20 @@ def test_tokenizer_round_trip_through_save_pretrained(tok, tmp_path):
     assert back.get_vocab() == tok.get_vocab()
 
 
+def test_a_model_folder_keeps_its_char_tokenizer_spaces_and_newlines_included(tok, tmp_path):
+    """transformers 5 rebuilds a qwen2 folder's tokenizer as Qwen2Tokenizer (byte-level pre-tokenizer), which
+    drops the char tokenizer's spaces and newlines; load_policy must give back the tokenizer as saved."""
+    import tasks
+    from rollout import load_policy
+
+    tasks.make_tiny_model(tok).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    _, back = load_policy(str(tmp_path), "cpu")
+    text = "ann has 37 pens.\nhow many?"
+    assert back(text, add_special_tokens=False).input_ids == tok(text, add_special_tokens=False).input_ids
+    assert back.decode(back(text, add_special_tokens=False).input_ids) == text
+
+
 def test_tokenize_prompts_left_pads(tok):
     ids, mask = tokenize_prompts(tok, ["ab", "abcd", "c"], max_prompt_len=4)
     a, b, c, d = (tok.convert_tokens_to_ids(x) for x in "abcd")
