@@ -99,42 +99,26 @@ THRESHOLDS = (
 )
 TH = {t.name: t.value for t in THRESHOLDS}
 
-# (their name, our name); when several map to one of ours, the first present wins (our own name first).
+# (their name, our name), the first present wins (ours first). veRL: critic/rewards/mean = score - in-reward KL,
+# actor/kl_loss = raw KL loss, training/rollout_probs_diff_* = |p_rollout - p_actor|; TRL GRPOTrainer from `reward` on.
 NAME_MAP = (
-    ("critic/score/mean", "rollout/reward_mean"),  # veRL: metric_utils.compute_data_metrics
-    ("critic/score/max", "rollout/score_max"),
-    ("critic/score/min", "rollout/score_min"),
-    ("critic/rewards/mean", "rollout/reward_kl_mean"),  # score minus the in-reward KL penalty, per sequence
-    ("critic/advantages/mean", "stats/adv_mean"),
-    ("critic/advantages/max", "stats/adv_max"),
-    ("critic/advantages/min", "stats/adv_min"),
-    ("critic/returns/mean", "stats/return_mean"),
-    ("critic/vf_explained_var", "critic/explained_var"),
-    ("critic/vf_loss", "loss/value"),
-    ("critic/grad_norm", "critic/grad_norm_0"),
-    ("response_length/mean", "rollout/response_len"),
-    ("response_length/clip_ratio", "rollout/truncated_frac"),
-    ("actor/pg_clipfrac", "stats/clipfrac"),  # veRL: actor update
-    ("actor/ppo_kl", "stats/approx_kl"),
-    ("actor/entropy", "stats/entropy"),
-    ("actor/pg_loss", "loss/policy"),
-    ("actor/grad_norm", "stats/grad_norm"),
-    ("actor/kl_loss", "stats/kl"),  # KL to the reference as a loss (raw, before its coefficient)
-    ("actor/reward_kl_penalty", "stats/kl"),  # KL to the reference in the reward
-    ("training/rollout_probs_diff_mean", "stats/rollout_vs_old_prob_diff"),  # mean |p_rollout - p_actor|
-    ("training/rollout_probs_diff_max", "stats/rollout_vs_old_prob_diff_max"),
-    ("reward", "rollout/reward_mean"),  # TRL GRPOTrainer
-    ("reward_std", "rollout/reward_std"),
-    ("frac_reward_zero_std", "rollout/zero_std_frac"),
-    ("kl", "stats/kl"),
-    ("entropy", "stats/entropy"),
-    ("clip_ratio/region_mean", "stats/clipfrac"),
-    ("completions/clipped_ratio", "rollout/truncated_frac"),
-    ("completions/mean_length", "rollout/response_len"),
-    ("grad_norm", "stats/grad_norm"),
-    ("loss", "loss/policy"),
-    ("sampling/sampling_logp_difference/mean", "stats/rollout_vs_old_logp_diff"),  # vLLM vs trainer, mean |dlogp|
-)
+    ("critic/score/mean", "rollout/reward_mean"), ("critic/score/max", "rollout/score_max"),
+    ("critic/score/min", "rollout/score_min"), ("critic/rewards/mean", "rollout/reward_kl_mean"),
+    ("critic/advantages/mean", "stats/adv_mean"), ("critic/advantages/max", "stats/adv_max"),
+    ("critic/advantages/min", "stats/adv_min"), ("critic/returns/mean", "stats/return_mean"),
+    ("critic/vf_explained_var", "critic/explained_var"), ("critic/vf_loss", "loss/value"),
+    ("critic/grad_norm", "critic/grad_norm_0"), ("response_length/mean", "rollout/response_len"),
+    ("response_length/clip_ratio", "rollout/truncated_frac"), ("actor/pg_clipfrac", "stats/clipfrac"),
+    ("actor/ppo_kl", "stats/approx_kl"), ("actor/entropy", "stats/entropy"), ("actor/pg_loss", "loss/policy"),
+    ("actor/grad_norm", "stats/grad_norm"), ("actor/kl_loss", "stats/kl"), ("actor/reward_kl_penalty", "stats/kl"),
+    ("training/rollout_probs_diff_mean", "stats/rollout_vs_old_prob_diff"),
+    ("training/rollout_probs_diff_max", "stats/rollout_vs_old_prob_diff_max"), ("reward", "rollout/reward_mean"),
+    ("reward_std", "rollout/reward_std"), ("frac_reward_zero_std", "rollout/zero_std_frac"), ("kl", "stats/kl"),
+    ("entropy", "stats/entropy"), ("clip_ratio/region_mean", "stats/clipfrac"),
+    ("completions/clipped_ratio", "rollout/truncated_frac"), ("completions/mean_length", "rollout/response_len"),
+    ("grad_norm", "stats/grad_norm"), ("loss", "loss/policy"),
+    ("sampling/sampling_logp_difference/mean", "stats/rollout_vs_old_logp_diff"),
+)  # fmt: skip
 # what logprob_mismatch reads; the threshold of stats/<x> is logprob_mismatch.<x>
 MISMATCH = ("stats/first_mb_clipfrac", "stats/first_mb_ratio_dev", "stats/rollout_vs_old_logp_diff")
 MISMATCH += ("stats/rollout_vs_old_prob_diff",)

@@ -63,20 +63,20 @@ class Rollout:
         return torch.cat([self.prompt_ids, self.response_ids], dim=1)  # [B, P+R]
 
 
-def tokenize_prompts(tokenizer, texts: list[str], max_prompt_len: int):
-    """Left-padded prompt ids [B, P] and mask [B, P]; raises if a prompt is longer than max_prompt_len."""
+def encode_prompts(tokenizer, texts: list[str], max_prompt_len: int) -> list[list[int]]:
+    """Token ids of each prompt text; raises if a prompt is empty or longer than max_prompt_len."""
     enc = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
     for i, ids in enumerate(enc):
         if len(ids) > max_prompt_len:
             raise ValueError(f"prompt {i} has {len(ids)} tokens > max_prompt_len={max_prompt_len}: {texts[i][:80]!r}")
         if not ids:
             raise ValueError(f"prompt {i} is empty")
-    P = max(map(len, enc))
-    ids = torch.full((len(enc), P), tokenizer.pad_token_id, dtype=torch.long)  # [B, P]
-    mask = torch.zeros(len(enc), P, dtype=torch.long)  # [B, P]
-    for i, e in enumerate(enc):
-        ids[i, P - len(e) :], mask[i, P - len(e) :] = torch.tensor(e), 1
-    return ids, mask
+    return enc
+
+
+def tokenize_prompts(tokenizer, texts: list[str], max_prompt_len: int):
+    """Left-padded prompt ids [B, P] and mask [B, P]; raises if a prompt is longer than max_prompt_len."""
+    return _left_pad(encode_prompts(tokenizer, texts, max_prompt_len), tokenizer.pad_token_id)
 
 
 def _cache_kw(model) -> str:
@@ -346,8 +346,8 @@ def rollout_env(
     sampling = {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k} if generator else {}
     chat = bool(getattr(tokenizer, "chat_template", None))
     first = [_checked(env, "reset", i, 0, seed=seed)[0] for i, (env, seed) in enumerate(zip(envs, seeds))]
-    ids, am = tokenize_prompts(tokenizer, [format_prompt(tokenizer, o) for o in first], cfg.max_prompt_len)
-    prompts = [row[m.bool()].tolist() for row, m in zip(ids, am)]
+    prompts = encode_prompts(tokenizer, [format_prompt(tokenizer, o) for o in first], cfg.max_prompt_len)
+    ids, am = _left_pad(prompts, tokenizer.pad_token_id)
     B = len(envs)
     resp, is_action, logps, scores = ([[] for _ in range(B)] for _ in range(4))
     blank = {"return": 0.0, "success": False, "turns": 0, "malformed": 0, "cut": False, "context_cut": False}
