@@ -119,8 +119,8 @@ def setup_dist(backend: str | None = None, timeout_s: float = 120.0, device: str
     import torch
     import torch.distributed as dist
 
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    world = 1 if _SOLO else int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = 0 if _SOLO else int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = torch.cuda.is_available() if device == "auto" else device.startswith("cuda")
     dev = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
     if use_cuda:
@@ -141,6 +141,14 @@ def setup_dist(backend: str | None = None, timeout_s: float = 120.0, device: str
 
 
 _LIVENESS: dict = {}  # set by setup_dist: the rendezvous store, this rank, the world size
+_SOLO = False  # set by train_alone()
+
+
+def train_alone() -> None:
+    """From now on this process is a world of one for setup_dist and every collective helper, while the
+    process group (all ranks) stays up: async_loop.py's trainer, which meets its rollout ranks only point to point."""
+    global _SOLO
+    _SOLO = True
 
 
 def collective(fn, *args, **kwargs):
@@ -165,10 +173,15 @@ def collective(fn, *args, **kwargs):
         raise RuntimeError(f"rank {me}: collective #{n} ({fn.__name__}) failed: {who}. Cause: {e}") from e
 
 
+def dist_store():
+    """The rendezvous key-value store of setup_dist's process group (None without one): small messages, heartbeats."""
+    return _LIVENESS.get("store")
+
+
 def world_size() -> int:
     import torch.distributed as dist
 
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() and not _SOLO else 1
 
 
 def all_reduce_sum(t):

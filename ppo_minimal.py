@@ -77,7 +77,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Literal
 
@@ -181,6 +181,12 @@ class Config:
     """Nucleus sampling; < 1 makes the behaviour policy differ from the trained one (off-policy)."""
     top_k: int = 0
     """Top-k sampling (0 = off); > 0 makes the behaviour policy differ from the trained one."""
+    off_policy: Literal["none", "behav", "tis", "decoupled"] | None = None
+    """Off-policy correction: none | behav (clip at sampler logprobs) | tis | decoupled (None = none; async: tis)."""
+    is_cap: float = 2.0
+    """tis: importance weight pi_old / pi_behav truncated at this C."""
+    is_mask_cap: float = 5.0
+    """decoupled: tokens whose pi_old / pi_behav exceeds this are masked out of the policy loss."""
     lr: float = 1e-4
     """Policy learning rate (AdamW); 3e-4 first drops the tiny default's greedy accuracy (README)."""
     critic_lr: float = 1e-3
@@ -326,6 +332,10 @@ class Config:
         if self.data is None and is_env(self.task):  # single-turn runs use max_prompt_len + max_new_tokens
             check_range("max_context", self.max_context, self.max_prompt_len + 1)
         check_range("env_latency", self.env_latency, 0.0)
+        self.off_policy = self.off_policy or "none"
+        check_choice("off_policy", self.off_policy, ("none", "behav", "tis", "decoupled"))
+        check_range("is_cap", self.is_cap, 1.0)
+        check_range("is_mask_cap", self.is_mask_cap, 1.0)
         if self.adv_estimator in ("grpo", "rloo") and self.group_size < 2:
             raise ValueError(f"config field 'group_size' = {self.group_size}: {self.adv_estimator} needs >= 2")
 
@@ -484,6 +494,25 @@ def value_loss(values, old_values, returns, mask, *, clip=0.5, agg="token-mean",
     return loss, {"vf_clipfrac": masked_mean((l_clipped > l_unclipped).float(), mask).detach()}
 
 
+def off_policy_weights(old_logprobs, behav_logprobs, mask, mode: str, cap: float = 2.0, mask_cap: float = 5.0):
+    """Per-token importance weights [B, R] (detached) for samples drawn by a stale or different behaviour policy
+    (DESIGN.md 7.4; veRL TIS; AReaL decoupled PPO, arXiv 2505.24298 eq. 5). All inputs [B, R].
+
+      w_t = pi_old(o_t) / pi_behav(o_t)        (pi_old: the trainer's recompute at update start, the proximal policy)
+      tis:       the PPO loss (anchored at pi_old) times min(w_t, C)
+      decoupled: times w_t, and tokens with w_t > mask_cap masked out (zero, not truncated)
+    none / behav return None: no weights (behav anchors the clip at pi_behav instead, in the caller).
+    With pi_behav == pi_old (on-policy) every variant is plain PPO."""
+    if mode in ("none", "behav"):
+        return None, {}
+    w = torch.exp((old_logprobs - behav_logprobs).clamp(-20, 20)).detach()  # [B, R]
+    w = torch.where(mask.bool(), w, torch.ones_like(w))  # masked tokens (observations, padding): neutral
+    cut = w > (cap if mode == "tis" else mask_cap)  # [B, R] truncated (tis) or masked out (decoupled)
+    out = w.clamp(max=cap) if mode == "tis" else w * (~cut)
+    stats = {"stats/is_weight_mean": float(masked_mean(w, mask)), "stats/is_cut_frac": float(masked_mean(cut, mask))}
+    return out, stats
+
+
 class KLController:
     """beta for KL in the reward: fixed, or adaptive (Ziegler et al. 2019): e = clip(KL/target - 1, +-0.2)."""
 
@@ -607,7 +636,7 @@ def ppo_update(cfg, policy_train, opt, critics, batch: dict, world: int, gen, au
                     )  # [b, R]
                     pg, m = policy_loss(
                         logp,
-                        mi["old_logprobs"],
+                        mi["old_logprobs"] if mi.get("clip_anchor") is None else mi["clip_anchor"],
                         mi["advantages"],
                         mmask,
                         **clip,
@@ -615,6 +644,7 @@ def ppo_update(cfg, policy_train, opt, critics, batch: dict, world: int, gen, au
                         world=world,
                         token_weights=mi["token_weights"],
                         pg_mask=mi["pg_mask"].float(),
+                        is_weights=mi.get("is_weights"),
                     )
                     ent_masked = ent * mi["ent_mask"].float()  # [b, R] I^H_t H_t (AsyPPO entropy filter)
                     ent_loss = aggregate(ent_masked, mmask, cfg.loss_agg, denom, world)
@@ -729,8 +759,12 @@ def make_autocast(cfg: Config, device):
     return contextlib.nullcontext
 
 
-def train(cfg: Config, hooks=()) -> dict:
-    """The RL loop. Returns the last metrics row plus the eval history ("eval_history": [(step, acc)])."""
+def train(cfg: Config, hooks=(), sampler=None) -> dict:
+    """The RL loop. Returns the last metrics row plus the eval history ("eval_history": [(step, acc)]).
+
+    sampler: None samples here, synchronously, with the current policy. Otherwise `sampler(step, policy)` returns
+    (rollout with policy_version, episode infos, group_ids, metrics) from elsewhere (async_loop.py's rollout ranks).
+    """
     rank, _, world, device = setup_dist(timeout_s=cfg.dist_timeout, device=cfg.device)
     if cfg.prompts_per_step % world:
         raise ValueError(f"config field 'prompts_per_step' = {cfg.prompts_per_step} must divide by world size {world}")
@@ -827,11 +861,15 @@ def train(cfg: Config, hooks=()) -> dict:
                     group["lr"] = cfg.critic_lr * min(1.0, (step + 1) / max(1, cfg.warmup_steps))
 
         # --- rollout: G episodes per prompt or env seed (the group is rank-local); rewards come from the envs
-        envs, seeds = zip(*episodes("train", n_local // cfg.group_size, rng, repeat=cfg.group_size))
-        group_ids = torch.arange(n_local, device=device) // cfg.group_size + rank * n_local  # [B]
-        with autocast():
-            limits = episode_limits(cfg)
-            ro, eps = rollout_env(policy, tokenizer, envs, seeds, cfg, eos_ids, generator=sample_gen, **limits)
+        sampled = {}  # the sampler's own metrics (staleness, drops)
+        if sampler is None:
+            envs, seeds = zip(*episodes("train", n_local // cfg.group_size, rng, repeat=cfg.group_size))
+            group_ids = torch.arange(n_local, device=device) // cfg.group_size + rank * n_local  # [B]
+            with autocast():
+                limits = episode_limits(cfg)
+                ro, eps = rollout_env(policy, tokenizer, envs, seeds, cfg, eos_ids, generator=sample_gen, **limits)
+        else:
+            ro, eps, group_ids, sampled = sampler(step, policy)
         if cfg.inject == "pad_eq_eos":  # INJECT pad_eq_eos: pad with EOS, then mask = ids != pad drops EOS itself
             ro.response_ids = ro.response_ids.masked_fill(ro.response_mask == 0, eos_ids[0])
             ro.response_mask = (ro.response_ids != eos_ids[0]).long()
@@ -861,6 +899,7 @@ def train(cfg: Config, hooks=()) -> dict:
             "attention_mask": ro.attention_mask,
             "response_mask": ro.response_mask,
             "kl_beta": kl_ctrl.beta,
+            "policy_version": ro.policy_version,  # [B] or None: the weights version each sample started with
         }
         with torch.no_grad(), autocast():
             batch["old_logprobs"] = trainer_logprobs(cfg, anchor, ro.input_ids, ro.attention_mask, R)[0]  # [B, R]
@@ -869,6 +908,16 @@ def train(cfg: Config, hooks=()) -> dict:
                 anchor.load_state_dict(policy.state_dict())
             all_values = critics.values(ro.input_ids, ro.attention_mask, R, cfg.micro_batch) if critics else None
         mask = ro.response_mask.float()  # [B, R]
+        behav_gap = (ro.rollout_logprobs - batch["old_logprobs"]).abs()  # [B, R] sampler vs trainer recompute
+        fresh = mask if ro.policy_version is None else mask * (ro.policy_version == step)[:, None]  # same weights
+        behav_diff = {"stats/rollout_vs_old_logp_diff": float(masked_mean(behav_gap, fresh))} if fresh.any() else {}
+        # (a) behav: the clip anchored at the behaviour policy (DESIGN.md 7.4); KL and checks keep old_logprobs
+        batch["clip_anchor"] = ro.rollout_logprobs if cfg.off_policy == "behav" else None
+        batch["is_weights"], off_stats = off_policy_weights(
+            batch["old_logprobs"], ro.rollout_logprobs, mask, cfg.off_policy, cfg.is_cap, cfg.is_mask_cap
+        )  # [B, R] or None: (b) tis, (c) decoupled
+        if ro.policy_version is not None:  # async: the gap of every sample, staleness included
+            off_stats["stats/behav_vs_old_logp_diff"] = float(masked_mean(behav_gap, mask))
         values = all_values.mean(0) * mask if all_values is not None else None  # [B, R] ensemble mean
 
         # --- token rewards and advantages, then the extension hooks
@@ -918,9 +967,7 @@ def train(cfg: Config, hooks=()) -> dict:
             "stats/eos_mask_err_frac": eos_mask_errors(ro.response_ids[full], ro.response_mask[full], eos_ids, max_len),
             "stats/kl": float(masked_mean(kl, mask)),
             "stats/kl_coef": kl_ctrl.beta,
-            "stats/rollout_vs_old_logp_diff": float(
-                masked_mean((ro.rollout_logprobs - batch["old_logprobs"]).abs(), mask)
-            ),
+            **behav_diff,  # numerics only: stale samples differ by design (absent when every sample is stale)
             "stats/adv_abs_mean": float(masked_mean(adv.abs(), mask)),
             "stats/return_mean": float(masked_mean(returns, mask)),
             "stats/return_std": float(masked_var(returns, mask).sqrt()),
@@ -930,6 +977,8 @@ def train(cfg: Config, hooks=()) -> dict:
             else 0.0,
             **upd,
             **shaped,
+            **off_stats,
+            **sampled,
             "perf/tokens_per_s": n_tok.item() / (t3 - t0),
             "time/rollout": t1 - t0,
             "time/reward": t2 - t1,
@@ -1065,7 +1114,9 @@ def replay(path: str) -> tuple[dict | None, bool]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     d = torch.load(path, weights_only=True, map_location="cpu")
-    cfg = Config(**{**json.loads(d["config"]), "dump_batch": 0, "replay": None})
+    saved = json.loads(d["config"])  # a subclass's fields (async_loop.AsyncConfig) do not enter the update
+    names = {f.name for f in fields(Config)}  # older dumps lack newer fields: those take their defaults
+    cfg = Config(**{**{k: v for k, v in saved.items() if k in names}, "dump_batch": 0, "replay": None})
     _, _, _, device = setup_dist(device=cfg.device)
     model_config = json.loads(d["model_config"])
     policy = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_config.pop("model_type"), **model_config))

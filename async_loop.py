@@ -1,0 +1,589 @@
+"""Asynchronous RL: rollout ranks and a trainer decoupled under a bound on staleness (ROLL Flash, AReaL).
+
+    python async_loop.py                                        # 1 trainer + 1 rollout process, async ratio 1
+    python async_loop.py --async-ratio 0                        # ppo_minimal.py's synchronous loop, one process
+    python async_loop.py --async-ratio 0 --rollout-workers 1    # the synchronous baseline on the async processes
+    python async_loop.py --task calc --env-latency 0.02 --async-ratio 2 --rollout-workers 2 --replicate
+    torchrun --standalone --nproc_per_node=3 async_loop.py      # rank 0 trains, ranks 1-2 roll out (same code)
+
+Roles. Rank 0 runs `ppo_minimal.train` unchanged but for its sampler (`AsyncSampler`): a dispatcher thread sends
+requests and weights to the rollout ranks and collects their samples into a bounded buffer, also while the trainer
+updates; each step takes one batch from it. Every other rank is a rollout worker (`rollout_worker`) with its own
+copy of the policy: it runs one request at a time with `rollout.rollout_env` and loads new weights only between
+requests, so weights never change inside one sample (no partial rollout). Without torchrun the same ranks are
+processes started by torch.multiprocessing (rank 0 is the calling process).
+
+Transport (torch.distributed): tensors (weights: a flat fp32 vector with its version; samples: one fp64 matrix
+per request) go point to point over a gloo group, each announced by a small JSON header in the rendezvous store:
+a receive is posted only when its data is there (gloo cannot poll a pending receive), a send never blocks.
+Heartbeats in the store let each side notice the other's death.
+
+Staleness (DESIGN.md 7.4; ROLL Flash arXiv 2510.11345 sec. 3; AReaL arXiv 2505.24298 sec. 5). A request's
+version v is the weights version its worker held when it STARTED it; a group's version is the minimum over its
+samples. At trainer version n a group is usable iff n - v <= alpha (the async ratio); older ones are dropped
+whole and counted. Admission (AReaL): groups admitted - groups dropped <= (n + 1 + alpha) * N + redundant (N =
+groups per step): at most (alpha + 1) * N + redundant groups are in flight or buffered (the buffer's bound).
+Batches take complete groups oldest version first, then first finished.
+Queue scheduling: each request goes to the worker with the fewest outstanding (at most queue_depth queued
+there), refilled as soon as one returns; no batch barrier. Replication (--replicate): a prompt's G samples are G
+requests. Redundant prompts (--redundant-groups r): r extra groups admitted, the first complete groups are
+trained; with alpha = 0 the others are dropped once stale, and async/kept_len vs async/dropped_len shows the
+"fast first" length bias. Off-policy correction (--off-policy, ppo_minimal.off_policy_weights): behav | tis
+(default when alpha > 0, C = 2) | decoupled (cap 5); with alpha = 0 all equal PPO up to float noise.
+
+Implementation details and deviations (ours)
+1. One trainer rank (DDP among several trainer ranks is not wired here); any number of rollout ranks.
+2. A request whose group expires is not aborted (our workers cannot stop a generate call, and do not scan
+   their queue): it runs and is discarded, counted in async/dropped. ROLL aborts it.
+3. A worker runs one request at a time (a group as one batch, or one episode with --replicate); a real engine
+   batches requests continuously. bench/async_bench.py's scheduler.py prediction uses the same model.
+4. out_dir/timeline.json: every request's (worker, start, end, version, step used) and every step's (wait start,
+   batch ready); notebooks/04_async.ipynb draws it. Metrics async/* are in the README glossary.
+5. Reliability: a worker that raises reports its traceback through the store and the trainer raises naming it;
+   one that vanishes is named by its exit code (multiprocessing), a broken connection or its silent heartbeat
+   (worker_timeout); workers stop when the trainer's heartbeat stops or the store goes away; on Ctrl-C (workers
+   ignore SIGINT) or any error the trainer stops, joins, then kills the rollout processes.
+6. On CPU every process takes cores / world torch threads unless OMP_NUM_THREADS is set (torchrun sets 1):
+   processes oversubscribing the cores slow each other down more than they overlap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from common import check_range, dist_store, format_table, parse_config, setup_dist, train_alone
+from ppo_minimal import Config, episode_limits, make_autocast, train
+from rollout import Rollout, load_policy, rollout_env, stop_token_ids
+from tasks import TaskEnv, is_env, make_env, make_task, sft_config_for, sft_warm_start
+
+
+@dataclass
+class AsyncConfig(Config):
+    async_ratio: int = 1
+    """alpha: a sample started at weights version v may be trained at version <= v + alpha (0 = synchronous)."""
+    rollout_workers: int | None = None
+    """Rollout processes without torchrun (None = 1 if async_ratio > 0 else 0: one process); torchrun: ranks 1.."""
+    replicate: bool = False
+    """Prompt replication: a prompt's group_size samples are independent requests (else one request per group)."""
+    redundant_groups: int = 0
+    """Extra groups admitted per step; the first complete groups are trained, the others dropped once stale."""
+    queue_depth: int = 2
+    """Requests outstanding per rollout worker at most (dispatch refills as soon as one returns)."""
+    worker_timeout: float = 60.0
+    """Seconds of silence (no heartbeat, or no sample while requests are outstanding) before a peer counts as dead."""
+    steps: int = 20
+    """Number of RL iterations (trainer versions)."""
+    prompts_per_step: int = 8
+    """Groups (prompts) per iteration."""
+    group_size: int = 8
+    """Responses sampled per prompt (G)."""
+    out_dir: str = "runs/async"
+    """Where metrics.jsonl, timeline.json, plots and checkpoints go."""
+    crash_worker_after: int = 0
+    """Fault injection for the tests: rollout rank 1 exits abruptly (os._exit) after this many requests (0 = never)."""
+    crash_trainer_after: int = 0
+    """Fault injection for the tests: the trainer exits abruptly (os._exit) at this step (0 = never)."""
+
+    def __post_init__(self):
+        if self.off_policy is None:  # derived once here, printed with the config
+            self.off_policy = "tis" if self.async_ratio > 0 else "none"
+        if self.rollout_workers is None:
+            self.rollout_workers = 1 if self.async_ratio > 0 else 0
+        super().__post_init__()
+        for name in ("async_ratio", "rollout_workers", "redundant_groups", "crash_worker_after", "crash_trainer_after"):
+            check_range(name, getattr(self, name), 0)
+        check_range("queue_depth", self.queue_depth, 1)
+        check_range("worker_timeout", self.worker_timeout, 0.0, lo_open=True)
+        if self.rollout_workers == 0 and "WORLD_SIZE" not in os.environ and self.async_ratio > 0:
+            raise ValueError("config field 'async_ratio' > 0 needs rollout workers (--rollout-workers >= 1)")
+        if self.resume and self.rollout_workers:
+            raise ValueError("config field 'resume' is not supported with rollout workers (the buffer is not saved)")
+
+
+# ------------------------------------------------------------------------------------------------
+# Samples on the wire: one fp64 matrix per request (ids are exact in fp64, logprobs are fp32 values)
+
+
+def pack(ro: Rollout) -> torch.Tensor:
+    """[n, 2(P+R) + 3R + 1]: ids, attention mask, response mask, behaviour logprobs, token scores, truncated."""
+    cols = [
+        ro.input_ids,
+        ro.attention_mask,
+        ro.response_mask,
+        ro.rollout_logprobs,
+        ro.token_scores,
+        ro.truncated[:, None],
+    ]
+    return torch.cat([c.detach().cpu().double() for c in cols], 1)
+
+
+def unpack(x: torch.Tensor, P: int, R: int, version: int) -> Rollout:
+    L = P + R
+    ids, am = x[:, :L].long(), x[:, L : 2 * L].long()  # [n, P+R]
+    rm, lp, sc = (x[:, 2 * L + k * R : 2 * L + (k + 1) * R] for k in range(3))  # [n, R] each
+    return Rollout(
+        prompt_ids=ids[:, :P], response_ids=ids[:, P:], attention_mask=am, response_mask=rm.long(),
+        rollout_logprobs=lp.float(), truncated=x[:, -1].bool(), token_scores=sc.float(),
+        policy_version=torch.full((x.shape[0],), version, dtype=torch.long),
+    )  # fmt: skip
+
+
+def cat_rollouts(parts: list[Rollout], pad_id: int, device) -> Rollout:
+    """One Rollout of several: prompts re-left-padded to the longest, responses re-right-padded (DESIGN.md 3)."""
+    P = max(r.prompt_ids.shape[1] for r in parts)
+    R = max(r.response_ids.shape[1] for r in parts)
+    left = lambda x, n, v: F.pad(x, (n - x.shape[1], 0), value=v)  # noqa: E731
+    right = lambda x, n, v: F.pad(x, (0, n - x.shape[1]), value=v)  # noqa: E731
+    cat = lambda f: torch.cat([f(r) for r in parts]).to(device)  # noqa: E731
+    return Rollout(
+        prompt_ids=cat(lambda r: left(r.prompt_ids, P, pad_id)),  # [B, P]
+        response_ids=cat(lambda r: right(r.response_ids, R, pad_id)),  # [B, R]
+        attention_mask=cat(
+            lambda r: torch.cat(
+                [
+                    left(r.attention_mask[:, : r.prompt_ids.shape[1]], P, 0),
+                    right(r.attention_mask[:, r.prompt_ids.shape[1] :], R, 0),
+                ],
+                1,
+            )
+        ),  # [B, P+R]
+        response_mask=cat(lambda r: right(r.response_mask, R, 0)),  # [B, R]
+        rollout_logprobs=cat(lambda r: right(r.rollout_logprobs, R, 0.0)),  # [B, R]
+        truncated=cat(lambda r: r.truncated),  # [B]
+        token_scores=cat(lambda r: right(r.token_scores, R, 0.0)),  # [B, R]
+        policy_version=cat(lambda r: r.policy_version),  # [B]
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Messages between two ranks: a JSON header through the store, an optional tensor point to point
+
+
+class Channel:
+    """Messages from rank `me` to rank `peer` and back. send() never blocks: the tensor goes out with isend and
+    is kept alive until the peer acknowledges it; poll() returns the peer's messages that are already announced
+    (each receive is posted only then, so it completes at once)."""
+
+    def __init__(self, store, group, me: int, peer: int):
+        self.store, self.group, self.me, self.peer = store, group, me, peer
+        self.sent, self.seen, self.tensors = 0, 0, 0  # messages sent, messages received, tensors sent
+        self.pending = deque()  # (tensor index, work, tensor) until the peer acknowledges the tensor
+
+    def send(self, header: dict, tensor: torch.Tensor | None = None) -> None:
+        with self._named():
+            self._send(header, tensor)
+
+    def poll(self) -> list[tuple[dict, torch.Tensor | None]]:
+        with self._named():
+            return self._poll()
+
+    @contextlib.contextmanager
+    def _named(self):
+        try:
+            yield
+        except RuntimeError as e:  # gloo and the store name an address, not a rank
+            raise RuntimeError(f"rank {self.me}: talking to rank {self.peer} failed (did it die?): {e}") from e
+
+    def _send(self, header: dict, tensor: torch.Tensor | None) -> None:
+        key = f"async/{self.me}>{self.peer}"
+        if tensor is not None:
+            header = {**header, "shape": list(tensor.shape), "dtype": str(tensor.dtype).split(".")[1]}
+            self.pending.append((self.tensors, dist.isend(tensor, self.peer, group=self.group), tensor))
+            self.tensors += 1
+        self.store.set(f"{key}/{self.sent}", json.dumps(header))
+        self.sent += 1
+        self.store.add(f"{key}/n", 1)  # announced only once the header (and the tensor's isend) are out
+        acked = self.store.add(f"{key}/ack", 0)
+        while self.pending and self.pending[0][0] < acked:
+            self.pending.popleft()[1].wait()  # already received: returns at once
+
+    def _poll(self) -> list[tuple[dict, torch.Tensor | None]]:
+        key, out = f"async/{self.peer}>{self.me}", []
+        n = self.store.add(f"{key}/n", 0)
+        while self.seen < n:
+            header = json.loads(self.store.get(f"{key}/{self.seen}"))
+            self.store.delete_key(f"{key}/{self.seen}")
+            tensor = None
+            if "shape" in header:
+                tensor = torch.empty(header["shape"], dtype=getattr(torch, header["dtype"]))
+                dist.recv(tensor, self.peer, group=self.group)
+                self.store.add(f"{key}/ack", 1)
+            out.append((header, tensor))
+            self.seen += 1
+        return out
+
+
+def heartbeat(store, rank: int, stop: threading.Event) -> threading.Thread:
+    """A daemon thread writing this rank's time into the store every second (the peers' liveness check)."""
+
+    def beat():
+        while not stop.is_set():
+            try:
+                store.set(f"async/beat/{rank}", repr(time.time()))
+            except Exception:  # the store's host (the trainer) is gone: the main loop notices and stops
+                return
+            stop.wait(1.0)
+
+    t = threading.Thread(target=beat, daemon=True, name=f"heartbeat-{rank}")
+    t.start()
+    return t
+
+
+def silent_for(store, rank: int) -> float:
+    """Seconds since rank's last heartbeat (inf before the first one)."""
+    return time.time() - float(store.get(f"async/beat/{rank}")) if store.check([f"async/beat/{rank}"]) else math.inf
+
+
+# ------------------------------------------------------------------------------------------------
+# Rollout rank
+
+
+def request_episodes(cfg: AsyncConfig, task, seed: int, n: int) -> list:
+    """n episodes [(env, seed)] of one prompt (a single-turn problem drawn by `seed`, or an env seed)."""
+    if task is None:
+        kw = (
+            {}
+            if cfg.task.startswith("gem:")
+            else {"latency_s": cfg.env_latency, "latency_sigma": 0.5 * bool(cfg.env_latency)}
+        )
+        return [(make_env(cfg.task, "train", **kw), seed) for _ in range(n)]
+    problem = task.sample(1, "train", np.random.default_rng(seed))[0]
+    return [(TaskEnv(task, problem), None) for _ in range(n)]
+
+
+def rollout_worker(cfg: AsyncConfig, rank: int, group, store, source: str) -> None:
+    """Serve requests until told to stop: between two requests, take new weights and new requests."""
+    _, _, _, device = setup_dist(timeout_s=cfg.dist_timeout, device=cfg.device)
+    policy, tokenizer = load_policy(source, device)
+    eos_ids, autocast = stop_token_ids(policy, tokenizer), make_autocast(cfg, device)
+    multi_turn = cfg.data is None and is_env(cfg.task)
+    task = None if multi_turn else make_task(cfg.task, cfg.data, cfg.reward)
+    chan, gen = Channel(store, group, rank, 0), torch.Generator(device=device).manual_seed(cfg.seed + rank)
+    version, queue, done, last_heard = -1, deque(), 0, time.time()
+    while True:
+        for header, tensor in chan.poll():  # between two requests only: weights never change inside one
+            last_heard = time.time()
+            if header["kind"] == "weights":
+                torch.nn.utils.vector_to_parameters(tensor.to(device), policy.parameters())
+                version = header["version"]
+            elif header["kind"] == "requests":
+                queue.extend(header["items"])
+            elif header["kind"] == "stop":
+                return
+        if version < 0 or not queue:
+            if time.time() - last_heard > cfg.worker_timeout and silent_for(store, 0) > cfg.worker_timeout:
+                raise TimeoutError(f"rollout rank {rank}: the trainer (rank 0) is silent for {cfg.worker_timeout}s")
+            time.sleep(0.002)
+            continue
+        rid, seed, n = queue.popleft()
+        envs, seeds = zip(*request_episodes(cfg, task, seed, n))
+        t0 = time.time()
+        with autocast():
+            ro, eps = rollout_env(policy, tokenizer, envs, seeds, cfg, eos_ids, generator=gen, **episode_limits(cfg))
+        keep = ("return", "success", "turns", "malformed", "cut", "context_cut")
+        info = [{**{k: e[k] for k in keep}, "env_s": [sum(e["env_s"])]} for e in eps]
+        header = {"kind": "samples", "rid": rid, "version": version, "pad": tokenizer.pad_token_id, "eps": info}
+        P, R = ro.prompt_ids.shape[1], ro.response_ids.shape[1]
+        chan.send({**header, "P": P, "R": R, "t0": t0, "t1": time.time()}, pack(ro))
+        done += 1
+        if cfg.crash_worker_after and rank == 1 and done >= cfg.crash_worker_after:
+            os._exit(3)  # fault injection: vanish without a word (as an OOM kill would)
+
+
+# ------------------------------------------------------------------------------------------------
+# Trainer side: dispatch, collect, bound staleness, assemble batches
+
+
+class AsyncSampler:
+    """`sampler(step, policy)` for ppo_minimal.train. A dispatcher thread does all the talking to the rollout ranks
+    (weights out, requests out, samples in, expiry), so dispatch goes on while the trainer updates; the call hands
+    it the weights of version `step` and waits until N complete groups usable at `step` are buffered."""
+
+    def __init__(self, cfg: AsyncConfig, chans: dict, store, procs: dict, device):
+        self.cfg, self.chans, self.store, self.procs, self.device = cfg, chans, store, procs, device
+        self.pad_id = None  # the workers' tokenizer's, from their first sample
+        self.N, self.G = cfg.prompts_per_step, cfg.group_size
+        self.rng = np.random.default_rng(cfg.seed)
+        self.groups = {}  # gid -> {"seed", "parts": [(Rollout, eps, event)], "n": samples in, "version", "done_t"}
+        self.todo = deque()  # requests admitted, not yet dispatched: (rid, gid, n)
+        self.owner = {}  # rid -> (gid, worker)
+        self.outstanding = {w: 0 for w in chans}
+        self.admitted = self.dropped_groups = self.next_rid = 0
+        self.version, self.publish, self.error = None, None, None  # trainer version; weights to send; thread error
+        self.events, self.steps, self.step_stats = [], [], {"dropped": 0, "dropped_len": []}
+        self.t_origin = self.last_sample = time.time()
+        self.cond, self.halt = threading.Condition(), threading.Event()
+        self.thread = threading.Thread(target=self.serve, daemon=True, name="dispatcher")
+        self.thread.start()
+
+    def __call__(self, step: int, policy):
+        t_wait = time.time()
+        if self.cfg.crash_trainer_after and step >= self.cfg.crash_trainer_after:
+            os._exit(3)  # fault injection: the trainer vanishes
+        flat = torch.nn.utils.parameters_to_vector(policy.parameters()).detach().float().cpu()
+        with self.cond:
+            self.version, self.publish = step, (step, flat)  # the thread sends these before any request of `step`
+            while True:
+                if self.error is not None:
+                    raise self.error  # a dead or failed rollout rank, named
+                self.expire(step)
+                batch = self.take(step)
+                if batch is not None:
+                    batch[3]["async/wait_s"] = time.time() - t_wait
+                    self.steps.append(
+                        {"step": step, "wait_t0": t_wait - self.t_origin, "ready_t": time.time() - self.t_origin}
+                    )
+                    self.step_stats = {"dropped": 0, "dropped_len": []}
+                    return batch
+                self.cond.wait(timeout=0.1)
+
+    def serve(self) -> None:
+        """The dispatcher thread: publish, collect, expire, dispatch every 5 ms; an error is raised in the caller."""
+        try:
+            while not self.halt.is_set():
+                self.check_peers()
+                with self.cond:
+                    if self.publish is not None:  # new weights, with their version, to every rollout rank
+                        version, flat = self.publish
+                        for ch in self.chans.values():
+                            ch.send({"kind": "weights", "version": version}, flat)
+                        self.publish = None
+                    for w, ch in self.chans.items():
+                        for header, tensor in ch.poll():
+                            self.receive(w, header, tensor)
+                            self.cond.notify_all()
+                    if self.version is not None:
+                        self.expire(self.version)
+                        self.dispatch(self.version)
+                    if any(self.outstanding.values()) and time.time() - self.last_sample > self.cfg.worker_timeout:
+                        busy = [w for w, k in self.outstanding.items() if k]
+                        raise TimeoutError(f"rollout rank(s) {busy}: no sample for {self.cfg.worker_timeout}s")
+                self.halt.wait(0.005)
+        except BaseException as e:
+            with self.cond:
+                self.error = e
+                self.cond.notify_all()
+
+    def check_peers(self) -> None:
+        """Raise, naming the rank, if a rollout worker reported an error, exited, or stopped its heartbeat."""
+        for w in self.chans:
+            if self.store.check([f"async/error/{w}"]):
+                raise RuntimeError(f"rollout rank {w} failed:\n{self.store.get(f'async/error/{w}').decode()}")
+            proc = self.procs.get(w)
+            if proc is not None and proc.exitcode is not None:
+                raise RuntimeError(f"rollout rank {w} (pid {proc.pid}) exited with code {proc.exitcode}")
+            if (
+                silent_for(self.store, w) > self.cfg.worker_timeout
+                and time.time() - self.t_origin > self.cfg.worker_timeout
+            ):
+                raise RuntimeError(f"rollout rank {w}: no heartbeat for {self.cfg.worker_timeout}s (dead or stuck)")
+
+    def dispatch(self, step: int) -> None:
+        """Admit groups while the staleness budget allows, then hand requests to the least-loaded workers."""
+        limit = (step + 1 + self.cfg.async_ratio) * self.N + self.cfg.redundant_groups
+        while self.admitted - self.dropped_groups < limit:
+            gid, seed = self.admitted, int(self.rng.integers(2**31))
+            self.groups[gid] = {"seed": seed, "parts": [], "n": 0, "version": math.inf, "done_t": None}
+            for n in [1] * self.G if self.cfg.replicate else [self.G]:
+                self.todo.append((self.next_rid, gid, n))
+                self.next_rid += 1
+            self.admitted += 1
+        sends = {}
+        while self.todo:
+            w = min(self.outstanding, key=self.outstanding.get)
+            if self.outstanding[w] >= self.cfg.queue_depth:
+                break
+            rid, gid, n = self.todo.popleft()
+            self.owner[rid] = (gid, w)
+            self.outstanding[w] += 1
+            sends.setdefault(w, []).append([rid, self.groups[gid]["seed"], n])
+        for w, items in sends.items():
+            self.chans[w].send({"kind": "requests", "items": items})
+
+    def receive(self, w: int, header: dict, tensor) -> None:
+        gid, _ = self.owner.pop(header["rid"])
+        self.outstanding[w] -= 1
+        self.last_sample = time.time()
+        ro, self.pad_id = unpack(tensor, header["P"], header["R"], header["version"]), header["pad"]
+        ev = {"worker": w, "rid": header["rid"], "gid": gid, "version": header["version"], "n": len(header["eps"])}
+        ev.update(t0=header["t0"] - self.t_origin, t1=header["t1"] - self.t_origin, used=-1)
+        self.events.append(ev)
+        g = self.groups.get(gid)
+        if g is None:  # its group was dropped while this request ran: discarded (detail 2)
+            self.step_stats["dropped"] += ro.response_ids.shape[0]
+            self.step_stats["dropped_len"] += ro.response_mask.sum(-1).tolist()
+            return
+        g["parts"].append((ro, header["eps"], ev))
+        g["n"] += ro.response_ids.shape[0]
+        g["version"] = min(g["version"], header["version"])
+        if g["n"] == self.G:
+            g["done_t"] = time.time()
+
+    def expire(self, step: int) -> None:
+        """Drop whole every group with a sample started before version step - alpha (ROLL gc, AReaL staleness)."""
+        for gid in [gid for gid, g in self.groups.items() if step - g["version"] > self.cfg.async_ratio]:
+            g = self.groups.pop(gid)
+            self.todo = deque(r for r in self.todo if r[1] != gid)
+            self.dropped_groups += 1
+            for ro, _, _ in g["parts"]:
+                self.step_stats["dropped"] += ro.response_ids.shape[0]
+                self.step_stats["dropped_len"] += ro.response_mask.sum(-1).tolist()
+
+    def take(self, step: int):
+        ready = sorted((g["version"], g["done_t"], gid) for gid, g in self.groups.items() if g["done_t"] is not None)
+        if len(ready) < self.N:
+            return None
+        assert len(self.groups) <= (self.cfg.async_ratio + 1) * self.N + self.cfg.redundant_groups, "buffer bound"
+        parts, eps, versions = [], [], []
+        for _, _, gid in ready[: self.N]:  # oldest version first, then first finished
+            for ro, ep, ev in self.groups.pop(gid)["parts"]:
+                parts.append(ro)
+                eps += ep
+                ev["used"] = step
+                versions += [step - ev["version"]] * len(ep)
+        ro = cat_rollouts(parts, self.pad_id, self.device)
+        group_ids = torch.arange(ro.response_ids.shape[0], device=self.device) // self.G  # [B]
+        lens = ro.response_mask.sum(-1).float()  # [B]
+        s = self.step_stats
+        metrics = {
+            "async/staleness_mean": float(np.mean(versions)),
+            "async/staleness_max": float(max(versions)),
+            "async/dropped": float(s["dropped"]),
+            "async/kept_len": lens.mean().item(),
+            "async/dropped_len": float(np.mean(s["dropped_len"])) if s["dropped_len"] else 0.0,
+            "async/buffer_groups": float(len(self.groups)),
+        }
+        return ro, eps, group_ids, metrics
+
+    def close(self, out_dir: Path) -> None:
+        """Stop the dispatcher, then the workers (best effort), and write the timeline."""
+        self.halt.set()
+        self.thread.join(timeout=10)
+        for ch in self.chans.values():
+            try:
+                ch.send({"kind": "stop"})
+            except Exception as e:  # a dead worker's keys still take messages; a dead store does not
+                print(f"[minrl] could not send stop to rank {ch.peer}: {e}", file=sys.stderr)
+        timeline = {"events": self.events, "steps": self.steps, "config": asdict(self.cfg)}
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "timeline.json").write_text(json.dumps(timeline))
+
+
+# ------------------------------------------------------------------------------------------------
+# Launch: torchrun ranks, or processes started here; one code path after the process group exists
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(cfg_dict: dict, rank: int, world: int, init_method: str) -> None:
+    """Entry of a process started by torch.multiprocessing (spawn): a rollout rank."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the trainer, which stops everyone
+    local = rank % torch.cuda.device_count() if torch.cuda.is_available() else 0  # spread over the GPUs
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local))
+    run(AsyncConfig(**cfg_dict), init_method=init_method)
+
+
+def run(cfg: AsyncConfig, init_method: str | None = None) -> dict:
+    """The async run of `cfg` on every rank; returns the trainer's last metrics (train()'s) on rank 0, {} elsewhere."""
+    if "WORLD_SIZE" not in os.environ and cfg.rollout_workers == 0:
+        return train(cfg)  # async ratio 0 in one process: ppo_minimal's synchronous loop itself
+    procs, sampler, stop = {}, None, threading.Event()
+    try:
+        if "WORLD_SIZE" not in os.environ:  # not under torchrun: this process is rank 0, it starts the others
+            import torch.multiprocessing as mp
+
+            world, init_method = cfg.rollout_workers + 1, f"tcp://127.0.0.1:{_free_port()}"
+            sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited through exec: the children ignore
+            try:  # Ctrl-C from their first instruction on, so the trainer alone decides when they stop
+                for r in range(1, world):
+                    args = (asdict(cfg), r, world, init_method)
+                    procs[r] = mp.get_context("spawn").Process(target=_rank_main, args=args, daemon=False)
+                    procs[r].start()
+            finally:
+                signal.signal(signal.SIGINT, sigint)
+            os.environ.update(RANK="0", WORLD_SIZE=str(world), LOCAL_RANK="0")
+        rank, _, world, device = setup_dist(
+            timeout_s=cfg.dist_timeout, device=cfg.device, init_method=init_method or "env://"
+        )
+        if world < 2:
+            raise ValueError("async_loop under torchrun needs >= 2 processes: rank 0 trains, the others roll out")
+        if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:  # the processes share the cores (detail 6)
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        group, store = dist.new_group(backend="gloo"), dist_store()  # CPU tensors point to point, also beside nccl
+        heartbeat(store, rank, stop)
+        source = cfg.model or str(sft_warm_start(sft_config_for(cfg.task, cfg.sft_target)))
+        if rank > 0:
+            try:
+                rollout_worker(cfg, rank, group, store, source)
+            except Exception as e:
+                with contextlib.suppress(Exception):  # the store may be gone with the trainer: nobody to tell
+                    store.set(f"async/error/{rank}", traceback.format_exc())
+                raise SystemExit(f"rollout rank {rank} stopped: {e!r}") from e
+            return {}
+        train_alone()  # the trainer is a world of one for train()'s collectives
+        sampler = AsyncSampler(cfg, {w: Channel(store, group, 0, w) for w in range(1, world)}, store, procs, device)
+        return train(cfg, sampler=sampler)
+    finally:  # also on Ctrl-C or an error during start-up: no rank is left behind
+        if sampler is not None:
+            sampler.close(Path(cfg.out_dir))
+        stop.set()
+        for p in procs.values():
+            p.join(timeout=15 if sampler is not None else 1)
+            if p.exitcode is None:
+                p.kill()
+                p.join(timeout=5)
+
+
+def summary(out_dir: str) -> list[dict]:
+    """Per-step async metrics of a finished run (from metrics.jsonl)."""
+    rows = [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+    keys = [
+        "step",
+        "async/staleness_mean",
+        "async/staleness_max",
+        "async/dropped",
+        "async/kept_len",
+        "async/wait_s",
+        "time/train",
+    ]
+    return [{k: r.get(k, float("nan")) for k in keys} for r in rows]
+
+
+def main(argv=None):
+    cfg = parse_config(AsyncConfig, argv)
+    t0 = time.time()
+    try:
+        out = run(cfg)
+    except KeyboardInterrupt:
+        print("[minrl] interrupted: rollout processes stopped", file=sys.stderr)
+        sys.exit(130)
+    if int(os.environ.get("RANK", "0")) == 0 and cfg.rollout_workers and out:
+        print(format_table(summary(cfg.out_dir)))
+        print(f"[minrl] {cfg.steps} steps in {time.time() - t0:.1f}s wall (async ratio {cfg.async_ratio})")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
