@@ -83,7 +83,7 @@ class AsyncConfig(Config):
     replicate: bool = False
     """Prompt replication: a prompt's group_size samples are independent requests (else one request per group)."""
     redundant_groups: int = 0
-    """Extra groups admitted per step; the first complete groups are trained, the others dropped once stale."""
+    """Extra groups admitted per step; the first complete ones are trained, the rest later or dropped when stale."""
     queue_depth: int = 2
     """Requests outstanding per rollout worker at most (dispatch refills as soon as one returns)."""
     worker_timeout: float = 60.0
