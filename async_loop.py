@@ -68,8 +68,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from common import check_range, dist_store, format_table, parse_config, setup_dist, train_alone
-from ppo_minimal import Config, episode_limits, make_autocast, train
+from common import check_range, dist_store, format_table, parse_config, read_jsonl, setup_dist, train_alone
+from ppo_minimal import Config, env_overrides, episode_limits, make_autocast, train
 from rollout import Rollout, load_policy, rollout_env, stop_token_ids
 from tasks import TaskEnv, is_env, make_env, make_task, sft_config_for, sft_warm_start
 
@@ -123,14 +123,8 @@ class AsyncConfig(Config):
 
 def pack(ro: Rollout) -> torch.Tensor:
     """[n, 2(P+R) + 3R + 1]: ids, attention mask, response mask, behaviour logprobs, token scores, truncated."""
-    cols = [
-        ro.input_ids,
-        ro.attention_mask,
-        ro.response_mask,
-        ro.rollout_logprobs,
-        ro.token_scores,
-        ro.truncated[:, None],
-    ]
+    cols = [ro.input_ids, ro.attention_mask, ro.response_mask, ro.rollout_logprobs, ro.token_scores]
+    cols.append(ro.truncated[:, None])
     return torch.cat([c.detach().cpu().double() for c in cols], 1)
 
 
@@ -152,18 +146,12 @@ def cat_rollouts(parts: list[Rollout], pad_id: int, device) -> Rollout:
     left = lambda x, n, v: F.pad(x, (n - x.shape[1], 0), value=v)  # noqa: E731
     right = lambda x, n, v: F.pad(x, (0, n - x.shape[1]), value=v)  # noqa: E731
     cat = lambda f: torch.cat([f(r) for r in parts]).to(device)  # noqa: E731
+    am_prompt = cat(lambda r: left(r.attention_mask[:, : r.prompt_ids.shape[1]], P, 0))  # [B, P]
+    am_response = cat(lambda r: right(r.attention_mask[:, r.prompt_ids.shape[1] :], R, 0))  # [B, R]
     return Rollout(
         prompt_ids=cat(lambda r: left(r.prompt_ids, P, pad_id)),  # [B, P]
         response_ids=cat(lambda r: right(r.response_ids, R, pad_id)),  # [B, R]
-        attention_mask=cat(
-            lambda r: torch.cat(
-                [
-                    left(r.attention_mask[:, : r.prompt_ids.shape[1]], P, 0),
-                    right(r.attention_mask[:, r.prompt_ids.shape[1] :], R, 0),
-                ],
-                1,
-            )
-        ),  # [B, P+R]
+        attention_mask=torch.cat([am_prompt, am_response], 1),  # [B, P+R]
         response_mask=cat(lambda r: right(r.response_mask, R, 0)),  # [B, R]
         rollout_logprobs=cat(lambda r: right(r.rollout_logprobs, R, 0.0)),  # [B, R]
         truncated=cat(lambda r: r.truncated),  # [B]
@@ -258,12 +246,7 @@ def silent_for(store, rank: int) -> float:
 def request_episodes(cfg: AsyncConfig, task, seed: int, n: int) -> list:
     """n episodes [(env, seed)] of one prompt (a single-turn problem drawn by `seed`, or an env seed)."""
     if task is None:
-        kw = (
-            {}
-            if cfg.task.startswith("gem:")
-            else {"latency_s": cfg.env_latency, "latency_sigma": 0.5 * bool(cfg.env_latency)}
-        )
-        return [(make_env(cfg.task, "train", **kw), seed) for _ in range(n)]
+        return [(make_env(cfg.task, "train", **env_overrides(cfg, "train")), seed) for _ in range(n)]
     problem = task.sample(1, "train", np.random.default_rng(seed))[0]
     return [(TaskEnv(task, problem), None) for _ in range(n)]
 
@@ -557,17 +540,8 @@ def run(cfg: AsyncConfig, init_method: str | None = None) -> dict:
 
 def summary(out_dir: str) -> list[dict]:
     """Per-step async metrics of a finished run (from metrics.jsonl)."""
-    rows = [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
-    keys = [
-        "step",
-        "async/staleness_mean",
-        "async/staleness_max",
-        "async/dropped",
-        "async/kept_len",
-        "async/wait_s",
-        "time/train",
-    ]
-    return [{k: r.get(k, float("nan")) for k in keys} for r in rows]
+    keys = "step async/staleness_mean async/staleness_max async/dropped async/kept_len async/wait_s time/train".split()
+    return [{k: r.get(k, float("nan")) for k in keys} for r in read_jsonl(Path(out_dir) / "metrics.jsonl")]
 
 
 def main(argv=None):

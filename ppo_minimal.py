@@ -717,6 +717,13 @@ def episode_limits(cfg: Config) -> dict:
     return {"max_turns": 1, "max_context": cfg.max_prompt_len + cfg.max_new_tokens}
 
 
+def env_overrides(cfg: Config, split: str) -> dict:
+    """EnvConfig overrides of an embedded environment: the step latency (log-normal, sigma 0.5), not in evaluation."""
+    if cfg.task.startswith("gem:") or split == "eval":
+        return {}
+    return {"latency_s": cfg.env_latency, "latency_sigma": 0.5 if cfg.env_latency else 0.0}
+
+
 def evaluate(policy, tokenizer, episodes: list, cfg: Config, rank: int, world: int, eos_ids, autocast):
     """Greedy success (exact answer) on held-out episodes [(env, seed)], sharded over ranks and summed."""
     mine, hits = episodes[rank::world], 0
@@ -787,15 +794,13 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         anchor = copy.deepcopy(policy).requires_grad_(False)
     multi_turn = cfg.data is None and is_env(cfg.task)  # an environment: rewards per turn, episodes
     task = None if multi_turn else make_task(cfg.task, cfg.data, cfg.reward)
-    env_cfg = {"latency_s": cfg.env_latency, "latency_sigma": 0.5 if cfg.env_latency else 0.0}
 
     def episodes(split: str, n: int, rng, repeat: int = 1) -> list:
         """n x repeat episodes [(env, seed)]: a group of `repeat` per env seed (or single-turn problem)."""
         if not multi_turn:
             return [(TaskEnv(task, p), None) for p in task.sample(n, split, rng) for _ in range(repeat)]
-        kw = {} if cfg.task.startswith("gem:") or split == "eval" else env_cfg  # no latency in evaluation
         seeds = [int(x) for x in rng.integers(2**31, size=n)]
-        return [(make_env(cfg.task, split, **kw), s) for s in seeds for _ in range(repeat)]
+        return [(make_env(cfg.task, split, **env_overrides(cfg, split)), s) for s in seeds for _ in range(repeat)]
 
     if cfg.data is not None and cfg.model is None and rank == 0:
         print("[minrl] WARNING --data without --model trains the character-level tiny model on your text")
