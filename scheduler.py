@@ -45,6 +45,7 @@ import dataclasses
 import heapq
 import itertools
 import math
+import os
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,6 +173,8 @@ class Config:
     """values of the swept field"""
     out_dir: str = "runs/scheduler"
     """where the plots go"""
+    jobs: int = 0
+    """processes for compare and sweep (the runs are independent): 0 = one per CPU, 1 = all in this process"""
 
     def __post_init__(self):
         choices = dict(schedule=SCHEDULES, dispatch=("sample", "batch"), replay_order=("random", "once"))
@@ -180,7 +183,7 @@ class Config:
         for names, lo, lo_open, hi in (
             ("n_gpus gpus_per_worker batch steps max_turns max_seqs", 1, False, None),
             ("redundant prompt_tokens obs_tokens tail turns_sigma tokens_sigma env_sigma env_median_s", 0, False, None),
-            ("kv_bytes_per_token sync_latency_s shrink_s expand_s", 0, False, None),
+            ("jobs kv_bytes_per_token sync_latency_s shrink_s expand_s", 0, False, None),
             ("turns_median tokens_median timeout_s total_params_b gpu_mem_gb hbm_bw_gbs peak_tflops", 0, True, None),
             ("sync_bw_gbs", 0, True, None),
             ("theta mfu", 0, True, 1),
@@ -523,9 +526,22 @@ def simulate(cfg: Config) -> dict:
     )  # fmt: skip
 
 
+def simulate_many(cfgs: list[Config], jobs: int = 0) -> list[dict]:
+    """simulate() each config, in order; in up to `jobs` spawned processes (0: one per CPU) when there are several.
+    Each run is deterministic in its config, so the results equal the serial ones."""
+    n = min(len(cfgs), jobs or os.cpu_count() or 1)
+    if n <= 1:
+        return [simulate(c) for c in cfgs]
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    with cf.ProcessPoolExecutor(n, mp_context=mp.get_context("spawn")) as ex:  # spawn: safe next to torch threads
+        return list(ex.map(simulate, cfgs))
+
+
 def compare(cfg: Config, schedules=SCHEDULES) -> list[dict]:
     """simulate() each schedule on the same workload (same seed); 'speedup' = throughput vs the first one."""
-    res = [simulate(dataclasses.replace(cfg, schedule=s)) for s in schedules]
+    res = simulate_many([dataclasses.replace(cfg, schedule=s) for s in schedules], cfg.jobs)
     return [r | {"speedup": r["traj_per_s"] / res[0]["traj_per_s"]} for r in res]
 
 
@@ -563,11 +579,11 @@ def sweep(cfg: Config, path: str | None = None, seeds: int = 3) -> list[dict]:
     """Mean throughput (traj/s) of each schedule per value of cfg.sweep over `seeds` seeds (CRN); optional plot."""
     import matplotlib.pyplot as plt
 
-    rows, typ = [], type(getattr(cfg, cfg.sweep))
-    for val in map(typ, cfg.sweep_values):
-        runs = [[dataclasses.replace(cfg, schedule=s, seed=cfg.seed + k, **{cfg.sweep: val}) for k in range(seeds)]
-                for s in SCHEDULES]  # fmt: skip
-        m = [np.mean([simulate(c)["traj_per_s"] for c in r]) for r in runs]
+    rows, vals = [], list(map(type(getattr(cfg, cfg.sweep)), cfg.sweep_values))
+    cfgs = [dataclasses.replace(cfg, schedule=s, seed=cfg.seed + k, **{cfg.sweep: v})
+            for v in vals for s in SCHEDULES for k in range(seeds)]  # fmt: skip
+    tput = np.array([r["traj_per_s"] for r in simulate_many(cfgs, cfg.jobs)]).reshape(len(vals), len(SCHEDULES), seeds)
+    for val, m in zip(vals, tput.mean(-1)):  # m: [schedules] mean over seeds
         rows.append({cfg.sweep: val, **dict(zip(SCHEDULES, m)), "tm_vs_co": m[2] / m[0], "tm_vs_dis": m[2] / m[1]})
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, keys, yl in zip(

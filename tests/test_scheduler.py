@@ -394,3 +394,30 @@ def test_main_help_sweep_and_default(tmp_path, capsys):
     )
     assert [r["tail"] for r in rows] == [0.0, 1.0] and (tmp_path / "sweep_tail.png").exists()
     assert "traj_per_s" in capsys.readouterr().out
+
+
+def test_bench_quick_preset_runs_and_meets_the_memory_target():
+    """CI runs the benchmark's scaled-down preset: it completes, the closed forms match, and the tracemalloc
+    peak grows at most 2.2x when the trajectories double (deterministic; only speed is left to the full run)."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench" / "scheduler_bench.py"
+    out = subprocess.run([sys.executable, str(bench), "--quick"], capture_output=True, text=True, check=True).stdout
+    assert all(s in out for s in S.SCHEDULES) and "events per CPU-second" in out
+    assert "same events as one after another: True" in out  # compare() in processes == serial simulate()
+    ratio = float(re.search(r"ratio ([0-9.]+) \(target <= 2.2\)", out).group(1))
+    assert 1.0 < ratio <= 2.2
+    cases = re.findall(r"^K=\d+ Q=\d+ L=\d+\s+(\d+)\s+(\d+)\s*$", out, flags=re.M)
+    assert len(cases) == 3 and all(a == b for a, b in cases)
+
+
+def test_compare_in_processes_equals_serial():
+    """compare() runs the schedules in spawned processes (jobs 0 or > 1): the same numbers as one after another."""
+    cfg = S.Config(batch=32, steps=2)
+    par, ser = S.compare(rep(cfg, jobs=2)), S.compare(rep(cfg, jobs=1))
+    assert [r["schedule"] for r in par] == list(S.SCHEDULES)
+    for a, b in zip(par, ser):
+        assert all(a[k] == b[k] for k in SCALARS) and a["segments"] == b["segments"]
