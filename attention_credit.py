@@ -14,7 +14,8 @@ forward over prompt + response gives per-head maps A[t, s] of a few middle layer
   Delta    Delta_t = |WAAD_t - WAAD_{t+1}| (0 for the last token)                          (Eq. 14)
   gamma    local 1 + b 1[TopQ(Delta)]; global 1 + b 1[TopQ(FAI)]                           (Eq. 15, 17)
            coupled 1 + b 1[anchor, not dominated] + (1-alpha) b 1[dominated] + alpha b 1[introducer]  (Eq. 19)
-with b = amp - 1; the trainer multiplies the (whitened) advantage: A~_t = gamma_t A_t (Eq. 12/13).
+with b = amp - 1; the trainer multiplies the final advantage (GRPO's group-normalised one, GAE's after
+whitening): A~_t = gamma_t A_t (Eq. 12/13).
 
 Implementation details ("our choice" where the paper is silent; DESIGN.md 7.3 fixes most)
 1. Layers kept: unique(round(linspace(L // 3, 2L // 3, 5))), numpy rounding (half to even): 6 layers -> 2, 3, 4.
@@ -73,10 +74,10 @@ class Config:
     """Seeds per method (None: 1 quick, 3 full)."""
     steps: int | None = None
     """RL iterations per run (None: 8 quick, 60 full)."""
-    samples: int | None = None
-    """Prompts per step = responses per prompt (None: 8)."""
+    samples: int = 8
+    """Prompts per step = responses per prompt."""
     lr: float = 1e-4
-    """Policy learning rate (ppo_minimal's default; 3e-4 collapses GRPO on this task, 5e-5 barely moves it)."""
+    """Policy learning rate (ppo_minimal's default; at 3e-4 GRPO collapses on this task; README: measured)."""
     eval_every: int = 10
     """Greedy evaluation every this many iterations (and at the end)."""
     eval_n: int = 200
@@ -93,10 +94,13 @@ class Config:
     """Where the runs, the table, the curves and the token figure go."""
 
     def __post_init__(self):
-        self.methods = self.methods or (list(METHODS) if self.full else ["grpo", "coupled"])
-        self.seeds = self.seeds or (3 if self.full else 1)
-        self.steps = self.steps or (60 if self.full else 8)
-        self.samples = self.samples or 8
+        if self.methods is None:
+            self.methods = list(METHODS) if self.full else ["grpo", "coupled"]
+        if self.seeds is None:
+            self.seeds = 3 if self.full else 1
+        if self.steps is None:
+            self.steps = 60 if self.full else 8
+        check_range("methods", len(self.methods), 1)
         for m in self.methods:
             check_choice("methods", m, METHODS)
         for name in ("seeds", "steps", "eval_every", "eval_n", "jobs"):

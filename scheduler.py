@@ -174,7 +174,8 @@ class Config:
     out_dir: str = "runs/scheduler"
     """where the plots go"""
     jobs: int = 0
-    """processes for compare and sweep (the runs are independent): 0 = one per CPU, 1 = all in this process"""
+    """processes for compare and sweep: 0 = one per usable CPU, 1 = in this process (spawned processes: a script
+    calling compare or sweep needs the `if __name__ == "__main__":` guard)"""
 
     def __post_init__(self):
         choices = dict(schedule=SCHEDULES, dispatch=("sample", "batch"), replay_order=("random", "once"))
@@ -204,8 +205,8 @@ class Config:
             raise ValueError("config field 'tail_batching' needs schedule colocated and redundant > 0")
         if self.lengths_file:
             load_lengths(self.lengths_file)  # raises naming the field if missing or empty
-        if self.sweep and type(getattr(self, self.sweep, None)) not in (int, float):
-            raise ValueError(f"config field 'sweep' = {self.sweep!r}: must name a numeric Config field")
+        if self.sweep in ("seed", "jobs") or self.sweep and type(getattr(self, self.sweep, None)) not in (int, float):
+            raise ValueError(f"config field 'sweep' = {self.sweep!r}: must name a numeric workload or cluster field")
 
 
 def load_lengths(path: str) -> list[list[int]]:
@@ -526,17 +527,28 @@ def simulate(cfg: Config) -> dict:
     )  # fmt: skip
 
 
-def simulate_many(cfgs: list[Config], jobs: int = 0) -> list[dict]:
-    """simulate() each config, in order; in up to `jobs` spawned processes (0: one per CPU) when there are several.
+def n_processes(jobs: int, n_runs: int) -> int:
+    """Processes simulate_many uses: `jobs`, or one per CPU this process may run on (0), at most one per run."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(n_runs, jobs or cpus))
+
+
+def traj_per_s(cfg: Config) -> float:
+    """simulate(cfg)'s throughput alone (what sweep keeps: no segments travel back from the processes)."""
+    return simulate(cfg)["traj_per_s"]
+
+
+def simulate_many(cfgs: list[Config], jobs: int = 0, fn=simulate) -> list:
+    """fn(cfg) for each config, in order; in n_processes(jobs) spawned processes when more than one.
     Each run is deterministic in its config, so the results equal the serial ones."""
-    n = min(len(cfgs), jobs or os.cpu_count() or 1)
-    if n <= 1:
-        return [simulate(c) for c in cfgs]
+    n = n_processes(jobs, len(cfgs))
+    if n == 1:
+        return [fn(c) for c in cfgs]
     import concurrent.futures as cf
     import multiprocessing as mp
 
     with cf.ProcessPoolExecutor(n, mp_context=mp.get_context("spawn")) as ex:  # spawn: safe next to torch threads
-        return list(ex.map(simulate, cfgs))
+        return list(ex.map(fn, cfgs))
 
 
 def compare(cfg: Config, schedules=SCHEDULES) -> list[dict]:
@@ -582,7 +594,7 @@ def sweep(cfg: Config, path: str | None = None, seeds: int = 3) -> list[dict]:
     rows, vals = [], list(map(type(getattr(cfg, cfg.sweep)), cfg.sweep_values))
     cfgs = [dataclasses.replace(cfg, schedule=s, seed=cfg.seed + k, **{cfg.sweep: v})
             for v in vals for s in SCHEDULES for k in range(seeds)]  # fmt: skip
-    tput = np.array([r["traj_per_s"] for r in simulate_many(cfgs, cfg.jobs)]).reshape(len(vals), len(SCHEDULES), seeds)
+    tput = np.array(simulate_many(cfgs, cfg.jobs, traj_per_s)).reshape(len(vals), len(SCHEDULES), seeds)
     for val, m in zip(vals, tput.mean(-1)):  # m: [schedules] mean over seeds
         rows.append({cfg.sweep: val, **dict(zip(SCHEDULES, m)), "tm_vs_co": m[2] / m[0], "tm_vs_dis": m[2] / m[1]})
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))

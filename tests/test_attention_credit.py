@@ -408,3 +408,23 @@ def test_experiment_main_smoke(tmp_path, capsys):
     assert math.isnan(grpo["overhead"]) and 0 < coupled["overhead"] < 1 and 0.3 <= coupled["amplified"] <= 0.5
     assert (out / "curves.png").stat().st_size > 0 and (out / "tokens.png").stat().st_size > 0
     assert "final_acc_mean±std" in capsys.readouterr().out
+
+
+def test_summarize_known_answer(tmp_path):
+    """The table from a hand-written results.json: step 0 (the start model) counts for neither final nor best."""
+    nan = float("nan")
+    runs = [
+        {"method": "grpo", "seed": 0, "curve": [[0, 0.9], [10, 0.1], [20, 0.2]], "wall_s": 2.0, "overhead": nan,
+         "amplified": nan},
+        {"method": "grpo", "seed": 1, "curve": [[0, 0.9], [10, 0.4], [20, 0.0]], "wall_s": 4.0, "overhead": nan,
+         "amplified": nan},
+        {"method": "coupled", "seed": 0, "curve": [[0, 0.9], [10, 0.5], [20, 0.5]], "wall_s": 3.0, "overhead": 0.1,
+         "amplified": 0.4},
+    ]  # fmt: skip
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"config": {"methods": ["grpo", "coupled"]}, "start_acc": 0.9, "runs": runs}))
+    grpo, coupled = ac.summarize(path)
+    assert grpo["final_acc_mean±std"] == "0.100 ± 0.100" and grpo["best_acc_mean±std"] == "0.300 ± 0.100"
+    assert coupled["final_acc_mean±std"] == "0.500 ± 0.000" and coupled["best_acc_mean±std"] == "0.500 ± 0.000"
+    assert grpo["wall_s"] == 3.0 and math.isnan(grpo["overhead"]) and coupled["amplified"] == 0.4
+    assert (tmp_path / "curves.png").stat().st_size > 0
