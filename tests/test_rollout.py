@@ -380,3 +380,27 @@ def test_ratio_is_one_before_first_step(model, tok, temperature):
     out = pm.ppo_update(cfg, work, opt, None, batch, 1, torch.Generator().manual_seed(0), contextlib.nullcontext)
     assert out["stats/first_mb_ratio_dev"] < TOL
     assert out["stats/first_mb_clipfrac"] == 0.0
+
+
+def test_model_folder_with_chat_template_trains_on_templated_prompts(tmp_path):
+    """`--model FOLDER` whose tokenizer has a chat template: load_policy keeps the template, every prompt reaches
+    the model as one templated user message (generation prompt included), and a PPO step runs on it."""
+    import json
+
+    tok = tasks.make_tokenizer()
+    tok.chat_template = (
+        "{% for m in messages %}{{ m['role'][0] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}a: {% endif %}"
+    )
+    torch.manual_seed(0)
+    tasks.make_tiny_model(tok).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    _, back = rollout.load_policy(str(tmp_path / "m"), "cpu")
+    assert tasks.format_prompt(back, "123456>") == "u: 123456>\na: "  # the saved template, not <bos> + text
+    cfg = pm.Config(model=str(tmp_path / "m"), task="reverse", steps=1, prompts_per_step=2, group_size=2,
+                    eval_every=1, eval_n=4, dump_batch=1, out_dir=str(tmp_path / "run"))  # fmt: skip
+    res = pm.train(cfg)
+    rec = torch.load(tmp_path / "run" / "batch-1.pt", weights_only=False)
+    assert len(rec["prompts"]) == 4 and all(p.startswith("u: ") and p.endswith(">\na: ") for p in rec["prompts"])
+    assert rec["error"] is None and math.isfinite(rec["metrics"]["loss/policy"]) and len(res["eval_history"]) == 2
+    assert json.loads(rec["config"])["model"] == str(tmp_path / "m")
