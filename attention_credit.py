@@ -55,7 +55,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import all_reduce_sum, check_choice, check_range, format_table, masked_mean, parse_config, read_jsonl
+from common import (
+    all_reduce_sum,
+    check_choice,
+    check_range,
+    format_table,
+    masked_mean,
+    parallel_map,
+    parse_config,
+    read_jsonl,
+)
 
 W, H_LO, H_HI, HEAD_FRAC = 10, 10, 100, 0.3  # WAAD window, FAI horizons, head-group quantile (paper defaults)
 MODEL = (("num_hidden_layers", 6), ("num_attention_heads", 8), ("num_key_value_heads", 4), ("hidden_size", 64),
@@ -446,14 +455,7 @@ def main(argv=None):
 
     # the runs (worker processes when jobs > 1), then the table and the curves
     todo = [(cfg, m, s, model_path) for m in cfg.methods for s in range(cfg.seeds)]
-    if cfg.jobs > 1:
-        import concurrent.futures as cf
-        import multiprocessing as mp
-
-        with cf.ProcessPoolExecutor(cfg.jobs, mp_context=mp.get_context("spawn")) as ex:
-            results = list(ex.map(run_one, *zip(*todo)))
-    else:
-        results = [run_one(*t) for t in todo]
+    results = parallel_map(run_one, todo, cfg.jobs)
     (out / "results.json").write_text(json.dumps({"config": asdict(cfg), "start_acc": acc0, "runs": results}))
     print(f"start accuracy {acc0:.3f}; {cfg.seeds} seed(s) x {cfg.steps} steps; {time.perf_counter() - t0:.0f} s")
     return summarize(out / "results.json")

@@ -10,6 +10,7 @@
 - `MetricsLogger`: an aligned table on stdout, a JSONL file, optional TensorBoard.
 - `save_checkpoint` / `load_checkpoint`: `save_pretrained` (safetensors) for models, a `weights_only`
   loadable `.pt` for optimizer and RNG state.
+- `parallel_map(fn, calls, jobs)`: independent runs (experiments, simulations) in spawned processes.
 
 torch is imported inside the functions that need it, so that the torch-free leaves (`scheduler.py`,
 `diagnose.py`) can use the CLI and the table writer on a machine without torch.
@@ -421,6 +422,26 @@ def plot_metrics(metrics_file, keys: list[str], png) -> None:
 def read_jsonl(path: str | Path) -> list[dict]:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def n_processes(jobs: int, n_calls: int) -> int:
+    """Processes parallel_map uses: `jobs`, or one per CPU this process may run on (jobs 0); at most one per call."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(n_calls, jobs or cpus))
+
+
+def parallel_map(fn, calls: list[tuple], jobs: int = 1) -> list:
+    """[fn(*args) for args in calls], in order; in n_processes(jobs) spawned processes when more than one.
+    fn must be a module-level function; spawn (not fork) is safe next to torch's threads, and a calling script
+    needs the `if __name__ == "__main__":` guard."""
+    n = n_processes(jobs, len(calls))
+    if n == 1:
+        return [fn(*args) for args in calls]
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    with cf.ProcessPoolExecutor(n, mp_context=mp.get_context("spawn")) as ex:
+        return list(ex.map(fn, *zip(*calls)))
 
 
 # ----------------------------------------------------------------------------------------------

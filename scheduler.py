@@ -45,7 +45,6 @@ import dataclasses
 import heapq
 import itertools
 import math
-import os
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +52,7 @@ from typing import Literal
 
 import numpy as np
 
-from common import check_choice, check_range, format_table, parse_config
+from common import check_choice, check_range, format_table, parallel_map, parse_config
 
 SCHEDULES = ("colocated", "disagg", "timemux")
 ROLES = ("rollout", "train", "sync", "shrink", "expand")  # segment role codes 0..4; time in no segment is idle
@@ -527,33 +526,14 @@ def simulate(cfg: Config) -> dict:
     )  # fmt: skip
 
 
-def n_processes(jobs: int, n_runs: int) -> int:
-    """Processes simulate_many uses: `jobs`, or one per CPU this process may run on (0), at most one per run."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(n_runs, jobs or cpus))
-
-
 def traj_per_s(cfg: Config) -> float:
     """simulate(cfg)'s throughput alone (what sweep keeps: no segments travel back from the processes)."""
     return simulate(cfg)["traj_per_s"]
 
 
-def simulate_many(cfgs: list[Config], jobs: int = 0, fn=simulate) -> list:
-    """fn(cfg) for each config, in order; in n_processes(jobs) spawned processes when more than one.
-    Each run is deterministic in its config, so the results equal the serial ones."""
-    n = n_processes(jobs, len(cfgs))
-    if n == 1:
-        return [fn(c) for c in cfgs]
-    import concurrent.futures as cf
-    import multiprocessing as mp
-
-    with cf.ProcessPoolExecutor(n, mp_context=mp.get_context("spawn")) as ex:  # spawn: safe next to torch threads
-        return list(ex.map(fn, cfgs))
-
-
 def compare(cfg: Config, schedules=SCHEDULES) -> list[dict]:
     """simulate() each schedule on the same workload (same seed); 'speedup' = throughput vs the first one."""
-    res = simulate_many([dataclasses.replace(cfg, schedule=s) for s in schedules], cfg.jobs)
+    res = parallel_map(simulate, [(dataclasses.replace(cfg, schedule=s),) for s in schedules], cfg.jobs)
     return [r | {"speedup": r["traj_per_s"] / res[0]["traj_per_s"]} for r in res]
 
 
@@ -594,7 +574,7 @@ def sweep(cfg: Config, path: str | None = None, seeds: int = 3) -> list[dict]:
     rows, vals = [], list(map(type(getattr(cfg, cfg.sweep)), cfg.sweep_values))
     cfgs = [dataclasses.replace(cfg, schedule=s, seed=cfg.seed + k, **{cfg.sweep: v})
             for v in vals for s in SCHEDULES for k in range(seeds)]  # fmt: skip
-    tput = np.array(simulate_many(cfgs, cfg.jobs, traj_per_s)).reshape(len(vals), len(SCHEDULES), seeds)
+    tput = np.array(parallel_map(traj_per_s, [(c,) for c in cfgs], cfg.jobs)).reshape(len(vals), len(SCHEDULES), seeds)
     for val, m in zip(vals, tput.mean(-1)):  # m: [schedules] mean over seeds
         rows.append({cfg.sweep: val, **dict(zip(SCHEDULES, m)), "tm_vs_co": m[2] / m[0], "tm_vs_dis": m[2] / m[1]})
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))

@@ -404,7 +404,6 @@ def test_experiment_main_smoke(tmp_path, capsys):
     assert [(r["method"], r["seed"]) for r in res["runs"]] == [("grpo", 0), ("coupled", 0)]
     grpo, coupled = res["runs"]
     assert [s for s, _ in grpo["curve"]] == [0, 1, 2] and all(0 <= a <= 1 for _, a in grpo["curve"])
-    assert grpo["curve"][0][1] == coupled["curve"][0][1] == res["start_acc"]  # every run starts from the same model
     assert math.isnan(grpo["overhead"]) and 0 < coupled["overhead"] < 1 and 0.3 <= coupled["amplified"] <= 0.5
     assert (out / "curves.png").stat().st_size > 0 and (out / "tokens.png").stat().st_size > 0
     assert "final_acc_mean±std" in capsys.readouterr().out
