@@ -369,6 +369,7 @@ def run_one(cfg: Config, method: str, seed: int, model_path: str) -> dict:
     argv = (f"--model {model_path} --task chain --adv-estimator grpo --max-new-tokens 48 --seed {seed} --steps "
             f"{cfg.steps} --prompts-per-step {cfg.samples} --group-size {cfg.samples} --lr {cfg.lr} --eval-every "
             f"{cfg.eval_every} --eval-n {cfg.eval_n} --device {cfg.device} --out-dir {out}").split()  # fmt: skip
+    argv += "--temperature 1 --lr-schedule constant --ppo-epochs 1 --minibatches 1".split()  # as measured (README)
     argv += [] if method == "grpo" else ["--credit", "attention", "--credit-mode", method]
     t0 = time.perf_counter()
     with open(out / "log.txt", "w") as f, contextlib.redirect_stdout(f):

@@ -67,7 +67,7 @@ THRESHOLDS = (
     Threshold("flat_reward.t_stat", 2.0, "a window slope under 2 standard errors is no trend (noise)"),
     Threshold("zero_variance_groups.frac", 0.75, "3/4 of groups all-equal: < 1/4 of the batch has any advantage"),
     Threshold("zero_variance_groups.persist", 3, "one batch of easy prompts happens; three in a row is a pattern"),
-    # a default run (score std 0.22, 7 tokens, KL <= 0.5/token, beta 0.05-0.1) sits at 1-3; 0.01x scores ~100x lower
+    # a reverse run (score std 0.22, 7 tokens, KL <= 0.5/token, beta 0.05-0.1) sits at 1-3; 0.01x scores ~100x lower
     Threshold("reward_scale.kl_ratio", 0.25, "score std < len*mean|beta*kl|/4: the KL term swamps the task signal"),
     Threshold("reward_scale.adv_tiny", 1e-2, "mean |adv| < 0.01 while groups differ: an unnormalised tiny reward"),
     Threshold("reward_scale.huge", 10.0, "|return| or return std > 10: beyond the O(1) scale of value heads/clip"),

@@ -72,11 +72,12 @@ def run_one(cfg: BenchConfig, alpha: int, seed: int, out: Path, extra=("--eval-e
     args = [sys.executable, str(ROOT / "async_loop.py"), "--async-ratio", str(alpha), "--seed", str(seed)]
     args += ["--rollout-workers", str(cfg.rollout_workers), "--steps", str(cfg.steps), "--out-dir", str(out)]
     args += ["--prompts-per-step", str(cfg.prompts_per_step), "--group-size", str(cfg.group_size), *extra]
+    args += ["--lr", "1e-4", "--lr-schedule", "constant", "--ppo-epochs", "1", "--minibatches", "1"]  # as measured
     if cfg.workload == "latency":
         args += ["--task", "calc", "--env-latency", str(cfg.env_latency), "--adv-estimator", "grpo"]
         args += ["--temperature", "0.6"]
     else:
-        args += ["--task", "reverse"]
+        args += ["--task", "reverse", "--temperature", "1"]
     env = {**os.environ, "OMP_NUM_THREADS": str(cfg.threads)}  # the same threads per process in every run
     proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=3600)
     if proc.returncode:

@@ -7,7 +7,8 @@ import pytest
 
 @pytest.fixture(scope="session")
 def sft_path() -> Path:
-    """Folder (model + tokenizer) of the embedded default's SFT warm start on `reverse`.
+    """Folder (model + tokenizer) of the SFT warm start on `reverse`: the model the calibrated tests use
+    (tests/calibrated.py), which pass `task="reverse"` with it.
 
     Built once and cached on disk under a key, behind a file lock (tasks.sft_warm_start), so parallel
     test workers and repeated sessions share it.
@@ -15,3 +16,13 @@ def sft_path() -> Path:
     import tasks
 
     return tasks.sft_warm_start(tasks.SFTConfig(task="reverse"))
+
+
+@pytest.fixture(scope="session")
+def default_sft_path() -> Path:
+    """The embedded default's warm start (the trainer's own key for its default task), built before the
+    tests that start the trainer without --model in subprocesses, so they do not all build it at once."""
+    import ppo_minimal
+    import tasks
+
+    return tasks.sft_warm_start(tasks.sft_config_for(ppo_minimal.Config().task))

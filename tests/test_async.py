@@ -194,7 +194,7 @@ def test_sampler_staleness_bound_whole_groups_and_bounded_buffer(
 # ------------------------------------------------------------------------------------------------ real processes
 
 
-def test_alpha0_one_process_is_the_synchronous_loop(tmp_path, sft_path):
+def test_alpha0_one_process_is_the_synchronous_loop(tmp_path, default_sft_path):
     """--async-ratio 0 runs ppo_minimal's loop in this process (no off-policy weights): same seed, same metrics."""
     args = ["--steps", "2", *SMALL]
     import ppo_minimal
@@ -208,7 +208,7 @@ def test_alpha0_one_process_is_the_synchronous_loop(tmp_path, sft_path):
     assert len(rows[0]) == 2 and [drop(r) for r in rows[0]] == [drop(r) for r in rows[1]]
 
 
-def test_alpha0_processes_have_staleness_0_and_the_synchronous_loss(tmp_path, sft_path):
+def test_alpha0_processes_have_staleness_0_and_the_synchronous_loss(tmp_path, default_sft_path):
     """The multi-process path at alpha 0: every sample trained at the version it started with, the TIS weights
     are 1 up to float noise, and the loss on the dumped batch equals the loss without them (the sync loss)."""
     args = ["--async-ratio", "0", "--rollout-workers", "1", "--off-policy", "tis", "--steps", "3", "--dump-batch", "2"]
@@ -227,7 +227,7 @@ def test_alpha0_processes_have_staleness_0_and_the_synchronous_loss(tmp_path, sf
     assert sync_metrics["stats/grad_norm"] == pytest.approx(d["metrics"]["stats/grad_norm"], rel=1e-4)
 
 
-def test_alpha2_two_workers_replicated_redundant_stays_within_bound(tmp_path, sft_path):
+def test_alpha2_two_workers_replicated_redundant_stays_within_bound(tmp_path, default_sft_path):
     proc, rows, timeline = run_async(
         tmp_path,
         "--async-ratio",
@@ -249,7 +249,7 @@ def test_alpha2_two_workers_replicated_redundant_stays_within_bound(tmp_path, sf
     assert "async/dropped_len" in rows[-1] and "stats/is_weight_mean" in rows[-1]
 
 
-def test_torchrun_rank0_trains_rank1_rolls_out(tmp_path, sft_path):
+def test_torchrun_rank0_trains_rank1_rolls_out(tmp_path, default_sft_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "async_loop.py"]
     cmd += ["--out-dir", str(tmp_path), *SMALL, "--steps", "2"]
     proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=240)
@@ -265,7 +265,7 @@ def _live(pgid: int) -> list[str]:
     return [line for line in ps.splitlines() if line.split()[1][0] != "Z"]
 
 
-def test_dead_worker_stops_the_trainer_with_an_error_naming_it(tmp_path, sft_path):
+def test_dead_worker_stops_the_trainer_with_an_error_naming_it(tmp_path, default_sft_path):
     t = time.time()
     proc, _, _ = run_async(tmp_path, "--rollout-workers", "2", "--steps", "6", "--crash-worker-after", "2")
     out = proc.stdout + proc.stderr
@@ -273,7 +273,7 @@ def test_dead_worker_stops_the_trainer_with_an_error_naming_it(tmp_path, sft_pat
     assert time.time() - t < 120
 
 
-def test_dead_trainer_stops_the_workers(tmp_path, sft_path):
+def test_dead_trainer_stops_the_workers(tmp_path, default_sft_path):
     cmd = [sys.executable, "async_loop.py", "--out-dir", str(tmp_path), *SMALL, "--steps", "6"]
     cmd += ["--rollout-workers", "2", "--crash-trainer-after", "2", "--worker-timeout", "10"]
     p = subprocess.Popen(
@@ -288,7 +288,7 @@ def test_dead_trainer_stops_the_workers(tmp_path, sft_path):
 
 
 @pytest.mark.parametrize("when", ["start-up", "training"])
-def test_ctrl_c_stops_every_process(tmp_path, sft_path, when):
+def test_ctrl_c_stops_every_process(tmp_path, default_sft_path, when):
     cmd = [sys.executable, "async_loop.py", "--out-dir", str(tmp_path), *SMALL, "--steps", "200"]
     cmd += ["--rollout-workers", "2"]
     p = subprocess.Popen(

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from calibrated import REVERSE_T1
 
 import critics
 import ppo_minimal as pm
@@ -234,7 +235,8 @@ def logit_grads(batch: dict, ent_coef: float, loss_agg: str = "token-mean") -> t
     """Gradient of the ppo_update loss w.r.t. the logits that predict each response token: [B, R, V]."""
     policy = LogitTable(B, P + R, V)
     before = policy.table.detach().clone()
-    cfg = pm.Config(ent_coef=ent_coef, loss_agg=loss_agg, micro_batch=4, grad_clip=1e9)  # 2 micro-batches
+    pinned = {k: REVERSE_T1[k] for k in ("temperature", "ppo_epochs", "minibatches")}  # T 1: toy old logprobs
+    cfg = pm.Config(ent_coef=ent_coef, loss_agg=loss_agg, micro_batch=4, grad_clip=1e9, **pinned)  # 2 micro-batches
     opt = torch.optim.SGD(policy.parameters(), lr=1.0)  # one step: delta = -grad
     pm.ppo_update(cfg, policy, opt, None, batch, 1, torch.Generator().manual_seed(0), contextlib.nullcontext)
     return (before - policy.table.detach())[:, P - 1 : P + R - 1]  # logits at P + t - 1 predict token t
@@ -361,7 +363,10 @@ def test_critic_footprint_counts():
 # ----------------------------------------------------------------------------------------------
 # Trainer-level: M = 1 reduces to PPO, critic warm-up, and the method acting in a learning run
 
-TINY = dict(prompts_per_step=4, group_size=4, eval_every=3, eval_n=20, ent_coef=1e-3, critic_depth=1.0)
+TINY = {
+    **REVERSE_T1,
+    **dict(prompts_per_step=4, group_size=4, eval_every=3, eval_n=20, ent_coef=1e-3, critic_depth=1.0),
+}
 
 
 def comparable(row: dict) -> dict:
@@ -397,6 +402,8 @@ def test_critic_warmup_leaves_the_actor_untouched(sft_path, tmp_path):
     for a, b in zip(warm, frozen):
         a, b = dict(a), dict(b)
         gn_warm, gn_frozen = a.pop("stats/grad_norm"), b.pop("stats/grad_norm")
+        lr_warm, lr_frozen = a.pop("stats/lr"), b.pop("stats/lr")  # the actor's warm-up starts at its first step
+        assert lr_frozen == 0.0 and lr_warm == (0.0 if a["step"] <= 2 else pytest.approx(1e-4 / 20))
         if a["step"] == 3:
             a.pop("eval/acc"), b.pop("eval/acc")
         assert a == b
@@ -404,11 +411,12 @@ def test_critic_warmup_leaves_the_actor_untouched(sft_path, tmp_path):
 
 
 def test_asyppo_learning_run_acts(sft_path, tmp_path):
-    """A short AsyPPO run on the default task: the method must act (a method that silently does nothing fails).
+    """A short AsyPPO run on the reverse task (tests/calibrated.py): the method must act (a method that silently
+    does nothing fails).
 
     Realised mask fractions ~ k and h at every step, sigma > 0 once the critics have trained on their shares,
     the two critics fit differently, and the actor steps only after the critic warm-up.
-    (Whether accuracy rises over an lr = 0 control is the learning test's job, with the tuned default recipe.)
+    (Whether accuracy rises over an lr = 0 control is the learning tests' job, tests/test_learning.py.)
     """
     kw = dict(critic="asyppo", critic_depth=0.5, prompts_per_step=8, group_size=16, eval_every=0)
     rows = train_rows(sft_path, tmp_path / "asy", **kw, steps=12, critic_warmup_steps=3, asyppo_k=0.3)

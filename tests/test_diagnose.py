@@ -94,7 +94,7 @@ def test_healthy_runs_raise_nothing(variant):
     assert d.skipped() == {}  # every check ran on our full metric set
 
 
-# rollout/reward_mean of a real default GRPO run (ppo_minimal.py, reverse task, lr warm-up 20 steps, seed 0):
+# rollout/reward_mean of a real GRPO run at the earlier defaults (reverse task, T 1, lr 1e-4, warm-up 20, seed 0):
 # flat for ~25 steps, then a slow rise; reward std across samples ~0.22
 REAL_GRPO_REWARD = """0.58 0.59 0.62 0.62 0.54 0.61 0.61 0.57 0.62 0.61 0.61 0.59 0.61 0.63 0.60 0.64 0.63 0.60 0.61
 0.63 0.62 0.63 0.59 0.58 0.59 0.60 0.61 0.63 0.61 0.63 0.67 0.63 0.68 0.64 0.64 0.63 0.63 0.61 0.69 0.64 0.62 0.64

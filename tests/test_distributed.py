@@ -64,7 +64,8 @@ def test_torchrun_ppo_minimal_smoke(sft_path, tmp_path):
     out = tmp_path / "run"
     proc = torchrun(
         "ppo_minimal.py",
-        *("--model", str(sft_path), "--steps", "2", "--prompts-per-step", "4", "--group-size", "4"),
+        *("--model", str(sft_path), "--task", "reverse", "--steps", "2"),
+        *("--prompts-per-step", "4", "--group-size", "4"),
         *("--eval-every", "2", "--eval-n", "16", "--out-dir", str(out), "--dist-timeout", "60"),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
         ("grad_clip", float("inf"), "(0.0, inf]"),
         ("dist_timeout", 0.0, "(0.0, inf]"),
         ("sft_target", 0.0, "(0.0, 1.0]"),
+        ("min_lr_ratio", 1.5, "[0.0, 1.0]"),
     ],
 )
 def test_config_range_errors_name_field_and_range(field, value, allowed):
@@ -62,13 +63,26 @@ def test_config_range_errors_name_field_and_range(field, value, allowed):
 
 @pytest.mark.parametrize(
     "field,value",
-    [("adv_estimator", "ppo"), ("loss_agg", "mean"), ("kl_ctrl", "adaptve"), ("kl_loss_type", "k4")],
+    [
+        ("adv_estimator", "ppo"),
+        ("loss_agg", "mean"),
+        ("kl_ctrl", "adaptve"),
+        ("kl_loss_type", "k4"),
+        ("lr_schedule", "linear"),
+    ],
 )
 def test_config_choice_errors_list_the_choices(field, value):
     with pytest.raises(ValueError) as e:
         pm.Config(**{field: value})
     msg = str(e.value)
     assert f"'{field}'" in msg and repr(value) in msg and "must be one of" in msg, msg
+
+
+def test_config_min_lr_ratio_needs_the_cosine_schedule_and_sft_target_is_derived():
+    with pytest.raises(ValueError, match="'min_lr_ratio' needs lr_schedule 'cosine'"):
+        pm.Config(lr_schedule="constant", min_lr_ratio=0.1)
+    assert pm.Config(task="sort").sft_target == 0.15 and pm.Config(task="reverse").sft_target == 0.30  # recorded
+    assert pm.Config(task="sort", sft_target=0.4).sft_target == 0.4
 
 
 def test_config_group_estimators_need_groups():
@@ -175,7 +189,9 @@ def test_prompt_longer_than_max_prompt_len():
 
 def test_prompt_too_long_stops_training(sft_path, tmp_path):
     # the embedded default's prompt "<bos>123456>" has 8 tokens
-    cfg = pm.Config(model=str(sft_path), max_prompt_len=5, steps=1, eval_every=0, out_dir=str(tmp_path / "run"))
+    cfg = pm.Config(
+        model=str(sft_path), task="reverse", max_prompt_len=5, steps=1, eval_every=0, out_dir=str(tmp_path / "run")
+    )
     with pytest.raises(ValueError, match=r"tokens > max_prompt_len=5"):
         pm.train(cfg)
 

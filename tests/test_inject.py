@@ -11,12 +11,13 @@ import json
 
 import pytest
 import torch
+from calibrated import REVERSE_T1
 
 import ppo_minimal as pm
 from common import read_jsonl
 from diagnose import LiveDiagnoser
 
-SMALL = dict(prompts_per_step=8, group_size=8, eval_every=0)
+SMALL = {**REVERSE_T1, "prompts_per_step": 8, "group_size": 8, "eval_every": 0}
 # steps by which the declared id must be reported (measured: reward_scale 12, the rest 2-5)
 FIRES_BY = {
     "reward_scale": 20,
@@ -42,7 +43,9 @@ def run(sft_path, tmp_path, steps: int, stop_at: str | None = None, **overrides)
         if stop_at in {f.id for f in findings}:
             raise Found
 
-    cfg = pm.Config(model=str(sft_path), steps=steps, out_dir=str(tmp_path), **SMALL, **overrides)
+    stated = pm.INJECTIONS[overrides["inject"]][1] if overrides.get("inject") else {}
+    pinned = {k: v for k, v in SMALL.items() if k not in stated}  # the injection's stated config wins (detail 12)
+    cfg = pm.Config(model=str(sft_path), steps=steps, out_dir=str(tmp_path), **{**pinned, **overrides})
     try:
         pm.train(cfg, hooks=[hook])
     except Found:
@@ -89,7 +92,7 @@ def test_injection_config_applies_to_defaults_only_and_names_are_checked():
 @pytest.mark.parametrize("adv, extra", [("gae", {}), ("grpo", {"minibatches": 2, "ppo_epochs": 2})])
 def test_replay_reproduces_the_dumped_update_bit_for_bit(sft_path, tmp_path, adv, extra, capsys):
     cfg = pm.Config(
-        model=str(sft_path), adv_estimator=adv, steps=3, dump_batch=2, out_dir=str(tmp_path), **SMALL, **extra
+        model=str(sft_path), adv_estimator=adv, steps=3, dump_batch=2, out_dir=str(tmp_path), **{**SMALL, **extra}
     )
     pm.train(cfg)
     path = tmp_path / "batch-2.pt"

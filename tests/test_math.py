@@ -452,6 +452,29 @@ def test_masked_extreme_frac_count(frac, n_valid, want):
 
 
 # ----------------------------------------------------------------------------------------------
+# Learning-rate schedule
+
+
+def test_lr_factor_warmup_constant_and_cosine_by_hand():
+    # warm-up 4 of 10 iterations: (step + 1) / 4 for steps 0..3
+    assert [pm.lr_factor(s, 10, 4) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert pm.lr_factor(9, 10, 4, "constant") == 1.0
+    # cosine after the warm-up: progress p = (step - 4) / (10 - 4); factor 0.1 + 0.9 * (1 + cos(pi p)) / 2
+    # step 4: p = 0 -> 1 ; step 6: p = 1/3, cos = 0.5 -> 0.1 + 0.9 * 0.75 = 0.775 ; step 8: p = 2/3, cos = -0.5 ->
+    # 0.1 + 0.9 * 0.25 = 0.325 ; step 9 (the last): p = 5/6, cos = -sqrt(3)/2 -> 0.1 + 0.45 * (1 - sqrt(3)/2) ;
+    # step 10 (one past the last): p = 1 -> the floor 0.1
+    assert pm.lr_factor(4, 10, 4, "cosine", 0.1) == pytest.approx(1.0, abs=1e-12)
+    assert pm.lr_factor(6, 10, 4, "cosine", 0.1) == pytest.approx(0.775, abs=1e-12)
+    assert pm.lr_factor(8, 10, 4, "cosine", 0.1) == pytest.approx(0.325, abs=1e-12)
+    assert pm.lr_factor(9, 10, 4, "cosine", 0.1) == pytest.approx(0.1 + 0.45 * (1 - math.sqrt(3) / 2), abs=1e-12)
+    assert pm.lr_factor(10, 10, 4, "cosine", 0.1) == pytest.approx(0.1, abs=1e-12)
+    # no warm-up: full lr at step 0, and the last step still trains (progress 4/5: (1 + cos(0.8 pi)) / 2 > 0)
+    assert pm.lr_factor(0, 5, 0, "cosine") == 1.0 and pm.lr_factor(4, 5, 0, "cosine") > 0.09
+    # negative steps (critic-only iterations before the actor's first): 0, with or without a warm-up
+    assert pm.lr_factor(-1, 10, 4) == pm.lr_factor(-2, 10, 4) == pm.lr_factor(-1, 10, 0) == 0.0
+
+
+# ----------------------------------------------------------------------------------------------
 # KL controller
 
 

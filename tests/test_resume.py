@@ -18,7 +18,8 @@ import torch
 import ppo_minimal as pm
 from common import read_jsonl
 
-TINY = dict(prompts_per_step=4, group_size=4, eval_every=3, eval_n=20)
+# the defaults (2 epochs x 2 shuffled minibatches; within the 20 warm-up iterations) on `sft_path`'s reverse task
+TINY = dict(task="reverse", prompts_per_step=4, group_size=4, eval_every=3, eval_n=20)
 
 
 def comparable(row: dict) -> dict:
@@ -60,6 +61,19 @@ def test_resume_reproduces_uninterrupted_run(run, adv):
     # step 3's eval comes from the checkpoint (through JSON: its (step, acc) pairs come back as lists)
     assert [list(e) for e in resumed_result["eval_history"]] == [list(e) for e in full_result["eval_history"]]
     assert [e[0] for e in full_result["eval_history"]] == [0, 3, 6]  # step 0: before any update
+
+
+def test_resume_mid_cosine_schedule_is_exact(run, capsys):
+    """A checkpoint taken mid-run (warm-up 1, cosine over 6 iterations) resumes onto the same lr curve: the
+    last 3 rows equal the uninterrupted run's. Resuming with another --steps moves the curve, and says so."""
+    kw = dict(warmup_steps=1, lr_schedule="cosine", min_lr_ratio=0.1)
+    full, _, full_dir = run("cosine-full", "grpo", 6, save_every=3, **kw)
+    resumed, _, _ = run("cosine-resumed", "grpo", 6, resume=str(full_dir / "ckpt-3"), **kw)
+    assert_same_rows(full[3:], resumed, "cosine: resumed from step 3")
+    assert "the lr schedule continues" not in capsys.readouterr().out
+    longer, _, _ = run("cosine-longer", "grpo", 8, resume=str(full_dir / "ckpt-3"), **kw)
+    assert "steps 6 -> 8: the lr schedule continues on the new values" in capsys.readouterr().out
+    assert longer[0]["stats/lr"] != full[3]["stats/lr"] and longer[0]["loss/policy"] != full[3]["loss/policy"]
 
 
 def test_checkpoint_is_safetensors_and_weights_only(run):
