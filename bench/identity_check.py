@@ -1,0 +1,134 @@
+"""Identity check for refactors: the same configs must give the same numbers, bit for bit.
+
+    python bench/identity_check.py record   # before a refactor: write the reference (bench/identity/)
+    python bench/identity_check.py check    # after each step: compare against it; exit 1 on any difference
+
+A refactor (moving code between files, renaming, splitting functions) must change no number. This script runs
+a fixed set of short trainer configs (seed 0, one thread each, two runs at a time) and compares every metrics row
+with the reference, after dropping the fields that measure wall time (TIME_FIELDS) and writing each row with
+sorted keys (so that the order in which a metrics dict is built does not count). It also checks the two
+reproducibility promises of the trainer on the same runs:
+  - replay: `--dump-batch` saves one update and its state digest (sha256 of weights and AdamW moments after it);
+    `--replay` must reproduce it, and the digest must equal the reference's;
+  - resume: a run resumed from its step-3 checkpoint must write the same rows as the uninterrupted run.
+The reference is machine-specific (CPU kernels): record it on the machine that checks. The configs run through
+the command line (`python ppo_minimal.py ...`), so flag names are part of what is checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+REF = ROOT / "bench" / "identity"
+TIME_FIELDS = ("time/", "perf/tokens_per_s", "perf/credit_overhead", "async/wait_s")
+SHORT = ["--steps", "6", "--eval-every", "3", "--eval-n", "100"]
+INJECT = ["--steps", "3", "--eval-every", "0"]
+# name: (script, flags). Each covers a concept whose code the restructure moves.
+RUNS = {
+    "ppo": ("ppo_minimal.py", [*SHORT, "--dump-batch", "4", "--save-every", "3"]),
+    "grpo": ("ppo_minimal.py", [*SHORT, "--adv-estimator", "grpo", "--dump-batch", "2"]),
+    "asyppo": ("ppo_minimal.py", [*SHORT, "--critic", "asyppo", "--dump-batch", "5", "--save-every", "3"]),
+    "credit": (
+        "ppo_minimal.py",
+        [*SHORT, "--adv-estimator", "grpo", "--credit", "attention", "--max-new-tokens", "24"],
+    ),
+    "calc": ("ppo_minimal.py", [*SHORT, "--task", "calc", "--adv-estimator", "grpo", "--prompts-per-step", "16"]),
+    "async0": ("async_loop.py", [*SHORT, "--async-ratio", "0"]),
+    "kl": ("ppo_minimal.py", [*SHORT, "--kl-in-reward", "--kl-ctrl", "adaptive", "--kl-loss", "--ent-coef", "0.01"]),
+    **{
+        f"inject_{name}": ("ppo_minimal.py", [*INJECT, "--inject", name])
+        for name in ("reward_scale", "eos_unmasked", "logprob_shift", "pad_eq_eos", "stale_old_logprobs")
+    },
+    "inject_no_temperature": ("ppo_minimal.py", [*INJECT, "--inject", "no_temperature", "--adv-estimator", "grpo"]),
+    "inject_value_not_detached": ("ppo_minimal.py", [*INJECT, "--inject", "value_not_detached", "--dump-batch", "2"]),
+}
+
+
+def canonical(path: Path) -> list[str]:
+    """The rows of a metrics.jsonl without wall-time fields, each as JSON with sorted keys."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    keep = lambda k: not k.startswith(TIME_FIELDS)
+    return [json.dumps({k: v for k, v in r.items() if keep(k)}, sort_keys=True) for r in rows]
+
+
+def sh(args: list[str], log: Path) -> None:
+    """Run one command with one thread; its output goes to `log`; a failure raises with the log's tail."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+    with open(log, "a") as f:
+        f.write("$ " + " ".join(args) + "\n")
+        f.flush()
+        proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode:
+        tail = "\n".join(log.read_text().splitlines()[-15:])
+        raise RuntimeError(f"{' '.join(args)} exited {proc.returncode}:\n{tail}")
+
+
+def run_one(name: str, work: Path) -> dict:
+    """One config, plus its replay and resume checks. Returns rows, the dump's digest and the check outcomes."""
+    script, flags = RUNS[name]
+    out, log = work / name, work / f"{name}.log"
+    sh([script, *flags, "--out-dir", str(out)], log)
+    result = {"rows": canonical(out / "metrics.jsonl")}
+    dumps = sorted(out.glob("batch-*.pt"))
+    if dumps:
+        result["digest"] = torch.load(dumps[0], weights_only=True)["state_after"]
+        try:
+            sh(["ppo_minimal.py", "--replay", str(dumps[0])], log)
+            result["replay"] = "identical"
+        except RuntimeError as e:
+            result["replay"] = f"differs: {e}"
+    ckpt = out / "ckpt-3"
+    if ckpt.exists():
+        sh([script, *flags, "--out-dir", str(work / f"{name}-resumed"), "--resume", str(ckpt)], log)
+        resumed = canonical(work / f"{name}-resumed" / "metrics.jsonl")
+        result["resume"] = "identical" if resumed == result["rows"][3:] else "differs"
+    return result
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("mode", choices=("record", "check"))
+    ap.add_argument("--only", nargs="*", default=None, help="run only these configs (default: all)")
+    ap.add_argument("--jobs", type=int, default=2, help="configs run at a time (each on one thread)")
+    args = ap.parse_args(argv)
+    names = args.only or list(RUNS)
+    with tempfile.TemporaryDirectory(prefix="identity-") as tmp:
+        with ThreadPoolExecutor(args.jobs) as ex:
+            results = dict(zip(names, ex.map(lambda n: run_one(n, Path(tmp)), names)))
+    if args.mode == "record":
+        REF.mkdir(parents=True, exist_ok=True)
+        for name, r in results.items():
+            (REF / f"{name}.json").write_text(json.dumps(r, indent=1) + "\n")
+        print(f"recorded {len(results)} configs in {REF}")
+    bad = []
+    for name, r in results.items():
+        problems = [f"{k} {r[k]}" for k in ("replay", "resume") if k in r and r[k] != "identical"]
+        if args.mode == "check":
+            ref = json.loads((REF / f"{name}.json").read_text())
+            if r["rows"] != ref["rows"]:
+                first = next((i for i, (a, b) in enumerate(zip(r["rows"], ref["rows"])) if a != b), None)
+                if first is None:
+                    problems.append(f"{len(r['rows'])} rows vs {len(ref['rows'])} in the reference")
+                else:
+                    now, was = json.loads(r["rows"][first]), json.loads(ref["rows"][first])
+                    keys = sorted(k for k in now.keys() | was.keys() if now.get(k) != was.get(k))
+                    problems.append(f"row {first + 1} differs in {keys[:8]}")
+            if r.get("digest") != ref.get("digest"):
+                problems.append("update digest differs from the reference")
+        print(f"{name:28s} {len(r['rows'])} rows  " + ("; ".join(problems) if problems else "ok"))
+        bad += problems
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
