@@ -68,9 +68,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from common import check_range, dist_store, format_table, parse_config, read_jsonl, setup_dist, train_alone
+from common import check_range, dist_store, parse_config, setup_dist, train_alone
 from ppo_minimal import Config, env_overrides, episode_limits, make_autocast, train
 from rollout import Rollout, load_policy, rollout_env, stop_token_ids
+from runlog import format_table, read_jsonl
 from tasks import TaskEnv, is_env, make_env, make_task, sft_config_for, sft_warm_start
 
 

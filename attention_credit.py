@@ -55,16 +55,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import (
-    all_reduce_sum,
-    check_choice,
-    check_range,
-    format_table,
-    masked_mean,
-    parallel_map,
-    parse_config,
-    read_jsonl,
-)
+from common import all_reduce_sum, check_choice, check_range, masked_mean, parallel_map, parse_config
+from runlog import format_table, read_jsonl
 
 W, H_LO, H_HI, HEAD_FRAC = 10, 10, 100, 0.3  # WAAD window, FAI horizons, head-group quantile (paper defaults)
 MODEL = (("num_hidden_layers", 6), ("num_attention_heads", 8), ("num_key_value_heads", 4), ("hidden_size", 64),

@@ -7,13 +7,10 @@
   Collective helpers return at once for world size 1, so the algorithm never branches on it.
 - Masked reductions (veRL semantics, global under DDP): `masked_sum`, `masked_mean`, `masked_var`,
   `masked_whiten`, `masked_extreme_frac` (the top/bottom-q selections AsyPPO and attention credit use).
-- `MetricsLogger`: an aligned table on stdout, a JSONL file, optional TensorBoard.
-- `save_checkpoint` / `load_checkpoint`: `save_pretrained` (safetensors) for models, a `weights_only`
-  loadable `.pt` for optimizer and RNG state.
 - `parallel_map(fn, calls, jobs)`: independent runs (experiments, simulations) in spawned processes.
 
 torch is imported inside the functions that need it, so that the torch-free leaves (`scheduler.py`,
-`diagnose.py`) can use the CLI and the table writer on a machine without torch.
+`diagnose.py`) can use the CLI on a machine without torch.
 """
 
 from __future__ import annotations
@@ -23,13 +20,11 @@ import ast
 import dataclasses
 import datetime
 import inspect
-import json
 import math
 import os
 import sys
 import textwrap
 import typing
-from pathlib import Path
 
 # ----------------------------------------------------------------------------------------------
 # Config: CLI from a dataclass, and validation helpers
@@ -313,115 +308,7 @@ def masked_extreme_frac(x, mask, frac: float, largest: bool, global_: bool = Fal
 
 
 # ----------------------------------------------------------------------------------------------
-# Metrics: aligned table + JSONL (+ TensorBoard if asked)
-
-
-def format_row(values: dict, columns: list[str], width: int = 10) -> str:
-    cells = []
-    for c in columns:
-        v = values.get(c, "")
-        if isinstance(v, float):
-            v = f"{v:.4g}" if abs(v) >= 1e-3 or v == 0 else f"{v:.2e}"
-        cells.append(str(v).rjust(width))
-    return " ".join(cells)
-
-
-def column_labels(columns: list[str]) -> list[str]:
-    """Short column names: the part after the last '/', or the whole name with '_' where that clashes."""
-    short = [c.split("/")[-1] for c in columns]
-    return [s if short.count(s) == 1 else c.replace("/", "_") for s, c in zip(short, columns)]
-
-
-def format_table(rows: list[dict], columns: list[str] | None = None) -> str:
-    """Rows of dicts as an aligned text table with short column names."""
-    columns = columns or list(rows[0])
-    labels = column_labels(columns)
-    width = max(10, *(len(c) for c in labels))
-    return "\n".join([" ".join(c.rjust(width) for c in labels)] + [format_row(r, columns, width) for r in rows])
-
-
-class MetricsLogger:
-    """One row per step: printed as an aligned table (rank 0), appended to `metrics.jsonl`.
-
-    An existing metrics.jsonl keeps only its rows up to `start_step` (0 for a fresh run, the checkpoint's
-    step on resume), so a rerun or a resume never mixes two runs' rows in one file."""
-
-    def __init__(
-        self, out_dir: str | Path, columns: list[str], enabled: bool = True, tensorboard: bool = False, start_step=0
-    ):
-        self.columns, self.enabled, self.n = columns, enabled, 0
-        self.labels = column_labels(columns)
-        self.width = max(10, *(len(c) for c in self.labels))
-        self.path = Path(out_dir) / "metrics.jsonl"
-        self.tb = None
-        if enabled:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            rows = self._rows_of_previous_run() if self.path.exists() else []
-            kept = [r for r in rows if r["step"] <= start_step]
-            if rows:
-                dropped = len(rows) - len(kept)
-                print(f"[minrl] {self.path}: kept {len(kept)} rows up to step {start_step}, dropped {dropped}")
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-            if tensorboard:
-                from torch.utils.tensorboard import SummaryWriter  # needs the `tensorboard` package
-
-                self.tb = SummaryWriter(str(self.path.parent / "tb"))
-
-    def _rows_of_previous_run(self) -> list[dict]:
-        """The existing file's rows; a half-written last line (a killed run) is dropped, other damage raises."""
-        lines = self.path.read_text().splitlines()
-        rows = []
-        for n, line in enumerate(lines, 1):
-            try:
-                row = json.loads(line) if line.strip() else None
-            except json.JSONDecodeError:
-                if n == len(lines):  # the run was killed while writing it
-                    print(f"[minrl] {self.path}, line {n}: dropping a half-written last row")
-                    break
-                raise ValueError(f"{self.path}, line {n}: not a JSON metrics row; move the file away") from None
-            if row is not None:
-                if not isinstance(row, dict) or "step" not in row:
-                    raise ValueError(f"{self.path}, line {n}: a metrics row needs a 'step'; move the file away")
-                rows.append(row)
-        return rows
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        if not self.enabled:
-            return
-        row = {"step": step, **metrics}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-        if self.tb is not None:
-            for k, v in metrics.items():
-                self.tb.add_scalar(k, v, step)
-        if self.n % 20 == 0:
-            print(" ".join(c.rjust(self.width) for c in self.labels), flush=True)
-        print(format_row(row, self.columns, self.width), flush=True)
-        self.n += 1
-
-
-def plot_metrics(metrics_file, keys: list[str], png) -> None:
-    """One panel per metric over steps from a metrics.jsonl -> png (Agg backend)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = read_jsonl(metrics_file)
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.3 * len(keys), 3.5), squeeze=False)
-    for ax, key in zip(axes[0], keys):
-        pts = [(r["step"], r[key]) for r in rows if key in r]
-        if pts:
-            ax.plot(*zip(*pts), marker="." if len(pts) < 50 else None)
-        ax.set(title=key, xlabel="step")
-    fig.tight_layout()
-    fig.savefig(png, dpi=80)
-    plt.close(fig)
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+# Independent runs in parallel processes
 
 
 def n_processes(jobs: int, n_calls: int) -> int:
@@ -442,24 +329,3 @@ def parallel_map(fn, calls: list[tuple], jobs: int = 1) -> list:
 
     with cf.ProcessPoolExecutor(n, mp_context=mp.get_context("spawn")) as ex:
         return list(ex.map(fn, *zip(*calls)))
-
-
-# ----------------------------------------------------------------------------------------------
-# Checkpoints: models as save_pretrained (safetensors), the rest in a weights_only-loadable .pt
-
-
-def save_checkpoint(path: str | Path, models: dict, state: dict) -> None:
-    """models: name -> HF PreTrainedModel (or a module with save_pretrained); state: tensors/numbers/dicts."""
-    import torch
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    for name, m in models.items():
-        m.save_pretrained(path / name)
-    torch.save(state, path / "state.pt")
-
-
-def load_state(path: str | Path) -> dict:
-    import torch
-
-    return torch.load(Path(path) / "state.pt", weights_only=True, map_location="cpu")

@@ -307,7 +307,8 @@ EXPERIMENT += "--prompts-per-step 16 --group-size 16"
 def run_one(spec: dict) -> dict:
     """One training run (here or in a pool worker): eval history, last metrics, per-step curves, wall time."""
     import ppo_minimal  # allowed back-edge: a script entry point imports the trainer (DESIGN.md 2)
-    from common import parse_config, read_jsonl
+    from common import parse_config
+    from runlog import read_jsonl
 
     cfg = parse_config(ppo_minimal.Config, spec["argv"])
     t0 = time.perf_counter()
@@ -378,7 +379,8 @@ def main(argv=None):
     import multiprocessing
     import shlex
 
-    from common import format_table, parse_config
+    from common import parse_config
+    from runlog import format_table
 
     cfg = parse_config(Config, argv)
     steps = cfg.steps or (150 if cfg.full else 20)

@@ -36,7 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common import check_range, format_table, parse_config
+from common import check_range, parse_config
+from runlog import format_table
 
 
 @dataclass

@@ -88,19 +88,14 @@ import numpy as np
 import torch
 
 from common import (
-    MetricsLogger,
     all_reduce_sum,
     check_choice,
     check_range,
-    format_table,
-    load_state,
     masked_mean,
     masked_var,
     masked_whiten,
     parse_config,
-    plot_metrics,
     reduce_metrics,
-    save_checkpoint,
     setup_dist,
 )
 from critics import Critics, critic_footprint, make_value_model, partition_shares, value_stats
@@ -112,6 +107,15 @@ from rollout import (
     rollout_env,
     sequence_logprobs,
     stop_token_ids,
+)
+from runlog import (
+    MetricsLogger,
+    format_table,
+    load_checkpoint,
+    plot_metrics,
+    restore_streams,
+    save_checkpoint,
+    stream_states,
 )
 from tasks import (
     ENVS,
@@ -867,15 +871,11 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     eval_set = episodes("eval", cfg.eval_n, np.random.default_rng(12345))  # same held-out set for all seeds
     start, history = 0, {"eval": []}
     if cfg.resume:
-        st = load_state(cfg.resume)
+        st, streams = load_checkpoint(cfg.resume, rank)  # this rank's own streams
         opt.load_state_dict(st["opt"])
         if critics is not None:
             critics.load(cfg.resume, st)
-        streams = torch.load(Path(cfg.resume) / f"rank{rank}.pt", weights_only=True)  # this rank's own streams
-        torch.set_rng_state(streams["torch_rng"])
-        for name, g in gens.items():
-            g.set_state(streams[name])
-        rng.bit_generator.state = streams["task_rng"]
+        restore_streams(streams, rng, gens)
         kl_ctrl.beta, start, history = st["kl_beta"], st["step"], json.loads(st["history"])
         saved = json.loads(st["config"])  # the lr is recomputed every iteration from these fields
         moved = [k for k in SCHEDULE_FIELDS if saved.get(k) != getattr(cfg, k)]
@@ -1076,17 +1076,8 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
 
 
 def save(cfg, path, step: int, ckpt: dict, gens: dict, history: dict, rank: int) -> None:
-    """Checkpoint: models as safetensors + a weights_only-loadable state.pt (rank 0), and every rank's own
-    random streams in rank{r}.pt, so that a resumed DDP run keeps distinct per-rank sampling."""
-    Path(path).mkdir(parents=True, exist_ok=True)
-    streams = {
-        "torch_rng": torch.get_rng_state(),
-        "task_rng": ckpt["rng"].bit_generator.state,
-        **{name: g.get_state() for name, g in gens.items()},
-    }
-    torch.save(streams, Path(path) / f"rank{rank}.pt")
-    if rank != 0:
-        return
+    """Checkpoint (runlog.save_checkpoint): policy and critics as safetensors, optimizer states, the KL
+    controller, the eval history and the config in state.pt, every rank's random streams in rank{r}.pt."""
     state = {
         "step": step,
         "opt": ckpt["opt"].state_dict(),
@@ -1094,11 +1085,11 @@ def save(cfg, path, step: int, ckpt: dict, gens: dict, history: dict, rank: int)
         "history": json.dumps(history),
         "config": json.dumps(asdict(cfg)),
     }
+    models = {"policy": ckpt["policy"]}
     if ckpt["critics"] is not None:
-        ckpt["critics"].save(path)
+        models.update({f"critic_{k}": m for k, m in enumerate(ckpt["critics"].models)})
         state.update(ckpt["critics"].state())
-    save_checkpoint(path, {"policy": ckpt["policy"]}, state)
-    ckpt["tokenizer"].save_pretrained(Path(path) / "policy")
+    save_checkpoint(path, rank, models, state, stream_states(ckpt["rng"], gens), ckpt["tokenizer"])
 
 
 # ------------------------------------------------------------------------------------------------

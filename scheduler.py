@@ -52,7 +52,8 @@ from typing import Literal
 
 import numpy as np
 
-from common import check_choice, check_range, format_table, parallel_map, parse_config
+from common import check_choice, check_range, parallel_map, parse_config
+from runlog import format_table
 
 SCHEDULES = ("colocated", "disagg", "timemux")
 ROLES = ("rollout", "train", "sync", "shrink", "expand")  # segment role codes 0..4; time in no segment is idle

@@ -26,8 +26,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import check_choice, check_range, format_table, parse_config  # noqa: E402
+from common import check_choice, check_range, parse_config  # noqa: E402
 from rollout import generate  # noqa: E402
+from runlog import format_table  # noqa: E402
 
 PRESETS = {
     "2.5m": dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4),

@@ -31,8 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rollout_bench import PRESETS, make_model, sync  # noqa: E402
 
 import ppo_minimal as pm  # noqa: E402
-from common import check_choice, check_range, format_table, parse_config  # noqa: E402
+from common import check_choice, check_range, parse_config  # noqa: E402
 from critics import Critics, make_value_model  # noqa: E402
+from runlog import format_table  # noqa: E402
 
 
 @dataclass

@@ -15,7 +15,7 @@ from calibrated import REVERSE_T1
 
 import critics
 import ppo_minimal as pm
-from common import read_jsonl
+from runlog import read_jsonl
 from tasks import make_tiny_model, make_tokenizer
 
 F64 = torch.float64

@@ -70,7 +70,7 @@ def test_torchrun_ppo_minimal_smoke(sft_path, tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "world 2" in proc.stdout
-    from common import read_jsonl
+    from runlog import read_jsonl
 
     rows = read_jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]  # two ranks writing would duplicate them

@@ -14,8 +14,8 @@ import torch
 from calibrated import REVERSE_T1
 
 import ppo_minimal as pm
-from common import read_jsonl
 from diagnose import LiveDiagnoser
+from runlog import read_jsonl
 
 SMALL = {**REVERSE_T1, "prompts_per_step": 8, "group_size": 8, "eval_every": 0}
 # steps by which the declared id must be reported (measured: reward_scale 12, the rest 2-5)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import ppo_minimal as pm
-from common import read_jsonl
+from runlog import read_jsonl
 
 # the defaults (2 epochs x 2 shuffled minibatches; within the 20 warm-up iterations) on `sft_path`'s reverse task
 TINY = dict(task="reverse", prompts_per_step=4, group_size=4, eval_every=3, eval_n=20)
