@@ -69,10 +69,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from common import check_range, dist_store, parse_config, setup_dist, train_alone
-from ppo_minimal import Config, env_overrides, episode_limits, make_autocast, train
-from rollout import Rollout, load_policy, rollout_env, stop_token_ids
+from envs import TaskEnv, is_env, make_env
+from ppo_minimal import Config, env_overrides, make_autocast, rollout_kw, train
+from rollout import Rollout, rollout_env
 from runlog import format_table, read_jsonl
-from tasks import TaskEnv, is_env, make_env, make_task, sft_config_for, sft_warm_start
+from tasks import load_policy, make_task, stop_token_ids
+from warm_start import sft_config_for, sft_warm_start
 
 
 @dataclass
@@ -280,7 +282,7 @@ def rollout_worker(cfg: AsyncConfig, rank: int, group, store, source: str) -> No
         envs, seeds = zip(*request_episodes(cfg, task, seed, n))
         t0 = time.time()
         with autocast():
-            ro, eps = rollout_env(policy, tokenizer, envs, seeds, cfg, eos_ids, generator=gen, **episode_limits(cfg))
+            ro, eps = rollout_env(policy, tokenizer, envs, seeds, eos_ids, generator=gen, **rollout_kw(cfg))
         keep = ("return", "success", "turns", "malformed", "cut", "context_cut")
         info = [{**{k: e[k] for k in keep}, "env_s": [sum(e["env_s"])]} for e in eps]
         header = {"kind": "samples", "rid": rid, "version": version, "pad": tokenizer.pad_token_id, "eps": info}

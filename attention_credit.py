@@ -56,7 +56,11 @@ import numpy as np
 import torch
 
 from common import all_reduce_sum, check_choice, check_range, masked_mean, parallel_map, parse_config
+from envs import TaskEnv
+from rollout import generate, greedy_accuracy, position_ids_from_mask, tokenize_prompts
 from runlog import format_table, read_jsonl
+from tasks import format_prompt, load_policy, make_task
+from warm_start import SFTConfig, sft_warm_start
 
 W, H_LO, H_HI, HEAD_FRAC = 10, 10, 100, 0.3  # WAAD window, FAI horizons, head-group quantile (paper defaults)
 MODEL = (("num_hidden_layers", 6), ("num_attention_heads", 8), ("num_key_value_heads", 4), ("hidden_size", 64),
@@ -239,8 +243,6 @@ def run_with_maps(model, input_ids, attention_mask, layers: list[int], on_map, m
 
     The attention implementation is switched to eager for the pass and restored afterwards, also on error.
     """
-    from rollout import position_ids_from_mask
-
     mods, name, state = attention_modules(model), type(model).__name__, {"sl": None, "seen": []}
 
     def hook_for(j, index):
@@ -423,8 +425,6 @@ def main(argv=None):
     import matplotlib
 
     matplotlib.use("Agg")
-    from rollout import generate, load_policy, tokenize_prompts
-    from tasks import SFTConfig, format_prompt, greedy_accuracy, make_task, sft_warm_start
 
     cfg = parse_config(Config, argv)
     out, t0 = Path(cfg.out_dir), time.perf_counter()
@@ -437,7 +437,7 @@ def main(argv=None):
     policy, tok = load_policy(model_path, device)
     task = make_task("chain")
     eval_set = task.sample(cfg.eval_n, "eval", np.random.default_rng(12345))  # ppo_minimal's held-out set
-    acc0 = greedy_accuracy(policy, tok, task, eval_set, max_new_tokens=48)
+    acc0 = greedy_accuracy(policy, tok, [TaskEnv(task, p) for p in eval_set], [None] * len(eval_set), max_new_tokens=48)
     ids, am = tokenize_prompts(tok, [format_prompt(tok, p["prompt"]) for p in eval_set[:16]], 64)
     gen = dict(max_new_tokens=48, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
     ro = generate(policy, ids.to(device), am.to(device), **gen, generator=torch.Generator(device).manual_seed(0))

@@ -67,7 +67,7 @@ Implementation details (numbered; the deviations from veRL are marked "ours")
 14. Environments (`--task calc | guess | gem:<id>`, tasks.py): rollout.rollout_env runs G episodes per env
     seed (a GRPO group); each turn's reward sits at its last action token, observation tokens have mask 0
     and GAE passes values through them (DESIGN.md 7.1). A single-turn task is the one-turn case
-    (tasks.TaskEnv), so both share one code path; eval/acc is greedy success on held-out episodes.
+    (envs.TaskEnv), so both share one code path; eval/acc is greedy success on held-out episodes.
 """
 
 from __future__ import annotations
@@ -100,14 +100,8 @@ from common import (
 )
 from critics import Critics, critic_footprint, make_value_model, partition_shares, value_stats
 from diagnose import LiveDiagnoser
-from rollout import (
-    decode_responses,
-    load_policy,
-    position_ids_from_mask,
-    rollout_env,
-    sequence_logprobs,
-    stop_token_ids,
-)
+from envs import ENVS, TaskEnv, is_env, make_env
+from rollout import decode_responses, greedy_success, position_ids_from_mask, rollout_env, sequence_logprobs
 from runlog import (
     MetricsLogger,
     format_table,
@@ -117,18 +111,8 @@ from runlog import (
     save_checkpoint,
     stream_states,
 )
-from tasks import (
-    ENVS,
-    REWARDS,
-    TASKS,
-    TaskEnv,
-    is_env,
-    make_env,
-    make_task,
-    sft_config_for,
-    sft_target_for,
-    sft_warm_start,
-)
+from tasks import REWARDS, TASKS, load_policy, make_task, stop_token_ids
+from warm_start import sft_config_for, sft_target_for, sft_warm_start
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 INJECT_NAMES = (
@@ -280,7 +264,7 @@ class Config:
     dist_timeout: float = 120.0
     """Seconds before a collective gives up (a dead rank makes the others fail)."""
     sft_target: float | None = None
-    """Embedded default: greedy accuracy at which the SFT warm start stops (None = the task's: tasks.SFT_TARGETS)."""
+    """Embedded default: greedy accuracy at which the SFT warm start stops (None = the task's, in warm_start.py)."""
     tensorboard: bool = False
     """Also log to TensorBoard (needs the tensorboard package)."""
     strict: bool = False
@@ -755,12 +739,13 @@ def ppo_update(cfg, policy_train, opt, critics, batch: dict, world: int, gen, au
     return {**out, **first}
 
 
-@torch.no_grad()
-def episode_limits(cfg: Config) -> dict:
-    """rollout_env's limits: an environment's turns and context, or one turn (a single-turn task)."""
+def rollout_kw(cfg: Config) -> dict:
+    """rollout_env's limits and sampling settings: an environment's turns and context, or one turn (a task)."""
+    kw = dict(max_prompt_len=cfg.max_prompt_len, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+    kw.update(top_p=cfg.top_p, top_k=cfg.top_k)
     if cfg.data is None and is_env(cfg.task):
-        return {"max_turns": cfg.max_turns, "max_context": cfg.max_context}
-    return {"max_turns": 1, "max_context": cfg.max_prompt_len + cfg.max_new_tokens}
+        return {**kw, "max_turns": cfg.max_turns, "max_context": cfg.max_context}
+    return {**kw, "max_turns": 1, "max_context": cfg.max_prompt_len + cfg.max_new_tokens}
 
 
 def env_overrides(cfg: Config, split: str) -> dict:
@@ -772,12 +757,10 @@ def env_overrides(cfg: Config, split: str) -> dict:
 
 def evaluate(policy, tokenizer, episodes: list, cfg: Config, rank: int, world: int, eos_ids, autocast):
     """Greedy success (exact answer) on held-out episodes [(env, seed)], sharded over ranks and summed."""
-    mine, hits = episodes[rank::world], 0
-    for i in range(0, len(mine), 256):
-        envs, seeds = zip(*mine[i : i + 256])
-        with autocast():
-            _, info = rollout_env(policy, tokenizer, envs, seeds, cfg, eos_ids, **episode_limits(cfg))
-        hits += sum(e["success"] for e in info)
+    mine = episodes[rank::world]
+    envs, seeds = [e for e, _ in mine], [s for _, s in mine]
+    with autocast():
+        hits = greedy_success(policy, tokenizer, envs, seeds, eos_ids, **rollout_kw(cfg))
     t = all_reduce_sum(torch.tensor([hits, len(mine)], dtype=torch.float64, device=policy.device))
     return (t[0] / t[1]).item()
 
@@ -920,8 +903,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
             envs, seeds = zip(*episodes("train", n_local // cfg.group_size, rng, repeat=cfg.group_size))
             group_ids = torch.arange(n_local, device=device) // cfg.group_size + rank * n_local  # [B]
             with autocast():
-                limits = episode_limits(cfg)
-                ro, eps = rollout_env(policy, tokenizer, envs, seeds, cfg, eos_ids, generator=sample_gen, **limits)
+                ro, eps = rollout_env(policy, tokenizer, envs, seeds, eos_ids, generator=sample_gen, **rollout_kw(cfg))
         else:
             ro, eps, group_ids, sampled = sampler(step, policy)
         if cfg.inject == "pad_eq_eos":  # INJECT pad_eq_eos: pad with EOS, then mask = ids != pad drops EOS itself

@@ -38,10 +38,12 @@ import inspect
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+from tasks import format_prompt, make_task, make_tiny_model, make_tokenizer
 
 
 @dataclass
@@ -210,73 +212,6 @@ def sequence_logprobs(
     return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
 
 
-def resolve_model_path(name: str) -> str:
-    """A local folder as is; a path-like name that does not exist is an error; else a hub name."""
-    if Path(name).exists():
-        return name
-    # "./x", "/x", "~/x", "a/b/c", or "runs/x" whose parent folder exists here: a missing local path, not a hub id
-    looks_local = (
-        name.startswith((".", "/", "~")) or name.count("/") > 1 or (name.count("/") == 1 and Path(name).parent.is_dir())
-    )
-    if looks_local:
-        raise FileNotFoundError(f"model {name!r} does not exist (not a local folder, not a hub id)")
-    return name
-
-
-def load_policy(name_or_path: str, device):
-    """AutoModelForCausalLM + AutoTokenizer, dropout off, a pad token guaranteed (logged if assigned)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # one "Loading weights" bar per model would drown the metrics table
-    path = resolve_model_path(name_or_path)
-    try:
-        tokenizer = _as_saved(AutoTokenizer.from_pretrained(path), path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    except (OSError, ValueError) as e:  # hub name unreachable or not a model folder: say which model
-        raise FileNotFoundError(f"could not load model {name_or_path!r}: {e}") from e
-    if tokenizer.eos_token_id is None:
-        raise ValueError(f"tokenizer of {name_or_path!r} has no eos token: responses could never end")
-    if tokenizer.pad_token_id is None:
-        # masks are carried explicitly and never rebuilt from ids, so pad == eos is harmless here
-        tokenizer.pad_token = tokenizer.eos_token
-        print(f"[minrl] tokenizer of {name_or_path!r} has no pad token: using eos {tokenizer.eos_token!r} as pad")
-    return model.to(device).eval(), tokenizer  # eval() = dropout off, always
-
-
-def _as_saved(tokenizer, path: str):
-    """The tokenizer exactly as saved in a local folder's tokenizer.json.
-
-    transformers 5 rebuilds the tokenizer of some model types from their class (for qwen2: Qwen's byte-level
-    pre-tokenizer) instead of the folder's tokenizer.json; a custom tokenizer saved next to such a model
-    (the embedded char tokenizer) would then silently drop spaces and newlines. If tokenizer.json encodes
-    a probe differently from what AutoTokenizer built, the folder's own file wins (logged).
-    """
-    from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
-
-    saved = Path(path) / "tokenizer.json"
-    probe = "Ab 12+3 = x,\n  y?"
-    if not saved.is_file():
-        return tokenizer
-    if (
-        Tokenizer.from_file(str(saved)).encode(probe, add_special_tokens=False).ids
-        == tokenizer(probe, add_special_tokens=False).input_ids
-    ):
-        return tokenizer
-    print(f"[minrl] {path}: AutoTokenizer built {type(tokenizer).__name__}, which encodes differently from the saved "
-          "tokenizer.json; loading tokenizer.json as saved")  # fmt: skip
-    return PreTrainedTokenizerFast.from_pretrained(path)
-
-
-def stop_token_ids(model, tokenizer) -> list[int]:
-    """EOS of the tokenizer plus the model's generation-config EOS ids (chat models have several)."""
-    ids = {tokenizer.eos_token_id}
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
-    return sorted(ids)
-
-
 def observation_ids(tokenizer, text: str, first: bool) -> list[int]:
     """Ids of an environment observation, tokenised once (implementation detail 5).
 
@@ -285,8 +220,6 @@ def observation_ids(tokenizer, text: str, first: bool) -> list[int]:
     template's own text from the end of an assistant turn to the start of the next one, around a user
     message holding the observation (located by rendering a probe conversation).
     """
-    from tasks import format_prompt
-
     if first:
         return tokenizer(format_prompt(tokenizer, text), add_special_tokens=False).input_ids
     if not getattr(tokenizer, "chat_template", None):
@@ -320,7 +253,20 @@ def _checked(env, method: str, episode: int, turn: int, **kw):
 
 
 def rollout_env(
-    model, tokenizer, envs, seeds, cfg, eos_ids, generator=None, *, max_turns: int = 1, max_context: int = 1 << 30
+    model,
+    tokenizer,
+    envs,
+    seeds,
+    eos_ids,
+    *,
+    max_prompt_len: int,
+    max_new_tokens: int,
+    max_turns: int = 1,
+    max_context: int = 1 << 30,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    generator=None,
 ) -> tuple[Rollout, list[dict]]:
     """Run one episode per env to its end, all in lockstep turns. A single-turn task is one turn (TaskEnv).
 
@@ -331,8 +277,8 @@ def rollout_env(
     The turn's reward sits at its last action token (`token_scores`). An episode ends when the env says
     terminated or truncated, after max_turns actions, or when its next turn would not fit max_context.
 
-    envs: B objects with GEM's reset(seed) / step(action); seeds: B seeds (GRPO groups share one). cfg:
-    max_prompt_len, max_new_tokens (per turn) and the sampling settings. generator None = greedy.
+    envs: B objects with GEM's reset(seed) / step(action); seeds: B seeds (GRPO groups share one).
+    max_new_tokens bounds each action; generator None = greedy (the sampling settings are then unused).
     Returns the Rollout (response = everything after the first observation; `truncated`: the last action
     ended without a stop token, as in single-turn) and per episode {"return", "success", "turns",
     "malformed", "cut" (ended without the env terminating it: env truncation, max_turns or max_context),
@@ -340,22 +286,17 @@ def rollout_env(
     "action_spans" [(start, end) in response positions], "env_s" [seconds in each env.step], "gen_s" [seconds
     of each turn's batched generation]}.
     """
-    from tasks import format_prompt
-
     dev = next(model.parameters()).device
-    sampling = {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k} if generator else {}
-    chat = bool(getattr(tokenizer, "chat_template", None))
+    sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k} if generator else {"temperature": 0.0}
     first = [_checked(env, "reset", i, 0, seed=seed)[0] for i, (env, seed) in enumerate(zip(envs, seeds))]
-    prompts = encode_prompts(tokenizer, [format_prompt(tokenizer, o) for o in first], cfg.max_prompt_len)
+    prompts = encode_prompts(tokenizer, [format_prompt(tokenizer, o) for o in first], max_prompt_len)
     ids, am = _left_pad(prompts, tokenizer.pad_token_id)
-    B = len(envs)
-    resp, is_action, logps, scores = ([[] for _ in range(B)] for _ in range(4))
+    tracks = [{"ids": [], "action": [], "logp": [], "score": [], "no_stop": False} for _ in envs]  # the responses
     blank = {"return": 0.0, "success": False, "turns": 0, "malformed": 0, "cut": False, "context_cut": False}
-    info = [{**blank, "action_spans": [], "env_s": [], "gen_s": []} for _ in envs]
-    no_stop = [False] * B  # the last action has no stop token
-    live = list(range(B))
+    info = [{**blank, "no_stop_actions": 0, "action_spans": [], "env_s": [], "gen_s": []} for _ in envs]
+    live = list(range(len(envs)))
     for turn in range(1, max_turns + 1):
-        budget = {i: min(cfg.max_new_tokens, max_context - len(prompts[i]) - len(resp[i])) for i in live}
+        budget = {i: min(max_new_tokens, max_context - len(prompts[i]) - len(tracks[i]["ids"])) for i in live}
         for i in live:
             if budget[i] < 1 and turn == 1:
                 raise ValueError(f"episode {i}: the first observation leaves no room for an action in max_context")
@@ -363,9 +304,9 @@ def rollout_env(
         live = [i for i in live if budget[i] >= 1]
         if not live:
             break
-        ctx_ids, ctx_mask = _left_pad([prompts[i] + resp[i] for i in live], tokenizer.pad_token_id)
+        ctx_ids, ctx_mask = _left_pad([prompts[i] + tracks[i]["ids"] for i in live], tokenizer.pad_token_id)
         t_gen = time.perf_counter()
-        ro = generate(
+        turn_samples = generate(
             model,
             ctx_ids.to(dev),
             ctx_mask.to(dev),
@@ -373,48 +314,60 @@ def rollout_env(
             eos_token_ids=eos_ids,
             pad_token_id=tokenizer.pad_token_id,
             generator=generator,
-            **(sampling or {"temperature": 0.0}),
+            **sampling,
         )
-        r_ids, r_mask, r_logp = ro.response_ids.cpu(), ro.response_mask.cpu(), ro.rollout_logprobs.cpu()
+        r_ids, r_mask = turn_samples.response_ids.cpu(), turn_samples.response_mask.cpu()  # [b, r] each
+        r_logp = turn_samples.rollout_logprobs.cpu()  # [b, r]
         t_gen = time.perf_counter() - t_gen  # this turn's batched generation
         still = []
         for j, i in enumerate(live):
             n = min(int(r_mask[j].sum()), budget[i])
-            action = r_ids[j, :n].tolist()
-            stopped = n > 0 and action[-1] in eos_ids
-            text = tokenizer.decode(action, skip_special_tokens=True)
-            t0 = time.perf_counter()
-            obs, reward, terminated, truncated, step_info = _checked(envs[i], "step", i, turn, action=text)
-            info[i]["env_s"].append(time.perf_counter() - t0)
             info[i]["gen_s"].append(t_gen)
-            info[i]["action_spans"].append((len(resp[i]), len(resp[i]) + n))
-            resp[i] += action
-            is_action[i] += [1] * n
-            logps[i] += r_logp[j, :n].tolist()
-            scores[i] += [0.0] * (n - 1) + [reward]
-            info[i]["return"] += reward
-            info[i]["turns"] = turn
-            info[i]["malformed"] += int(bool(step_info.get("malformed")))
-            info[i]["success"] = info[i]["success"] or bool(step_info.get("success"))
-            no_stop[i] = not stopped
-            info[i]["no_stop_actions"] = info[i].get("no_stop_actions", 0) + int(not stopped)
-            info[i]["context_cut"] |= not stopped and n < cfg.max_new_tokens  # cut by max_context, not the limit
-            if terminated or truncated or turn == max_turns:
-                info[i]["cut"] = not terminated
-                continue
-            obs_ids = observation_ids(tokenizer, obs, first=False)
-            if chat and (not action or action[-1] != tokenizer.eos_token_id):  # close the turn as the template
-                obs_ids = [tokenizer.eos_token_id] + obs_ids  # would (mask 0: the model did not write it)
-            if len(prompts[i]) + len(resp[i]) + len(obs_ids) >= max_context:  # no room for it and an action
-                info[i]["cut"] = True
-                continue
-            resp[i] += obs_ids
-            is_action[i] += [0] * len(obs_ids)
-            logps[i] += [0.0] * len(obs_ids)
-            scores[i] += [0.0] * len(obs_ids)
-            still.append(i)
+            step = dict(episode=i, turn=turn, max_new_tokens=max_new_tokens, max_turns=max_turns)
+            room = max_context - len(prompts[i])  # tokens this episode's response may still grow to
+            if _take_turn(envs[i], tokenizer, tracks[i], info[i], r_ids[j, :n].tolist(), r_logp[j, :n].tolist(),
+                          eos_ids, room, **step):  # fmt: skip
+                still.append(i)
         live = still
-    return _pack(ids, am, resp, is_action, logps, scores, no_stop, tokenizer.pad_token_id, dev), info
+    return _pack(ids, am, tracks, tokenizer.pad_token_id, dev), info
+
+
+def _take_turn(env, tokenizer, track: dict, info: dict, action: list[int], logp: list[float], eos_ids, room: int, *,
+               episode: int, turn: int, max_new_tokens: int, max_turns: int) -> bool:  # fmt: skip
+    """One episode's turn after sampling: the action's ids join its track (mask 1), its text steps the env, the
+    observation's ids join with mask 0. Returns whether the episode goes on (room: tokens it may still hold)."""
+    n, chat = len(action), bool(getattr(tokenizer, "chat_template", None))
+    stopped = n > 0 and action[-1] in eos_ids
+    text = tokenizer.decode(action, skip_special_tokens=True)
+    t0 = time.perf_counter()
+    obs, reward, terminated, truncated, step_info = _checked(env, "step", episode, turn, action=text)
+    info["env_s"].append(time.perf_counter() - t0)
+    info["action_spans"].append((len(track["ids"]), len(track["ids"]) + n))
+    track["ids"] += action
+    track["action"] += [1] * n
+    track["logp"] += logp
+    track["score"] += [0.0] * (n - 1) + [reward]  # the turn's reward at its last action token
+    info["return"] += reward
+    info["turns"] = turn
+    info["malformed"] += int(bool(step_info.get("malformed")))
+    info["success"] = info["success"] or bool(step_info.get("success"))
+    track["no_stop"] = not stopped
+    info["no_stop_actions"] += int(not stopped)
+    info["context_cut"] |= not stopped and n < max_new_tokens  # cut by max_context, not the length limit
+    if terminated or truncated or turn == max_turns:
+        info["cut"] = not terminated
+        return False
+    obs_ids = observation_ids(tokenizer, obs, first=False)
+    if chat and (not action or action[-1] != tokenizer.eos_token_id):  # close the turn as the template
+        obs_ids = [tokenizer.eos_token_id] + obs_ids  # would (mask 0: the model did not write it)
+    if len(track["ids"]) + len(obs_ids) >= room:  # no room for it and an action
+        info["cut"] = True
+        return False
+    track["ids"] += obs_ids
+    track["action"] += [0] * len(obs_ids)
+    track["logp"] += [0.0] * len(obs_ids)
+    track["score"] += [0.0] * len(obs_ids)
+    return True
 
 
 def _left_pad(seqs: list[list[int]], pad_id: int):
@@ -427,41 +380,60 @@ def _left_pad(seqs: list[list[int]], pad_id: int):
     return ids, mask
 
 
-def _pack(prompt_ids, prompt_mask, resp, is_action, logps, scores, no_stop, pad_id, dev) -> Rollout:
+def _pack(prompt_ids, prompt_mask, tracks: list[dict], pad_id: int, dev) -> Rollout:
     """The Rollout of finished episodes: prompts left-padded as sampled, responses right-padded."""
-    B, R = len(resp), max(1, *map(len, resp))
-    response_ids = torch.full((B, R), pad_id, dtype=torch.long)
-    real = torch.zeros(B, R, dtype=torch.long)  # attention: every action and observation token
-    response_mask = torch.zeros(B, R, dtype=torch.long)  # loss: action tokens only
-    logp, token_scores = torch.zeros(B, R), torch.zeros(B, R)
-    for i in range(B):
-        n = len(resp[i])
-        response_ids[i, :n], real[i, :n] = torch.tensor(resp[i], dtype=torch.long), 1
-        response_mask[i, :n] = torch.tensor(is_action[i], dtype=torch.long)
-        logp[i, :n], token_scores[i, :n] = torch.tensor(logps[i]), torch.tensor(scores[i])
+    B, R = len(tracks), max(1, *(len(t["ids"]) for t in tracks))
+    response_ids = torch.full((B, R), pad_id, dtype=torch.long)  # [B, R]
+    real = torch.zeros(B, R, dtype=torch.long)  # [B, R] attention: every action and observation token
+    response_mask = torch.zeros(B, R, dtype=torch.long)  # [B, R] loss: action tokens only
+    logp, token_scores = torch.zeros(B, R), torch.zeros(B, R)  # [B, R] each
+    for i, t in enumerate(tracks):
+        n = len(t["ids"])
+        response_ids[i, :n], real[i, :n] = torch.tensor(t["ids"], dtype=torch.long), 1
+        response_mask[i, :n] = torch.tensor(t["action"], dtype=torch.long)
+        logp[i, :n], token_scores[i, :n] = torch.tensor(t["logp"]), torch.tensor(t["score"])
     return Rollout(
         prompt_ids=prompt_ids.to(dev),
         response_ids=response_ids.to(dev),
         attention_mask=torch.cat([prompt_mask, real], 1).to(dev),
         response_mask=response_mask.to(dev),
         rollout_logprobs=logp.to(dev),
-        truncated=torch.tensor(no_stop, device=dev),
+        truncated=torch.tensor([t["no_stop"] for t in tracks], device=dev),
         token_scores=token_scores.to(dev),
     )
 
 
-def main():
-    from tasks import format_prompt, make_task, make_tiny_model, make_tokenizer
+# ----------------------------------------------------------------------------------------------
+# Greedy evaluation: the share of episodes solved at temperature 0
 
+
+@torch.no_grad()
+def greedy_success(model, tokenizer, envs, seeds, eos_ids, *, batch: int = 256, **limits) -> int:
+    """Number of episodes solved (info["success"]) with greedy decoding, `batch` episodes per rollout_env call.
+    limits: rollout_env's max_prompt_len, max_new_tokens, max_turns, max_context."""
+    hits = 0
+    for i in range(0, len(envs), batch):
+        _, info = rollout_env(model, tokenizer, envs[i : i + batch], seeds[i : i + batch], eos_ids, **limits)
+        hits += sum(e["success"] for e in info)
+    return hits
+
+
+def greedy_accuracy(model, tokenizer, envs, seeds, *, max_new_tokens: int = 16, max_turns: int = 1) -> float:
+    """Share of episodes solved greedily, bounded only by the model's own context (warm starts, experiments)."""
+    limits = dict(max_prompt_len=10_000, max_new_tokens=max_new_tokens, max_turns=max_turns)
+    limits["max_context"] = getattr(model.config, "max_position_embeddings", 1 << 30)
+    return greedy_success(model, tokenizer, envs, seeds, [tokenizer.eos_token_id], **limits) / len(envs)
+
+
+def main():
+    """Sample 64 reverse prompts from the random-init tiny model: tokens/s and the sampler-trainer logprob gap."""
     torch.manual_seed(0)
     tok = make_tokenizer()
     model = make_tiny_model(tok).eval()
-    import numpy as np
-
     problems = make_task("reverse").sample(64, "train", np.random.default_rng(0))
     ids, mask = tokenize_prompts(tok, [format_prompt(tok, p["prompt"]) for p in problems], 64)
     t0 = time.perf_counter()
-    ro = generate(
+    samples = generate(
         model,
         ids,
         mask,
@@ -471,13 +443,13 @@ def main():
         generator=torch.Generator().manual_seed(0),
     )
     dt = time.perf_counter() - t0
-    old, _ = sequence_logprobs(model, ro.input_ids, ro.attention_mask, ro.response_ids.shape[1])
-    diff = ((old - ro.rollout_logprobs).abs() * ro.response_mask).max().item()
+    old, _ = sequence_logprobs(model, samples.input_ids, samples.attention_mask, samples.response_ids.shape[1])
+    diff = ((old - samples.rollout_logprobs).abs() * samples.response_mask).max().item()
     print(
-        f"{int(ro.response_mask.sum())} tokens in {dt:.2f}s = {ro.response_mask.sum().item() / dt:.0f} tok/s; "
-        f"truncated {ro.truncated.float().mean():.2f}; max |rollout - recomputed logp| {diff:.2e}"
+        f"{int(samples.response_mask.sum())} tokens in {dt:.2f}s = {samples.response_mask.sum().item() / dt:.0f} "
+        f"tok/s; truncated {samples.truncated.float().mean():.2f}; max |rollout - recomputed logp| {diff:.2e}"
     )
-    for r in decode_responses(tok, ro)[:4]:
+    for r in decode_responses(tok, samples)[:4]:
         print(repr(r))
 
 

@@ -10,12 +10,12 @@ def sft_path() -> Path:
     """Folder (model + tokenizer) of the SFT warm start on `reverse`: the model the calibrated tests use
     (tests/calibrated.py), which pass `task="reverse"` with it.
 
-    Built once and cached on disk under a key, behind a file lock (tasks.sft_warm_start), so parallel
+    Built once and cached on disk under a key, behind a file lock (warm_start.sft_warm_start), so parallel
     test workers and repeated sessions share it.
     """
-    import tasks
+    import warm_start
 
-    return tasks.sft_warm_start(tasks.SFTConfig(task="reverse"))
+    return warm_start.sft_warm_start(warm_start.SFTConfig(task="reverse"))
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +23,6 @@ def default_sft_path() -> Path:
     """The embedded default's warm start (the trainer's own key for its default task), built before the
     tests that start the trainer without --model in subprocesses, so they do not all build it at once."""
     import ppo_minimal
-    import tasks
+    import warm_start
 
-    return tasks.sft_warm_start(tasks.sft_config_for(ppo_minimal.Config().task))
+    return warm_start.sft_warm_start(warm_start.sft_config_for(ppo_minimal.Config().task))

@@ -1,9 +1,7 @@
-"""Multi-turn environments (tasks.py) and rollouts (rollout.rollout_env): interface conformance, the safe
+"""Multi-turn environments (envs.py) and rollouts (rollout.rollout_env): interface conformance, the safe
 calculator, malformed actions, masks over observation tokens, logprob consistency, chat templates, the GEM
 adapter, and the trainer on an environment (GRPO groups share an env seed).
 """
-
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,10 +9,15 @@ import torch
 
 import ppo_minimal as pm
 import tasks
+from envs import CalcError, CalculatorEnv, TaskEnv, make_env, safe_calc
 from rollout import generate, rollout_env, sequence_logprobs, tokenize_prompts
 
 ENV_NAMES = ["calc", "guess"]
-CFG = SimpleNamespace(max_prompt_len=64, max_new_tokens=12, temperature=1.0, top_p=1.0, top_k=0)
+CFG = dict(max_prompt_len=64, max_new_tokens=12, temperature=1.0, top_p=1.0, top_k=0)
+
+
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +37,7 @@ def play(env, actions):
 
 @pytest.mark.parametrize("name", ENV_NAMES)
 def test_reset_and_step_have_gem_types_and_seeding_is_deterministic(name):
-    env = tasks.make_env(name)
+    env = make_env(name)
     obs, info = env.reset(seed=7)
     assert isinstance(obs, str) and isinstance(info, dict)
     assert env.reset(seed=7)[0] == obs and env.reset(seed=8)[0] != obs
@@ -43,16 +46,16 @@ def test_reset_and_step_have_gem_types_and_seeding_is_deterministic(name):
 
 
 def test_make_env_overrides_keep_each_envs_defaults():
-    guess, calc = tasks.make_env("guess", latency_s=0.2), tasks.make_env("calc", penalty=-1.0)
+    guess, calc = make_env("guess", latency_s=0.2), make_env("calc", penalty=-1.0)
     assert (guess.cfg.max_turns, guess.cfg.latency_s, calc.cfg.max_turns, calc.cfg.penalty) == (6, 0.2, 3, -1.0)
     with pytest.raises(ValueError, match="unknown environment"):
-        tasks.make_env("chess")
+        make_env("chess")
 
 
 @pytest.mark.parametrize("name", ENV_NAMES)
 def test_train_and_eval_episodes_are_disjoint(name):
-    train = {tasks.make_env(name, "train").reset(seed=s)[0] for s in range(300)}
-    held = {tasks.make_env(name, "eval").reset(seed=s)[0] for s in range(300)}
+    train = {make_env(name, "train").reset(seed=s)[0] for s in range(300)}
+    held = {make_env(name, "eval").reset(seed=s)[0] for s in range(300)}
     assert not train & held
     assert all(tasks.is_eval_problem(o) for o in held) and not any(tasks.is_eval_problem(o) for o in train)
 
@@ -60,7 +63,7 @@ def test_train_and_eval_episodes_are_disjoint(name):
 @pytest.mark.parametrize("name", ENV_NAMES)
 def test_the_scripted_solver_solves_every_episode_and_the_episode_ends(name):
     for seed in range(50):
-        env = tasks.make_env(name)
+        env = make_env(name)
         env.reset(seed=seed)
         total, done = 0.0, False
         while not done:
@@ -72,7 +75,7 @@ def test_the_scripted_solver_solves_every_episode_and_the_episode_ends(name):
 
 
 def test_calculator_episode_known_answer():
-    env = tasks.CalculatorEnv()
+    env = CalculatorEnv()
     obs, _ = env.reset(seed=3)
     truth, expr = env.state
     a, op, b = __import__("re").fullmatch(r"(\d+)([-+*])(\d+)", expr).groups()
@@ -83,7 +86,7 @@ def test_calculator_episode_known_answer():
 
 
 def test_truncated_after_max_turns_with_the_penalty_per_malformed_action():
-    env = tasks.make_env("calc", max_turns=2, penalty=-0.25)
+    env = make_env("calc", max_turns=2, penalty=-0.25)
     env.reset(seed=1)
     (o1, r1, t1, u1, i1), (o2, r2, t2, u2, _) = play(env, ["hello", "calc 1+1"])
     assert o1.startswith("error:") and r1 == -0.25 and not t1 and not u1 and i1["malformed"]
@@ -110,7 +113,7 @@ def test_truncated_after_max_turns_with_the_penalty_per_malformed_action():
 )
 def test_malformed_actions_get_the_penalty_and_never_raise_or_execute(action, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    env = tasks.CalculatorEnv()
+    env = CalculatorEnv()
     env.reset(seed=0)
     obs, reward, terminated, truncated, info = env.step(action)
     assert obs.startswith("error:") and reward == env.cfg.penalty and not terminated and info["malformed"]
@@ -118,17 +121,17 @@ def test_malformed_actions_get_the_penalty_and_never_raise_or_execute(action, tm
 
 
 def test_safe_calc_known_answers_and_refusals():
-    assert [tasks.safe_calc(e) for e in ["1+2*3", "(1+2)*3", "-3--4", "12/4", " 7 - 10 "]] == [7, 9, 1, 3, -3]
+    assert [safe_calc(e) for e in ["1+2*3", "(1+2)*3", "-3--4", "12/4", " 7 - 10 "]] == [7, 9, 1, 3, -3]
     for bad in ["2**3", "1e3", "abs(1)", "1 2", "(1", "1)", "", "9" * 25, "8/3"]:
-        with pytest.raises(tasks.CalcError):
-            tasks.safe_calc(bad)
+        with pytest.raises(CalcError):
+            safe_calc(bad)
 
 
 def test_latency_is_applied_and_seeded(monkeypatch):
     slept = []
-    monkeypatch.setattr(tasks.time, "sleep", slept.append)
+    monkeypatch.setattr("envs.time.sleep", slept.append)
     for _ in range(2):
-        env = tasks.make_env("calc", latency_s=0.5, latency_sigma=0.5)
+        env = make_env("calc", latency_s=0.5, latency_sigma=0.5)
         env.reset(seed=4)
         env.step("calc 1+1")
     assert slept[0] == slept[1] > 0  # the same seed gives the same delay
@@ -145,8 +148,10 @@ def test_single_turn_is_the_one_turn_case_of_the_same_code_path(tiny):
     ids, am = tokenize_prompts(tok, [tasks.format_prompt(tok, p["prompt"]) for p in problems], 64)
     kw = {"eos_token_ids": [tok.eos_token_id], "pad_token_id": tok.pad_token_id}
     plain = generate(model, ids, am, max_new_tokens=12, generator=torch.Generator().manual_seed(1), **kw)
-    envs = [tasks.TaskEnv(task, p) for p in problems]
-    ro, info = rollout_env(model, tok, envs, [None] * 8, CFG, [tok.eos_token_id], torch.Generator().manual_seed(1))
+    envs = [TaskEnv(task, p) for p in problems]
+    ro, info = rollout_env(
+        model, tok, envs, [None] * 8, [tok.eos_token_id], generator=torch.Generator().manual_seed(1), **CFG
+    )
     for field in ("prompt_ids", "response_ids", "attention_mask", "response_mask", "rollout_logprobs", "truncated"):
         assert torch.equal(getattr(plain, field), getattr(ro, field)), field
     scores = [task.compute_score(tok.decode(r[m.bool()], skip_special_tokens=True), p["ground_truth"])
@@ -158,9 +163,16 @@ def test_single_turn_is_the_one_turn_case_of_the_same_code_path(tiny):
 def multi(tiny):
     """A batch of calc episodes from the random tiny model: malformed actions, observations, several turns."""
     model, tok = tiny
-    envs = [tasks.make_env("calc") for _ in range(6)]
+    envs = [make_env("calc") for _ in range(6)]
     ro, info = rollout_env(
-        model, tok, envs, [1, 1, 1, 2, 2, 2], CFG, [tok.eos_token_id], torch.Generator().manual_seed(0), max_turns=3
+        model,
+        tok,
+        envs,
+        [1, 1, 1, 2, 2, 2],
+        [tok.eos_token_id],
+        generator=seeded(0),
+        max_turns=3,
+        **CFG,
     )
     return ro, info
 
@@ -216,9 +228,10 @@ def test_gae_passes_values_through_observation_tokens():
 
 def test_max_context_cuts_an_episode(tiny):
     model, tok = tiny
-    envs = [tasks.make_env("guess") for _ in range(3)]
-    ro, info = rollout_env(model, tok, envs, [0, 1, 2], CFG, [tok.eos_token_id], torch.Generator().manual_seed(0),
-                           max_turns=6, max_context=60)  # fmt: skip
+    envs = [make_env("guess") for _ in range(3)]
+    ro, info = rollout_env(
+        model, tok, envs, [0, 1, 2], [tok.eos_token_id], generator=seeded(0), **CFG, max_turns=6, max_context=60
+    )
     assert all(e["cut"] and e["turns"] < 6 for e in info) and int(ro.attention_mask.sum(-1).max()) <= 60
 
 
@@ -242,7 +255,7 @@ def test_an_env_that_raises_or_returns_nan_is_named_with_its_turn(tiny, reward, 
     model, tok = tiny
     envs = [Exploding(0.0), Exploding(reward)]
     with pytest.raises(err) as e:
-        rollout_env(model, tok, envs, [0, 0], CFG, [tok.eos_token_id], torch.Generator().manual_seed(0))
+        rollout_env(model, tok, envs, [0, 0], [tok.eos_token_id], generator=seeded(0), **CFG)
     msg = str(e.value)
     assert "'boom-env'" in msg and "turn 1 of episode 1" in msg and what in msg, msg
 
@@ -274,7 +287,7 @@ def test_gem_adapter_runs_a_gem_game(tiny):
     name = "gem:game:GuessTheNumber-v0-easy"  # a number in 1..10
 
     def trajectory(seed, split="train", guesses=(5, 3, 8)):
-        env = tasks.make_env(name, split)
+        env = make_env(name, split)
         obs, info = env.reset(seed=seed)
         assert isinstance(obs, str) and isinstance(info, dict)
         return [env.step(f"\\boxed{{{g}}}") for g in guesses]
@@ -285,10 +298,11 @@ def test_gem_adapter_runs_a_gem_game(tiny):
     finals = [trajectory(3, guesses=(g,))[0] for g in range(1, 11)]
     won = [f for f in finals if f[4]["success"]]  # exactly one guess solves it: reward 1, terminated
     assert len(won) == 1 and won[0][1] == 1.0 and won[0][2] and not won[0][3]
-    envs = [tasks.make_env("gem:game:GuessTheNumber-v0-easy") for _ in range(2)]
-    cfg = SimpleNamespace(**{**vars(CFG), "max_prompt_len": 1000})
-    ro, info = rollout_env(model, tok, envs, [0, 1], cfg, [tok.eos_token_id], torch.Generator().manual_seed(0),
-                           max_turns=4, max_context=2000)  # fmt: skip
+    envs = [make_env("gem:game:GuessTheNumber-v0-easy") for _ in range(2)]
+    cfg = {**CFG, "max_prompt_len": 1000}
+    ro, info = rollout_env(
+        model, tok, envs, [0, 1], [tok.eos_token_id], generator=seeded(0), **cfg, max_turns=4, max_context=2000
+    )
     assert all(1 <= e["turns"] <= 4 for e in info) and ro.response_mask.sum() > 0
 
 

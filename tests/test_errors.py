@@ -16,7 +16,6 @@ import torch
 
 import common
 import ppo_minimal as pm
-import rollout
 import tasks
 from rollout import generate, tokenize_prompts
 
@@ -208,7 +207,7 @@ def test_tokenizer_without_pad_gets_eos_and_says_so(tmp_path, capsys):
     tok.pad_token = None
     assert tok.pad_token_id is None
     path = save_tiny(tmp_path, tok)
-    model, loaded = rollout.load_policy(path, "cpu")
+    model, loaded = tasks.load_policy(path, "cpu")
     out = capsys.readouterr().out
     assert "has no pad token" in out and "'<eos>'" in out and path in out, out
     assert loaded.pad_token_id == loaded.eos_token_id == tok.eos_token_id
@@ -220,7 +219,7 @@ def test_tokenizer_without_eos_is_an_error(tmp_path):
     tok.eos_token = None
     path = save_tiny(tmp_path, tok)
     with pytest.raises(ValueError, match=r"has no eos token"):
-        rollout.load_policy(path, "cpu")
+        tasks.load_policy(path, "cpu")
 
 
 def test_generate_without_stop_token_is_an_error():
@@ -233,22 +232,22 @@ def test_generate_without_stop_token_is_an_error():
 @pytest.mark.parametrize("name", ["/no/such/model/dir", "./missing-model", "~/missing-model", "tests/no_such_model"])
 def test_model_path_that_does_not_exist(name):
     with pytest.raises(FileNotFoundError) as e:
-        rollout.resolve_model_path(name)
+        tasks.resolve_model_path(name)
     assert repr(name) in str(e.value) and "does not exist" in str(e.value)
     with pytest.raises(FileNotFoundError, match=re.escape(repr(name))):
-        rollout.load_policy(name, "cpu")
+        tasks.load_policy(name, "cpu")
 
 
 def test_model_folder_that_is_not_a_model(tmp_path):
     (tmp_path / "notes.txt").write_text("not a model")
     with pytest.raises((FileNotFoundError, OSError, ValueError)) as e:
-        rollout.load_policy(str(tmp_path), "cpu")
+        tasks.load_policy(str(tmp_path), "cpu")
     assert str(tmp_path) in str(e.value), f"the error does not name the folder: {e.value}"
 
 
 def test_hub_style_name_is_passed_to_the_hub():
-    assert rollout.resolve_model_path("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
-    assert rollout.resolve_model_path("gpt2") == "gpt2"  # hub ids without an org exist too
+    assert tasks.resolve_model_path("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
+    assert tasks.resolve_model_path("gpt2") == "gpt2"  # hub ids without an org exist too
 
 
 # ----------------------------------------------------------------------------------------------

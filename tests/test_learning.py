@@ -47,9 +47,9 @@ def test_embedded_default_raises_held_out_greedy_accuracy(tmp_path, default_sft_
 def test_calc_environment_greedy_success_rises_against_lr0_control(tmp_path):
     """Multi-turn tool use: GRPO (temperature 0.6) on `calc` from its SFT warm start raises greedy success on 200
     held-out episodes above its start and above an lr = 0 control (README: 60 iterations, 3 seeds)."""
-    import tasks
+    import warm_start
 
-    sft = tasks.sft_warm_start(tasks.sft_config_for("calc"), verbose=False)
+    sft = warm_start.sft_warm_start(warm_start.sft_config_for("calc"), verbose=False)
 
     def run(name, lr):
         rows = []

@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 
 import ppo_minimal as pm
-import rollout
 import tasks
 from rollout import (
     decode_responses,
@@ -91,7 +90,7 @@ def test_a_model_folder_keeps_its_char_tokenizer_spaces_and_newlines_included(to
     """transformers 5 rebuilds a qwen2 folder's tokenizer as Qwen2Tokenizer (byte-level pre-tokenizer), which
     drops the char tokenizer's spaces and newlines; load_policy must give back the tokenizer as saved."""
     import tasks
-    from rollout import load_policy
+    from tasks import load_policy
 
     tasks.make_tiny_model(tok).save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
@@ -343,7 +342,7 @@ def test_old_logprobs_equal_rollout_logprobs_gpt2(tok):
 
 
 def test_old_logprobs_equal_rollout_logprobs_sft_model(sft_path):
-    m, t = rollout.load_policy(str(sft_path), "cpu")
+    m, t = tasks.load_policy(str(sft_path), "cpu")
     _, _, diff = consistency(m, t, 1.0)
     assert diff < TOL
 
@@ -395,7 +394,7 @@ def test_model_folder_with_chat_template_trains_on_templated_prompts(tmp_path):
     torch.manual_seed(0)
     tasks.make_tiny_model(tok).save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
-    _, back = rollout.load_policy(str(tmp_path / "m"), "cpu")
+    _, back = tasks.load_policy(str(tmp_path / "m"), "cpu")
     assert tasks.format_prompt(back, "123456>") == "u: 123456>\na: "  # the saved template, not <bos> + text
     cfg = pm.Config(model=str(tmp_path / "m"), task="reverse", steps=1, prompts_per_step=2, group_size=2,
                     eval_every=1, eval_n=4, dump_batch=1, out_dir=str(tmp_path / "run"))  # fmt: skip

@@ -1,0 +1,330 @@
+"""Multi-turn environments with GEM's interface: a calculator tool, a number game, any GEM env, a task as one turn.
+
+    python envs.py             # one episode of each embedded environment, played by its scripted solver
+
+`Env` is GEM's interface: `reset(seed) -> (observation, info)`, `step(action) -> (observation, reward,
+terminated, truncated, info)`. `rollout.rollout_env` runs B of them in lockstep turns; nothing else in the
+project steps an environment.
+- `calc` (CalculatorEnv): an arithmetic word problem; the tool call `calc EXPR` is answered `=VALUE` by
+  `safe_calc`, a recursive-descent parser that never calls eval/exec; `answer N` ends the episode (reward 1 if
+  right).
+- `guess` (GuessNumberEnv): find a secret number in [1, 32] from higher / lower feedback.
+- `gem:<env id>` (GemEnv): the `gem` package's environments (pip install gem-llm; optional).
+- `TaskEnv`: a single-turn task of tasks.py as a one-turn environment, so that single- and multi-turn runs
+  share one sampling path.
+
+Implementation details (our choices)
+1. Seeded and deterministic: the same seed gives the same episode. Train and held-out episodes are disjoint:
+   an episode belongs to the eval split iff its first observation does (tasks.is_eval_problem); GEM envs
+   split by seed instead (GemEnv.EVAL_SEED).
+2. A malformed action (wrong verb, bad argument, an expression the parser refuses) gets a documented penalty
+   (EnvConfig.penalty, -0.1) and an `error: ...` observation; the episode goes on. Nothing from a model
+   reaches eval, exec, a shell or a file path.
+3. `expert()` is each embedded env's scripted solver: warm_start.py imitates it (labels on actions only).
+4. Optional per-step latency (EnvConfig.latency_s, log-normal with latency_sigma, drawn from the episode's
+   seed) exercises asynchronous rollouts (async_loop.py); evaluation episodes never sleep.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import numpy as np
+
+from tasks import is_eval_problem
+
+# ----------------------------------------------------------------------------------------------
+# The interface
+
+
+class Env(Protocol):
+    """A multi-turn environment with GEM-compatible signatures (`gem.Env`)."""
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict]:
+        """Start an episode; returns (first observation, info)."""
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        """Apply one action; returns (observation, reward, terminated, truncated, info)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# The calculator's safe parser and the action format
+
+
+class CalcError(ValueError):
+    """An expression the calculator refuses (bad character, too long, too deep, too large, not exact)."""
+
+
+def safe_calc(expr: str, max_len: int = 24, max_abs: int = 10**9) -> int:
+    """Integer value of `expr` (digits, + - * /, parentheses, spaces) by recursive descent; never eval/exec.
+
+    Grammar: expr = term (("+" | "-") term)*; term = unary (("*" | "/") unary)*; unary = "-" unary | atom;
+    atom = number | "(" expr ")". Division must be exact. Raises CalcError on anything else.
+    """
+    if len(expr) > max_len:
+        raise CalcError(f"expression longer than {max_len} characters")
+    if set(expr) - set("0123456789+-*/() "):
+        raise CalcError("invalid characters")
+    toks = re.findall(r"\d+|[-+*/()]", expr)
+    pos = 0
+
+    def peek():
+        return toks[pos] if pos < len(toks) else None
+
+    def take():
+        nonlocal pos
+        pos += 1
+        return toks[pos - 1]
+
+    def check(v: int) -> int:
+        if abs(v) > max_abs:
+            raise CalcError(f"a value beyond {max_abs}")
+        return v
+
+    def expr_(depth: int) -> int:
+        v = term(depth)
+        while peek() in ("+", "-"):
+            v = check(v + term(depth) if take() == "+" else v - term(depth))
+        return v
+
+    def term(depth: int) -> int:
+        v = unary(depth)
+        while peek() in ("*", "/"):
+            op, w = take(), unary(depth)
+            if op == "*":
+                v = check(v * w)
+            elif w == 0 or v % w:
+                raise CalcError("division by zero or not exact")
+            else:
+                v //= w
+        return v
+
+    def unary(depth: int) -> int:
+        if depth > 8:
+            raise CalcError("parentheses nested too deep")
+        if peek() == "-":
+            take()
+            return -unary(depth + 1)
+        t = take() if peek() is not None else None
+        if t is None:
+            raise CalcError("unexpected end of expression")
+        if t == "(":
+            v = expr_(depth + 1)
+            if peek() != ")":
+                raise CalcError("missing )")
+            take()
+            return v
+        if not t.isdigit():
+            raise CalcError(f"unexpected {t}")
+        return check(int(t))
+
+    value = expr_(0)
+    if pos != len(toks):
+        raise CalcError(f"unexpected {toks[pos]}")
+    return value
+
+
+_ACTION = re.compile(r"^(calc|answer|guess) (.{1,24})$")
+
+
+def parse_action(text: str, verbs: tuple[str, ...]) -> tuple[str, str]:
+    """(verb, argument) of an action `"<verb> <argument>"`; CalcError says what is wrong otherwise."""
+    m = _ACTION.match(text.strip())
+    if m is None or m.group(1) not in verbs:
+        raise CalcError(f"expected {' or '.join(verbs)}")
+    return m.group(1), m.group(2).strip()
+
+
+@dataclass
+class EnvConfig:
+    """Knobs of the embedded environments."""
+
+    max_turns: int = 3  # the episode is truncated after this many actions
+    penalty: float = -0.1  # reward of a malformed action; the episode goes on
+    latency_s: float = 0.0  # mean wall-clock delay of each step (to exercise async rollouts)
+    latency_sigma: float = 0.0  # log-normal spread of that delay, drawn from the episode's seed
+
+
+class _EmbeddedEnv:
+    """Shared reset/step logic: seeded episodes in a split, turn count, latency, malformed actions.
+
+    A subclass defines `make(rng) -> (first observation, state)`, `act(verb, arg) -> (obs, reward,
+    terminated, info)` (raising CalcError on a malformed argument) and `expert() -> str`, the next action
+    of a scripted solver (SFT demonstrations). The same seed always gives the same episode.
+    """
+
+    name, verbs = "", ()
+
+    def __init__(self, split: str = "train", cfg: EnvConfig | None = None):
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        self.split, self.cfg, self.turn, self.done = split, cfg or EnvConfig(), 0, True
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict]:
+        self.rng = np.random.default_rng(seed)
+        while True:  # rejection keeps train and eval episodes disjoint (implementation detail 1)
+            obs, self.state = self.make(self.rng)
+            if is_eval_problem(obs) == (self.split == "eval"):
+                break
+        self.turn, self.done = 0, False
+        return obs, {"seed": seed}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        if self.done:
+            raise RuntimeError(f"{self.name}: step() after the episode ended; call reset()")
+        if self.cfg.latency_s > 0:
+            time.sleep(self.cfg.latency_s * float(np.exp(self.cfg.latency_sigma * self.rng.standard_normal())))
+        self.turn += 1
+        try:
+            obs, reward, terminated, info = self.act(*parse_action(action, self.verbs))
+        except CalcError as e:  # malformed: the documented penalty, nothing executed, the episode goes on
+            obs, reward, terminated, info = f"error: {e}\n", self.cfg.penalty, False, {"malformed": True}
+        truncated = not terminated and self.turn >= self.cfg.max_turns
+        self.done = terminated or truncated
+        return obs, reward, terminated, truncated, {"success": False, **info}
+
+
+class CalculatorEnv(_EmbeddedEnv):
+    """Tool use: an arithmetic word problem. `calc EXPR` is answered `=VALUE` by safe_calc (reward 0);
+    `answer N` ends the episode with reward 1 if N is right, else 0. A malformed action gets `penalty` and
+    an `error: ...` observation; after max_turns actions the episode is truncated."""
+
+    name, verbs = "calc", ("calc", "answer")
+    NAMES, ITEMS = ("ann", "bob", "eve", "max", "sam"), ("pens", "cards", "eggs", "coins")
+
+    def make(self, rng):
+        who, item, kind = self.NAMES[rng.integers(5)], self.ITEMS[rng.integers(4)], int(rng.integers(3))
+        if kind == 2:
+            a, b = int(rng.integers(2, 10)), int(rng.integers(10, 100))
+            return f"{who} buys {a} bags of {b} {item}. how many {item}?", (a * b, f"{a}*{b}")
+        b, a = sorted(int(x) for x in rng.integers(10, 100, size=2))
+        if kind == 1:
+            return f"{who} has {a} {item} and gives away {b}. how many left?", (a - b, f"{a}-{b}")
+        return f"{who} has {a} {item} and gets {b} more. how many now?", (a + b, f"{a}+{b}")
+
+    def act(self, verb, arg):
+        if verb == "calc":
+            return f"={safe_calc(arg)}\n", 0.0, False, {}
+        if not re.fullmatch(r"-?\d{1,9}", arg):
+            raise CalcError("answer must be an integer")
+        right = int(arg) == self.state[0]
+        return "", float(right), True, {"success": right}
+
+    def expert(self) -> str:
+        return f"calc {self.state[1]}" if self.turn == 0 else f"answer {self.state[0]}"
+
+
+class GuessNumberEnv(_EmbeddedEnv):
+    """A game: find a secret number in [1, 32]; a wrong `guess N` is answered `higher` or `lower`; the
+    right one ends the episode with reward 1. Truncated after max_turns guesses (binary search: at most 6).
+    Its held-out split separates by game id only, which does not change the game's difficulty."""
+
+    name, verbs = "guess", ("guess",)
+
+    def __init__(self, split: str = "train", cfg: EnvConfig | None = None):
+        super().__init__(split, cfg or EnvConfig(max_turns=6))
+
+    def make(self, rng):
+        secret, game = int(rng.integers(1, 33)), int(rng.integers(10**5))
+        self.lo, self.hi = 1, 32  # what the feedback so far allows (for the scripted solver)
+        return f"game {game}: guess my number, 1 to 32.", secret
+
+    def act(self, verb, arg):
+        if not re.fullmatch(r"\d{1,2}", arg) or not 1 <= int(arg) <= 32:
+            raise CalcError("guess a number from 1 to 32")
+        g = int(arg)
+        if g == self.state:
+            return "", 1.0, True, {"success": True}
+        self.lo, self.hi = (max(self.lo, g + 1), self.hi) if g < self.state else (self.lo, min(self.hi, g - 1))
+        return ("higher\n" if g < self.state else "lower\n"), 0.0, False, {}
+
+    def expert(self) -> str:
+        return f"guess {(self.lo + self.hi) // 2}"
+
+
+class TaskEnv:
+    """A single-turn task as a one-turn environment: reset gives the prompt, step scores the response."""
+
+    def __init__(self, task, problem: dict):
+        self.task, self.problem, self.name = task, problem, task.name
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict]:
+        return self.problem["prompt"], {}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        score = float(self.task.compute_score(action, self.problem["ground_truth"]))
+        return "", score, True, False, {"success": score == 1.0}
+
+
+class GemEnv:
+    """Adapter for environments of the `gem` package (pip install gem-llm; optional): `gem:<env id>`.
+
+    GEM already uses these signatures; the adapter names the env, sets info["success"] (GEM's own if given,
+    else: terminated, not truncated, reward >= 1, GEM's convention for a solved task) and splits by seed:
+    eval episodes use seeds >= 2**31 (EVAL_SEED), train episodes seeds below it. No scripted solver, so no
+    SFT warm start: `--task gem:<id>` needs `--model`.
+    """
+
+    EVAL_SEED = 2**31
+
+    def __init__(self, env_id: str, split: str = "train", **kwargs):
+        try:
+            import gem
+        except ImportError as e:
+            raise ImportError(f"environment 'gem:{env_id}' needs the gem package: pip install gem-llm") from e
+        self.name, self.split, self.env = f"gem:{env_id}", split, gem.make(env_id, **kwargs)
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict]:
+        seed = None if seed is None else seed % self.EVAL_SEED + (self.EVAL_SEED if self.split == "eval" else 0)
+        obs, info = self.env.reset(seed=seed)
+        return str(obs), dict(info or {})
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        info = dict(info or {})
+        info.setdefault("success", bool(terminated and not truncated and float(reward) >= 1.0))
+        return str(obs), float(reward), bool(terminated), bool(truncated), info
+
+
+ENVS = {"calc": CalculatorEnv, "guess": GuessNumberEnv}
+
+
+def is_env(name: str | None) -> bool:
+    """Whether a --task name is a multi-turn environment (embedded, or gem:<id>)."""
+    return name in ENVS or (name or "").startswith("gem:")
+
+
+def make_env(name: str, split: str = "train", **overrides):
+    """An environment by name: calc | guess | gem:<id>; overrides: EnvConfig fields of an embedded env."""
+    if name.startswith("gem:"):
+        return GemEnv(name[4:], split)
+    if name not in ENVS:
+        raise ValueError(f"unknown environment {name!r}: must be one of {list(ENVS)} or gem:<env id>")
+    env = ENVS[name](split)
+    env.cfg = replace(env.cfg, **overrides)  # on top of the env's own defaults (guess: 6 turns)
+    return env
+
+
+def main() -> None:
+    """Play one episode of each embedded environment with its scripted solver and print the transcript."""
+    for name in ENVS:
+        env = make_env(name)
+        obs, _ = env.reset(seed=0)
+        print(f"--- {name}\nobs    {obs!r}")
+        done = False
+        while not done:
+            action = env.expert()
+            obs, reward, terminated, truncated, info = env.step(action)
+            done = terminated or truncated
+            print(f"action {action!r} -> reward {reward}, obs {obs!r}, info {info}")
+    env = make_env("calc")
+    env.reset(seed=1)
+    obs, reward, *_ = env.step("calc 2**99")  # not in the calculator's grammar: a penalty, the episode goes on
+    print(f"--- a malformed action: 'calc 2**99' -> reward {reward}, obs {obs!r}")
+
+
+if __name__ == "__main__":
+    main()
