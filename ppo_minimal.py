@@ -73,9 +73,7 @@ Implementation details (numbered; the deviations from veRL are marked "ours")
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
-import hashlib
 import json
 import math
 import sys
@@ -87,6 +85,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+import repro
 from common import (
     all_reduce_sum,
     check_choice,
@@ -101,10 +100,10 @@ from common import (
 from critics import Critics, critic_footprint, make_value_model, partition_shares, value_stats
 from diagnose import LiveDiagnoser
 from envs import ENVS, TaskEnv, is_env, make_env
-from rollout import decode_responses, greedy_success, position_ids_from_mask, rollout_env, sequence_logprobs
+from repro import ReproArgs
+from rollout import decode_responses, greedy_success, last_valid, rollout_env
 from runlog import (
     MetricsLogger,
-    format_table,
     load_checkpoint,
     plot_metrics,
     restore_streams,
@@ -115,14 +114,10 @@ from tasks import REWARDS, TASKS, load_policy, make_task, stop_token_ids
 from warm_start import sft_config_for, sft_target_for, sft_warm_start
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-INJECT_NAMES = (
-    "reward_scale", "eos_unmasked", "logprob_shift", "pad_eq_eos", "stale_old_logprobs", "no_temperature",
-    "value_not_detached",
-)  # fmt: skip
 
 
 @dataclass
-class Config:
+class Config(ReproArgs):
     model: str | None = None
     """HF model name or local folder (AutoModelForCausalLM); None = the embedded tiny model after SFT."""
     task: str = "sort"
@@ -269,22 +264,9 @@ class Config:
     """Also log to TensorBoard (needs the tensorboard package)."""
     strict: bool = False
     """Stop the run when the live diagnosis (diagnose.py) flags a failure mode."""
-    inject: Literal[INJECT_NAMES] | None = None
-    """Plant a classic bug (README table); its stated config is applied to fields left at their default value."""
-    dump_batch: int = 0
-    """Save everything the update of this iteration needs to out_dir/batch-STEP.pt (0 = never; world size 1)."""
-    replay: str | None = None
-    """Re-run the update saved by --dump-batch in this file, print its metrics and check them against the run's."""
 
     def __post_init__(self):
-        if self.inject is not None:  # the injection's stated config, where the bug really hurts (detail 12)
-            check_choice("inject", self.inject, INJECT_NAMES)
-            for name, value in INJECTIONS[self.inject][1].items():
-                if getattr(self, name) == getattr(Config, name) and value != getattr(self, name):
-                    print(f"[minrl] --inject {self.inject}: {name} = {value!r} (its stated config)")
-                    setattr(self, name, value)
-            if self.inject == "value_not_detached" and self.adv_estimator != "gae":
-                raise ValueError("config field 'inject' = 'value_not_detached' needs adv_estimator 'gae' (a critic)")
+        repro.apply_stated_config(self)  # first: an injection's stated config fills fields left at their default
         if self.ent_coef is None:  # derived once here, printed with the config
             self.ent_coef = 1e-3 if self.critic == "asyppo" and self.adv_estimator == "gae" else 0.0
         if self.critic_depth is None:
@@ -350,25 +332,6 @@ class Config:
         check_range("is_mask_cap", self.is_mask_cap, 1.0)
         if self.adv_estimator in ("grpo", "rloo") and self.group_size < 2:
             raise ValueError(f"config field 'group_size' = {self.group_size}: {self.adv_estimator} needs >= 2")
-
-
-# ------------------------------------------------------------------------------------------------
-# Bug injection (diagnose.py's regression suite, tests/test_inject.py). Each classic bug is planted at
-# the lines marked "INJECT <name>" in a config where it really hurts; the live diagnosis must name the
-# declared failure-mode id within a bounded number of steps. name: (the bug, its config, expected id)
-INJECTIONS = {
-    "reward_scale": (
-        "the task score is multiplied by 0.01",
-        {"kl_in_reward": True, "kl_coef": 0.05},  # whitening + Adam hide a pure rescale; the KL term does not
-        "reward_scale",
-    ),
-    "eos_unmasked": ("the loss mask is all ones: the padding after EOS is trained too", {}, "eos_mask"),
-    "logprob_shift": ("the trainer scores each token with the logits at its own position", {}, "logprob_mismatch"),
-    "pad_eq_eos": ("pad id == EOS id, the response mask rebuilt from ids: EOS is masked out", {}, "eos_mask"),
-    "stale_old_logprobs": ("old logprobs come from a policy copy never re-synced", {}, "logprob_mismatch"),
-    "no_temperature": ("the trainer's logprobs skip logits / T", {"temperature": 0.7}, "logprob_mismatch"),
-    "value_not_detached": ("the value target is advantages + the live values", {}, "value_divergence"),
-}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -561,25 +524,9 @@ class KLController:
 
 def trainer_logprobs(cfg: Config, model, input_ids, attention_mask, R: int, with_entropy: bool = False):
     """The trainer's logprobs (and entropies) [B, R] with the sampling temperature (detail 2): old, ref, loss."""
-    temperature = 1.0 if cfg.inject == "no_temperature" else cfg.temperature  # INJECT no_temperature
-    if cfg.inject == "logprob_shift":  # INJECT logprob_shift: token t scored by the logits AT t (they predict t+1)
-        pos, lps, ents = position_ids_from_mask(attention_mask), [], []
-        for i in range(0, input_ids.shape[0], cfg.micro_batch):
-            sl = slice(i, i + cfg.micro_batch)
-            out = model(
-                input_ids=input_ids[sl], attention_mask=attention_mask[sl], position_ids=pos[sl], use_cache=False
-            )
-            logp_all = torch.log_softmax(out.logits[:, -R:].float() / temperature, -1)  # [b, R, V]
-            lps.append(logp_all.gather(-1, input_ids[sl, -R:, None]).squeeze(-1))
-            ents.append(-(logp_all.exp() * logp_all).sum(-1))
-        return torch.cat(lps), torch.cat(ents)
+    score, temperature = repro.at_logprobs(cfg.inject, cfg.temperature)  # INJECT no_temperature, logprob_shift
     kw = {"temperature": temperature, "micro_batch": cfg.micro_batch, "with_entropy": with_entropy}
-    return sequence_logprobs(model, input_ids, attention_mask, R, **kw)
-
-
-def last_valid(mask):
-    """[B, R] bool: the last position where mask is 1 (a single-turn response's stop token)."""
-    return (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & (mask > 0)
+    return score(model, input_ids, attention_mask, R, **kw)
 
 
 def compute_advantages(cfg: Config, batch: dict, scores, group_ids, values):
@@ -719,7 +666,7 @@ def ppo_update(cfg, policy_train, opt, critics, batch: dict, world: int, gen, au
                         loss_fn=lambda v, ov, r, mk, d: value_loss(
                             v,
                             ov,
-                            r - ov + v if cfg.inject == "value_not_detached" else r,  # INJECT value_not_detached
+                            repro.at_value_target(cfg.inject, r, ov, v),  # INJECT value_not_detached
                             mk,
                             clip=cfg.value_clip,
                             agg=cfg.loss_agg,
@@ -818,9 +765,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     ref, _ = load_policy(source, device)
     ref.requires_grad_(False)
     eos_ids = stop_token_ids(policy, tokenizer)
-    anchor = policy  # computes old_logprobs: the current policy, right before its update (detail 2)
-    if cfg.inject == "stale_old_logprobs":  # INJECT stale_old_logprobs: a copy synced one update late
-        anchor = copy.deepcopy(policy).requires_grad_(False)
+    anchor = repro.stale_anchor(cfg.inject, policy)  # computes old_logprobs: the policy (detail 2); INJECT
     multi_turn = cfg.data is None and is_env(cfg.task)  # an environment: rewards per turn, episodes
     task = None if multi_turn else make_task(cfg.task, cfg.data, cfg.reward)
 
@@ -906,10 +851,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
                 ro, eps = rollout_env(policy, tokenizer, envs, seeds, eos_ids, generator=sample_gen, **rollout_kw(cfg))
         else:
             ro, eps, group_ids, sampled = sampler(step, policy)
-        if cfg.inject == "pad_eq_eos":  # INJECT pad_eq_eos: pad with EOS, then mask = ids != pad drops EOS itself
-            ro.response_ids = ro.response_ids.masked_fill(ro.response_mask == 0, eos_ids[0])
-            ro.response_mask = (ro.response_ids != eos_ids[0]).long()
-            ro.attention_mask = torch.cat([ro.attention_mask[:, : ro.prompt_ids.shape[1]], ro.response_mask], 1)
+        ro = repro.at_rollout(cfg.inject, ro, eos_ids[0])  # INJECT pad_eq_eos
         t1 = time.perf_counter()
 
         # --- rewards: each turn's at its last action token (single-turn: the task score at the stop token)
@@ -919,13 +861,9 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         if cfg.no_eos_penalty is not None:  # detail 5: the whole return of a truncated episode is replaced
             penalty = last_valid(ro.response_mask).float() * cfg.no_eos_penalty  # [B, R]
             token_scores = torch.where(ro.truncated[:, None], penalty, token_scores)
-        if cfg.inject == "reward_scale":  # INJECT reward_scale
-            token_scores = token_scores * 0.01
-        if cfg.inject == "eos_unmasked":  # INJECT eos_unmasked: every position of the response counts
-            ro.response_mask = torch.ones_like(ro.response_mask)
+        token_scores = repro.at_scores(cfg.inject, ro, token_scores)  # INJECT reward_scale, eos_unmasked
         scores = token_scores.sum(-1)  # [B] episode return
-        if cfg.inject in ("pad_eq_eos", "eos_unmasked"):  # as in the real bug: the score moves to the new mask's end
-            token_scores = last_valid(ro.response_mask).float() * scores[:, None]
+        token_scores = repro.at_score_placement(cfg.inject, ro.response_mask, token_scores, scores)  # INJECT
         t2 = time.perf_counter()
 
         # --- old logprobs (PPO anchor), reference logprobs, values: no gradient
@@ -940,8 +878,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         with torch.no_grad(), autocast():
             batch["old_logprobs"] = trainer_logprobs(cfg, anchor, ro.input_ids, ro.attention_mask, R)[0]  # [B, R]
             batch["ref_logprobs"] = trainer_logprobs(cfg, ref, ro.input_ids, ro.attention_mask, R)[0]  # [B, R]
-            if anchor is not policy:  # INJECT stale_old_logprobs: re-synced only now, so next step's anchor is stale
-                anchor.load_state_dict(policy.state_dict())
+            repro.resync_anchor(anchor, policy)  # INJECT stale_old_logprobs: re-synced only after its use
             all_values = critics.values(ro.input_ids, ro.attention_mask, R, cfg.micro_batch) if critics else None
         mask = ro.response_mask.float()  # [B, R]
         behav_gap = (ro.rollout_logprobs - batch["old_logprobs"]).abs()  # [B, R] sampler vs trainer recompute
@@ -976,8 +913,9 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
             prompts = tokenizer.batch_decode(ro.prompt_ids, skip_special_tokens=True)
             texts_in = {"prompts": prompts, "responses": texts, "scores": scores.cpu()}
             extra = {"update_actor": update_actor, "token_rewards": token_rewards.cpu(), **texts_in}
-            inputs, run = update_inputs(policy, opt, critics, shuffle_gen), functools.partial(ppo_update, *args)
-            upd = dump_update(out_dir / f"batch-{step + 1}.pt", cfg, policy, opt, critics, inputs, batch, extra, run)
+            inputs, run = repro.update_inputs(policy, opt, critics, shuffle_gen), functools.partial(ppo_update, *args)
+            dump = out_dir / f"batch-{step + 1}.pt"
+            upd = repro.dump_update(dump, cfg, policy, opt, critics, inputs, batch, extra, run)
         else:
             upd = ppo_update(*args)
         if cfg.kl_in_reward:  # adaptive controller: batch mean of per-sequence mean KL, n = sequences
@@ -1078,64 +1016,6 @@ def save(cfg, path, step: int, ckpt: dict, gens: dict, history: dict, rank: int)
 # Deterministic replay of one update: --dump-batch STEP writes batch-STEP.pt, --replay FILE re-runs it
 
 
-def _cpu_state(module) -> dict:
-    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
-
-
-def update_inputs(policy, opt, critics, shuffle_gen) -> dict:
-    """Everything ppo_update reads besides the batch, copied before the update changes it in place."""
-    return {
-        "policy": _cpu_state(policy),
-        "opt": copy.deepcopy(opt.state_dict()),
-        "critics": [_cpu_state(m) for m in critics.models] if critics else [],
-        "critic_opts": [copy.deepcopy(o.state_dict()) for o in critics.opts] if critics else [],
-        "shuffle_gen": shuffle_gen.get_state(),
-        "torch_rng": torch.get_rng_state(),
-    }
-
-
-def state_digest(policy, opt, critics) -> str:
-    """sha256 over every policy/critic weight and optimizer moment: equal iff two updates agree bit for bit."""
-    tensors = [(k, v) for m in [policy, *(critics.models if critics else [])] for k, v in m.state_dict().items()]
-    for o in [opt, *(critics.opts if critics else [])]:
-        tensors += [(f"{i}.{k}", v) for i, st in o.state_dict()["state"].items() for k, v in st.items()]
-    h = hashlib.sha256()
-    for k, v in tensors:
-        h.update(k.encode() + v.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-def dump_update(path, cfg: Config, policy, opt, critics, inputs: dict, batch: dict, extra: dict, run_update):
-    """Save the update's inputs (one weights_only file), run it, then add its metrics and the digest of the
-    state after it; an update that raises (a NaN gradient) is saved with its error and the error re-raised."""
-    record = {
-        "config": json.dumps(asdict(cfg)),
-        "model_config": policy.config.to_json_string(),
-        "batch": {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in batch.items()},
-        **extra,  # update_actor, the rewards and the decoded prompts/responses (for reading in a debugger)
-        **inputs,
-        "metrics": None,
-        "error": None,
-    }
-    torch.save(record, path)  # before the update: a crash inside it still leaves its inputs on disk
-    try:
-        record["metrics"] = run_update()
-    except Exception as e:
-        record["error"] = f"{type(e).__name__}: {e}"
-        torch.save(record, path)
-        raise
-    record["state_after"] = state_digest(policy, opt, critics)
-    torch.save(record, path)
-    print(f"[minrl] saved the update of this step to {path}; rerun it: python ppo_minimal.py --replay {path}")
-    return record["metrics"]
-
-
-def _same(a: dict, b: dict) -> list[str]:
-    """Keys whose values differ (NaN equals NaN: a replayed NaN update is still the same update)."""
-    same = lambda x, y: x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
-    return [k for k in sorted(a.keys() | b.keys()) if not same(a.get(k), b.get(k))]
-
-
 def replay(path: str) -> tuple[dict | None, bool]:
     """Re-run the update saved in `path` (set a breakpoint in ppo_update to step through it). Returns its
     metrics and whether it equals the original: same metrics and state digest, or the same error."""
@@ -1165,24 +1045,13 @@ def replay(path: str) -> tuple[dict | None, bool]:
     gen.set_state(d["shuffle_gen"])
     batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in d["batch"].items()}
     torch.set_rng_state(d["torch_rng"])  # last: building the models above draws from the global RNG
+    metrics, error = None, None
     try:
         metrics = ppo_update(cfg, policy, opt, critics, batch, 1, gen, make_autocast(cfg, device), d["update_actor"])
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
-        print(f"[minrl] replay of {path} raised {error}\n[minrl] the original update raised {d['error']}")
-        return None, error == d["error"]
-    if d["error"] is not None:
-        print(f"[minrl] replay of {path} ran through, but the original update raised {d['error']}")
-        return metrics, False
-    diff, same_state = _same(metrics, d["metrics"]), state_digest(policy, opt, critics) == d["state_after"]
-    cols = ["step", *sorted(metrics)]
-    print(format_table([{"step": "original", **d["metrics"]}, {"step": "replay", **metrics}], cols))
-    print(
-        f"[minrl] replay of {path}: metrics {'identical' if not diff else 'differ in ' + ', '.join(diff)}; weights and "
-        f"optimizer state (sha256) {'identical' if same_state else 'differ'}"
-        + ("" if same_state and not diff else " (same device, dtype and OMP_NUM_THREADS as the run?)")
-    )
-    return metrics, same_state and not diff
+    digest = repro.state_digest(policy, opt, critics) if error is None else None
+    return metrics, repro.report_replay(path, d, metrics, error, digest)
 
 
 def main(argv=None):

@@ -105,6 +105,11 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def last_valid(mask: torch.Tensor) -> torch.Tensor:
+    """[B, R] bool: the last position where mask is 1 (a single-turn response's stop token)."""
+    return (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & (mask > 0)
+
+
 def truncate_logits(logits: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
     """Mask (to -inf) logits outside top-k and outside the smallest set with cumulative prob >= top_p."""
     if top_k > 0:

@@ -1,6 +1,6 @@
-"""Bug-injection regression suite and deterministic replay (ppo_minimal.INJECTIONS, --dump-batch, --replay).
+"""Bug-injection regression suite and deterministic replay (repro.INJECTIONS, --dump-batch, --replay).
 
-Each classic bug runs in its stated config (ppo_minimal.INJECTIONS) from the SFT warm start on a small batch
+Each classic bug runs in its stated config (repro.INJECTIONS) from the SFT warm start on a small batch
 (8 prompts x 8 samples). The live diagnosis (diagnose.LiveDiagnoser, fed by a train() hook exactly as the
 trainer feeds its own) must name the declared failure-mode id within FIRES_BY[name] steps. The same configs
 without the bug, run as long, must raise no finding at all, and so must the default config (at the same 8 x 8
@@ -15,6 +15,7 @@ from calibrated import REVERSE_T1
 
 import ppo_minimal as pm
 from diagnose import LiveDiagnoser
+from repro import INJECTIONS
 from runlog import read_jsonl
 
 SMALL = {**REVERSE_T1, "prompts_per_step": 8, "group_size": 8, "eval_every": 0}
@@ -43,7 +44,7 @@ def run(sft_path, tmp_path, steps: int, stop_at: str | None = None, **overrides)
         if stop_at in {f.id for f in findings}:
             raise Found
 
-    stated = pm.INJECTIONS[overrides["inject"]][1] if overrides.get("inject") else {}
+    stated = INJECTIONS[overrides["inject"]].config if overrides.get("inject") else {}
     pinned = {k: v for k, v in SMALL.items() if k not in stated}  # the injection's stated config wins (detail 12)
     cfg = pm.Config(model=str(sft_path), steps=steps, out_dir=str(tmp_path), **{**pinned, **overrides})
     try:
@@ -56,13 +57,13 @@ def run(sft_path, tmp_path, steps: int, stop_at: str | None = None, **overrides)
 def test_every_injection_has_a_bound_and_a_known_failure_id():
     from diagnose import CHECKS
 
-    assert set(FIRES_BY) == set(pm.INJECTIONS)
-    assert {expected for _, _, expected in pm.INJECTIONS.values()} <= {cid for cid, _, _ in CHECKS}
+    assert set(FIRES_BY) == set(INJECTIONS)
+    assert {inj.diagnosed_as for inj in INJECTIONS.values()} <= {cid for cid, _, _ in CHECKS}
 
 
-@pytest.mark.parametrize("name", list(pm.INJECTIONS))
+@pytest.mark.parametrize("name", list(INJECTIONS))
 def test_injected_bug_is_diagnosed(sft_path, tmp_path, name):
-    expected = pm.INJECTIONS[name][2]
+    expected = INJECTIONS[name].diagnosed_as
     findings = run(sft_path, tmp_path, FIRES_BY[name], stop_at=expected, inject=name)
     assert expected in [f.id for f in findings], f"{name}: {[str(f) for f in findings]}"
 
@@ -71,7 +72,7 @@ def test_injected_bug_is_diagnosed(sft_path, tmp_path, name):
     "name", ["none", "reward_scale", "no_temperature"]
 )  # the injections with a config other than the default
 def test_healthy_run_in_the_same_config_raises_nothing(sft_path, tmp_path, name):
-    overrides = {} if name == "none" else pm.INJECTIONS[name][1]
+    overrides = {} if name == "none" else INJECTIONS[name].config
     steps = 45 if name == "none" else FIRES_BY[name]  # the default for 45 steps: flat_reward's window runs too
     findings = run(sft_path, tmp_path, steps, **overrides)
     assert not findings, [str(f) for f in findings]

@@ -1,0 +1,277 @@
+"""Bug hunting: seven classic RL-for-LLM bugs to plant on purpose, and one update saved to disk to replay.
+
+    python repro.py                                            # the injections: bug, point, config, diagnosis
+    python repro.py runs/ppo/batch-7.pt                        # what a --dump-batch file holds
+    python ppo_minimal.py --inject reward_scale --steps 40     # plant one; the live diagnosis must name it
+    python ppo_minimal.py --dump-batch 7 --steps 7             # save everything update 7 needs (batch-7.pt)
+    python ppo_minimal.py --replay runs/ppo/batch-7.pt         # re-run exactly that update, bit for bit
+
+Injections (diagnose.py's regression suite is tests/test_inject.py)
+1. Each bug is planted by the function named for the point of the loop where it acts: `at_rollout`,
+   `at_scores`, `at_score_placement`, `at_logprobs`, `stale_anchor` / `resync_anchor`, `at_value_target`. The
+   trainer calls each at its point, on a line marked "INJECT"; without --inject every call returns its input.
+2. An injection's stated config, where the bug really hurts (e.g. KL in the reward for the reward scale: group
+   and GAE normalisation and Adam are nearly scale-invariant), is applied to the fields left at their default
+   (`apply_stated_config`; a flag set explicitly TO the default is overridden too; each override is printed).
+3. The live diagnosis must name the declared failure-mode id within a bounded number of steps.
+
+Replay
+4. `dump_update` saves what one update reads (the batch, policy / critic / optimizer states, the shuffle and
+   global RNG states) in one weights_only file BEFORE the update runs, so a crashing update (a NaN gradient)
+   still leaves its inputs, saved again with its error; after the update, its metrics and `state_digest`, a
+   sha256 of every weight and AdamW moment. --dump-batch needs world size 1.
+5. ppo_minimal.replay rebuilds the models from the file and re-runs `ppo_update` (set a breakpoint there);
+   `report_replay` prints both metrics rows: identical metrics and digest (or the same error) on the same
+   device, dtype and thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass
+from typing import Literal, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from common import check_choice
+from rollout import last_valid, position_ids_from_mask, sequence_logprobs
+from runlog import format_table
+
+
+class Injection(NamedTuple):
+    bug: str  # what goes wrong
+    config: dict  # the stated config where it hurts (detail 2)
+    diagnosed_as: str  # the failure-mode id diagnose.py must report (detail 3)
+    point: str  # the function below that plants it
+
+
+INJECTIONS = {
+    "reward_scale": Injection(
+        "the task score is multiplied by 0.01", {"kl_in_reward": True, "kl_coef": 0.05}, "reward_scale", "at_scores"
+    ),
+    "eos_unmasked": Injection(
+        "the loss mask is all ones: the padding after EOS is trained too", {}, "eos_mask", "at_scores"
+    ),
+    "logprob_shift": Injection(
+        "the trainer scores each token with the logits at its own position", {}, "logprob_mismatch", "at_logprobs"
+    ),
+    "pad_eq_eos": Injection(
+        "pad id == EOS id, the response mask rebuilt from ids: EOS is masked out", {}, "eos_mask", "at_rollout"
+    ),
+    "stale_old_logprobs": Injection(
+        "old logprobs come from a policy copy never re-synced", {}, "logprob_mismatch", "stale_anchor"
+    ),
+    "no_temperature": Injection(
+        "the trainer's logprobs skip logits / T", {"temperature": 0.7}, "logprob_mismatch", "at_logprobs"
+    ),
+    "value_not_detached": Injection(
+        "the value target is advantages + the live values", {}, "value_divergence", "at_value_target"
+    ),
+}
+INJECT_NAMES = tuple(INJECTIONS)
+
+
+@dataclass
+class ReproArgs:
+    """Bug injection and one-update replay (the trainer's Config inherits these fields)."""
+
+    inject: Literal[INJECT_NAMES] | None = None
+    """Plant a classic bug (`python repro.py` lists them); its stated config applies to fields left at their default."""
+    dump_batch: int = 0
+    """Save everything the update of this iteration needs to out_dir/batch-STEP.pt (0 = never; world size 1)."""
+    replay: str | None = None
+    """Re-run the update saved by --dump-batch in this file, print its metrics and check them against the run's."""
+
+
+def apply_stated_config(cfg) -> None:
+    """Detail 2: put the injection's stated config on the fields of `cfg` still at their class default."""
+    if cfg.inject is None:
+        return
+    check_choice("inject", cfg.inject, INJECT_NAMES)
+    for name, value in INJECTIONS[cfg.inject].config.items():
+        if getattr(cfg, name) == getattr(type(cfg), name) and value != getattr(cfg, name):
+            print(f"[minrl] --inject {cfg.inject}: {name} = {value!r} (its stated config)")
+            setattr(cfg, name, value)
+    if cfg.inject == "value_not_detached" and cfg.adv_estimator != "gae":
+        raise ValueError("config field 'inject' = 'value_not_detached' needs adv_estimator 'gae' (a critic)")
+
+
+# ------------------------------------------------------------------------------------------------
+# The points where bugs are planted (detail 1), in the order the trainer reaches them
+
+
+def at_rollout(inject, rollout, eos_id: int):
+    """INJECT pad_eq_eos: the response padded with EOS, then the mask rebuilt as ids != pad drops EOS itself."""
+    if inject == "pad_eq_eos":
+        rollout.response_ids = rollout.response_ids.masked_fill(rollout.response_mask == 0, eos_id)  # [B, R]
+        rollout.response_mask = (rollout.response_ids != eos_id).long()  # [B, R]
+        prompt_mask = rollout.attention_mask[:, : rollout.prompt_ids.shape[1]]  # [B, P]
+        rollout.attention_mask = torch.cat([prompt_mask, rollout.response_mask], 1)  # [B, P+R]
+    return rollout
+
+
+def at_scores(inject, rollout, token_scores):
+    """INJECT reward_scale: every score x 0.01; eos_unmasked: the loss mask becomes all ones. token_scores [B, R]."""
+    if inject == "reward_scale":
+        token_scores = token_scores * 0.01
+    if inject == "eos_unmasked":  # every position of the response counts, the padding after EOS too
+        rollout.response_mask = torch.ones_like(rollout.response_mask)
+    return token_scores
+
+
+def at_score_placement(inject, response_mask, token_scores, scores):
+    """INJECT pad_eq_eos, eos_unmasked: as in the real bugs, each episode's return moves to the end of the new mask."""
+    if inject in ("pad_eq_eos", "eos_unmasked"):
+        return last_valid(response_mask).float() * scores[:, None]  # [B, R]
+    return token_scores
+
+
+def at_logprobs(inject, temperature: float):
+    """INJECT no_temperature, logprob_shift: (the function the trainer scores tokens with, the temperature it uses)."""
+    if inject == "no_temperature":  # the recompute forgets logits / T
+        return sequence_logprobs, 1.0
+    if inject == "logprob_shift":
+        return shifted_logprobs, temperature
+    return sequence_logprobs, temperature
+
+
+def shifted_logprobs(model, input_ids, attention_mask, response_len: int, *, temperature, micro_batch, with_entropy):
+    """The logprob_shift bug: token t scored by the logits AT t (they predict t+1). Outputs as sequence_logprobs'."""
+    pos, logps, ents, R = position_ids_from_mask(attention_mask), [], [], response_len
+    for i in range(0, input_ids.shape[0], micro_batch):
+        sl = slice(i, i + micro_batch)
+        out = model(input_ids=input_ids[sl], attention_mask=attention_mask[sl], position_ids=pos[sl], use_cache=False)
+        logp_all = F.log_softmax(out.logits[:, -R:].float() / temperature, -1)  # [b, R, V] one position late
+        logps.append(logp_all.gather(-1, input_ids[sl, -R:, None]).squeeze(-1))  # [b, R]
+        ents.append(-(logp_all.exp() * logp_all).sum(-1))  # [b, R]
+    return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
+
+
+def stale_anchor(inject, policy):
+    """INJECT stale_old_logprobs: the model old logprobs come from: the policy, or a copy that resync_anchor
+    brings up to date only after its logprobs were taken, so every step's anchor is one update behind."""
+    return copy.deepcopy(policy).requires_grad_(False) if inject == "stale_old_logprobs" else policy
+
+
+def resync_anchor(anchor, policy) -> None:
+    """INJECT stale_old_logprobs: the late re-sync (a no-op when the anchor is the policy itself)."""
+    if anchor is not policy:
+        anchor.load_state_dict(policy.state_dict())
+
+
+def at_value_target(inject, returns, old_values, values):
+    """INJECT value_not_detached: the target R - V_old + V (advantages + the live values): its gradient cancels."""
+    return returns - old_values + values if inject == "value_not_detached" else returns
+
+
+# ------------------------------------------------------------------------------------------------
+# One update on disk (details 4, 5)
+
+
+def _cpu_state(module) -> dict:
+    """A detached CPU copy of a module's state dict."""
+    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+
+
+def update_inputs(policy, opt, critics, shuffle_gen) -> dict:
+    """Everything ppo_update reads besides the batch, copied before the update changes it in place."""
+    return {
+        "policy": _cpu_state(policy),
+        "opt": copy.deepcopy(opt.state_dict()),
+        "critics": [_cpu_state(m) for m in critics.models] if critics else [],
+        "critic_opts": [copy.deepcopy(o.state_dict()) for o in critics.opts] if critics else [],
+        "shuffle_gen": shuffle_gen.get_state(),
+        "torch_rng": torch.get_rng_state(),
+    }
+
+
+def state_digest(policy, opt, critics) -> str:
+    """sha256 over every policy/critic weight and optimizer moment: equal iff two updates agree bit for bit."""
+    tensors = [(k, v) for m in [policy, *(critics.models if critics else [])] for k, v in m.state_dict().items()]
+    for o in [opt, *(critics.opts if critics else [])]:
+        tensors += [(f"{i}.{k}", v) for i, st in o.state_dict()["state"].items() for k, v in st.items()]
+    h = hashlib.sha256()
+    for k, v in tensors:
+        h.update(k.encode() + v.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def dump_update(path, cfg, policy, opt, critics, inputs: dict, batch: dict, extra: dict, run_update):
+    """Save the update's inputs (one weights_only file), run it, then add its metrics and the digest of the
+    state after it; an update that raises (a NaN gradient) is saved with its error and the error re-raised."""
+    record = {
+        "config": json.dumps(asdict(cfg)),
+        "model_config": policy.config.to_json_string(),
+        "batch": {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in batch.items()},
+        **extra,  # update_actor, the rewards and the decoded prompts/responses (for reading in a debugger)
+        **inputs,
+        "metrics": None,
+        "error": None,
+    }
+    torch.save(record, path)  # before the update: a crash inside it still leaves its inputs on disk
+    try:
+        record["metrics"] = run_update()
+    except Exception as e:
+        record["error"] = f"{type(e).__name__}: {e}"
+        torch.save(record, path)
+        raise
+    record["state_after"] = state_digest(policy, opt, critics)
+    torch.save(record, path)
+    print(f"[minrl] saved the update of this step to {path}; rerun it: python ppo_minimal.py --replay {path}")
+    return record["metrics"]
+
+
+def differing_keys(a: dict, b: dict) -> list[str]:
+    """Keys whose values differ (NaN equals NaN: a replayed NaN update is still the same update)."""
+    same = lambda x, y: x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
+    return [k for k in sorted(a.keys() | b.keys()) if not same(a.get(k), b.get(k))]
+
+
+def report_replay(path, saved: dict, metrics: dict | None, error: str | None, digest: str | None) -> bool:
+    """Print how a replay compares with the saved update; True iff identical (or the same error)."""
+    if error is not None:
+        print(f"[minrl] replay of {path} raised {error}\n[minrl] the original update raised {saved['error']}")
+        return error == saved["error"]
+    if saved["error"] is not None:
+        print(f"[minrl] replay of {path} ran through, but the original update raised {saved['error']}")
+        return False
+    diff, same_state = differing_keys(metrics, saved["metrics"]), digest == saved["state_after"]
+    cols = ["step", *sorted(metrics)]
+    print(format_table([{"step": "original", **saved["metrics"]}, {"step": "replay", **metrics}], cols))
+    print(
+        f"[minrl] replay of {path}: metrics {'identical' if not diff else 'differ in ' + ', '.join(diff)}; weights and "
+        f"optimizer state (sha256) {'identical' if same_state else 'differ'}"
+        + ("" if same_state and not diff else " (same device, dtype and OMP_NUM_THREADS as the run?)")
+    )
+    return same_state and not diff
+
+
+def describe_dump(path) -> None:
+    """Print what a --dump-batch file holds: the run's config changes, tensor shapes, a few samples, the outcome."""
+    d = torch.load(path, weights_only=True, map_location="cpu")
+    print(f"{path}: config {json.loads(d['config'])}")
+    for k, v in d["batch"].items():
+        print(f"  batch[{k!r}]: {tuple(v.shape) if isinstance(v, torch.Tensor) else v}")
+    for p, r, s in list(zip(d["prompts"], d["responses"], d["scores"].tolist()))[:4]:
+        print(f"  prompt {p!r} -> response {r!r}: score {s:.3f}")
+    print(f"  error: {d['error']}" if d["error"] else f"  metrics: {d['metrics']}\n  state after: {d['state_after']}")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dump", nargs="?", help="a file written by ppo_minimal.py --dump-batch (else: the injections)")
+    args = ap.parse_args(argv)
+    if args.dump:
+        return describe_dump(args.dump)
+    print(f"{'--inject':20s} {'diagnosed as':18s} {'planted by':20s} {'stated config':38s} the bug")
+    for name, inj in INJECTIONS.items():
+        print(f"{name:20s} {inj.diagnosed_as:18s} {inj.point:20s} {str(inj.config or 'default'):38s} {inj.bug}")
+
+
+if __name__ == "__main__":
+    main()
