@@ -51,14 +51,15 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
 
-from common import all_reduce_sum, check_choice, check_range, masked_mean, parallel_map, parse_config
+from common import all_reduce_sum, check_choice, check_range, masked_mean, parse_config
 from envs import TaskEnv
 from rollout import generate, greedy_accuracy, position_ids_from_mask, tokenize_prompts
-from runlog import format_table, read_jsonl
+from runlog import format_table, run_trainers
 from tasks import format_prompt, load_policy, make_task
 from warm_start import SFTConfig, sft_warm_start
 
@@ -70,7 +71,35 @@ METHODS = ("grpo", "local", "global", "coupled")
 
 
 @dataclass
+class CreditArgs:
+    """The trainer's knobs of attention credit (DESIGN.md 7.3); its Config inherits them."""
+
+    credit: Literal["none", "attention"] = "none"
+    """Token credit: none, or attention-based re-weighting of advantages (attention_credit.py)."""
+    credit_mode: Literal["local", "global", "coupled"] = "coupled"
+    """Attention credit: local-chunk (WAAD), global-anchor (FAI) or coupled weights."""
+    credit_q: float = 0.4
+    """Attention credit: top-q fraction of each response's tokens amplified."""
+    credit_intro_window: int = 2
+    """Attention credit: tokens before an anchor searched for its introducing token."""
+    credit_alpha: float = 0.5
+    """Attention credit: share of an anchor's bonus passed to its introducing token."""
+    credit_amp: float = 1.5
+    """Attention credit: amplification of selected tokens (1 = off, reproduces the plain loss)."""
+    credit_nonneg_only: bool = False
+    """Attention credit: re-weight only tokens with non-negative advantage."""
+
+    def __post_init__(self):
+        check_range("credit_alpha", self.credit_alpha, 0.0, 1.0)
+        check_range("credit_q", self.credit_q, 0.0, 1.0, lo_open=True)
+        check_range("credit_amp", self.credit_amp, 1.0)
+        check_range("credit_intro_window", self.credit_intro_window, 1)
+
+
+@dataclass
 class Config:
+    """`python attention_credit.py`: the experiment (each run is `python ppo_minimal.py ...`)."""
+
     full: bool = False
     """Full comparison: all four methods, 3 seeds, 60 steps of 8 x 8 samples (else a quick run)."""
     methods: list[str] | None = None
@@ -351,26 +380,19 @@ def token_weights(model, input_ids, attention_mask, response_mask, **credit_kw):
 # Experiment: GRPO vs attention-credit GRPO on the chain task (DESIGN.md 2: main() may import the trainer)
 
 
-def run_one(cfg: Config, method: str, seed: int, model_path: str) -> dict:
-    """One ppo_minimal run (its table goes to log.txt): eval curve, wall time, mean credit metrics."""
-    import contextlib
-
-    import ppo_minimal
-
-    out = Path(cfg.out_dir) / f"{method}-s{seed}"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.jsonl").unlink(missing_ok=True)
+def run_argv(cfg: Config, method: str, seed: int, model_path: str) -> list[str]:
+    """The trainer flags of one run: GRPO on chain at the measured settings (README), plus the method's credit."""
     argv = (f"--model {model_path} --task chain --adv-estimator grpo --max-new-tokens 48 --seed {seed} --steps "
             f"{cfg.steps} --prompts-per-step {cfg.samples} --group-size {cfg.samples} --lr {cfg.lr} --eval-every "
-            f"{cfg.eval_every} --eval-n {cfg.eval_n} --device {cfg.device} --out-dir {out}").split()  # fmt: skip
+            f"{cfg.eval_every} --eval-n {cfg.eval_n} --device {cfg.device}").split()  # fmt: skip
     argv += "--temperature 1 --lr-schedule constant --ppo-epochs 1 --minibatches 1".split()  # as measured (README)
-    argv += [] if method == "grpo" else ["--credit", "attention", "--credit-mode", method]
-    t0 = time.perf_counter()
-    with open(out / "log.txt", "w") as f, contextlib.redirect_stdout(f):
-        res = ppo_minimal.train(parse_config(ppo_minimal.Config, argv))
-    rows = read_jsonl(out / "metrics.jsonl")
+    return argv + ([] if method == "grpo" else ["--credit", "attention", "--credit-mode", method])
+
+
+def run_summary(method: str, seed: int, result: dict, rows: list[dict]) -> dict:
+    """One run's eval curve, wall time (the whole command) and its mean credit metrics."""
     mean = lambda k: float(np.mean([r[k] for r in rows])) if k in rows[0] else float("nan")
-    res = {"method": method, "seed": seed, "curve": res["eval_history"], "wall_s": time.perf_counter() - t0}
+    res = {"method": method, "seed": seed, "curve": result["eval_history"], "wall_s": result["wall_s"]}
     return {**res, "overhead": mean("perf/credit_overhead"), "amplified": mean("stats/credit_amplified_frac")}
 
 
@@ -446,9 +468,10 @@ def main(argv=None):
     plot_tokens(tokens, c, 0, out / "tokens.png")
     print(f"[attention_credit] start accuracy {acc0:.3f}; {out / 'tokens.png'}", flush=True)
 
-    # the runs (worker processes when jobs > 1), then the table and the curves
-    todo = [(cfg, m, s, model_path) for m in cfg.methods for s in range(cfg.seeds)]
-    results = parallel_map(run_one, todo, cfg.jobs)
+    # the runs (trainer subprocesses, `jobs` at a time), then the table and the curves
+    todo = [(m, s) for m in cfg.methods for s in range(cfg.seeds)]
+    runs = run_trainers([(run_argv(cfg, m, s, model_path), str(out / f"{m}-s{s}")) for m, s in todo], cfg.jobs)
+    results = [run_summary(m, s, *run) for (m, s), run in zip(todo, runs)]
     (out / "results.json").write_text(json.dumps({"config": asdict(cfg), "start_acc": acc0, "runs": results}))
     print(f"start accuracy {acc0:.3f}; {cfg.seeds} seed(s) x {cfg.steps} steps; {time.perf_counter() - t0:.0f} s")
     return summarize(out / "results.json")

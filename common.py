@@ -6,7 +6,7 @@
 - `setup_dist()` -> (rank, local_rank, world_size, device); `(0, 0, 1, cpu|cuda)` without torchrun.
   Collective helpers return at once for world size 1, so the algorithm never branches on it.
 - Masked reductions (veRL semantics, global under DDP): `masked_sum`, `masked_mean`, `masked_var`,
-  `masked_whiten`, `masked_extreme_frac` (the top/bottom-q selections AsyPPO and attention credit use).
+  `masked_whiten`.
 - `parallel_map(fn, calls, jobs)`: independent runs (experiments, simulations) in spawned processes.
 
 torch is imported inside the functions that need it, so that the torch-free leaves (`scheduler.py`,
@@ -282,29 +282,6 @@ def masked_whiten(x, mask, shift_mean: bool = True, global_: bool = False):
     var = masked_var(x, mask, global_=global_)
     out = (x - mean) * (var + 1e-8).rsqrt()
     return out if shift_mean else out + mean
-
-
-def masked_extreme_frac(x, mask, frac: float, largest: bool, global_: bool = False):
-    """Bool mask of the `round(frac * n)` largest (or smallest) valid entries of x, n = valid count.
-
-    Ties are broken by flat index (earlier first), so identical values select a deterministic set.
-    With global_ the selection is over the valid entries of all ranks (gathered), and each rank gets
-    its own part of the result. frac = 0 selects nothing.
-    """
-    import torch
-
-    flat_mask = mask.reshape(-1).bool()
-    vals = x.reshape(-1)[flat_mask].detach().double()
-    all_vals, offset = all_gather_cat(vals) if global_ else (vals, 0)
-    n_sel = int(round(frac * all_vals.numel()))
-    chosen = torch.zeros(all_vals.numel(), dtype=torch.bool, device=x.device)
-    if n_sel > 0:
-        # stable sort keeps index order among equal keys: ties break towards the earlier entry
-        order = torch.sort(-all_vals if largest else all_vals, stable=True).indices
-        chosen[order[:n_sel]] = True
-    out = torch.zeros_like(flat_mask)
-    out[flat_mask] = chosen[offset : offset + vals.numel()]
-    return out.reshape(mask.shape)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@
 
 A critic is a causal-LM backbone (Hugging Face `AutoModel`) with a scalar head; `V(s_t)`, the value BEFORE
 token t, reads the hidden state at position P + t - 1. Interface (DESIGN.md 5): `Critics.values(...)` ->
-[M, B, R] under no_grad; `Critics.step(...)` -> metrics, critic m on the rows of its share.
+[M, B, R] under no_grad; the trainer's `critic_update` (ppo_minimal.py) steps critic m on the rows of its share
+with the clipped value loss. `CriticArgs` holds the knobs (the trainer's Config inherits them).
 
 AsyPPO (Liu et al. 2025; papers.md section 1), one iteration in the trainer's order:
   1. V_m(s_t) of every critic [M, B, R], from the critics BEFORE their update (papers.md 1a, "ordering");
@@ -20,7 +21,7 @@ Implementation details (our choices where the paper is silent)
 2. Critic: the actor's first round(critic_depth * L) decoder layers, copied (tokenizer and warm-start come
    along); critic_depth 1.0 for plain PPO, 0.5 for AsyPPO ("mini"). `--critic-model PATH` loads another
    model whose tokenizer must equal the actor's (vocabularies compared; papers.md 1e pitfall 8).
-3. Value loss: the clipped loss of DESIGN.md 7.1 per critic (`loss_fn`, passed in by the trainer).
+3. Value loss: the clipped loss of DESIGN.md 7.1 per critic (ppo_minimal.value_loss, in critic_update).
 4. Partition (1a): per prompt group, a seeded shuffle split into M equal shares, with its own generator
    (seed + rank), so M = 1 draws nothing; G % M != 0 is a config error (pitfall 3).
 5. sigma is the population std over critics (correction 0: M = 1 gives 0, not NaN), detached (pitfall 5).
@@ -38,18 +39,56 @@ Implementation details (our choices where the paper is silent)
 from __future__ import annotations
 
 import copy
-import time
+import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
+import numpy as np
 import torch
 import torch.nn as nn
 
-from common import masked_extreme_frac, masked_mean, masked_var
+from common import all_gather_cat, check_range, masked_mean, masked_var, parse_config
+from runlog import format_table, run_trainers
+
+
+@dataclass
+class CriticArgs:
+    """The critic's knobs (DESIGN.md 7.2); the trainer's Config inherits them."""
+
+    critic: Literal["value", "asyppo"] = "value"
+    """Critic for gae: one value model, or AsyPPO mini-critics (critics.py)."""
+    critic_model: str | None = None
+    """Critic backbone (HF name or folder, same tokenizer as the actor); None = the policy's own layers."""
+    critic_depth: float | None = None
+    """Share of the policy's decoder layers a critic copies (None = 1.0, or 0.5 mini-critics with asyppo)."""
+    n_critics: int = 2
+    """AsyPPO: number of mini-critics M (group_size must divide by M)."""
+    asyppo_k: float = 0.2
+    """AsyPPO: fraction of valid tokens (lowest critic disagreement) whose policy term is dropped."""
+    asyppo_h: float = 0.2
+    """AsyPPO: fraction of valid tokens (highest critic disagreement) whose entropy bonus is dropped."""
+    critic_warmup_steps: int = 0
+    """Critic-only iterations (no actor update) at the start of a run."""
+    critic_lr: float = 1e-3
+    """Critic learning rate (AdamW)."""
+
+    def __post_init__(self):
+        if self.critic_depth is None:  # derived once here, printed with the config
+            self.critic_depth = 0.5 if self.critic == "asyppo" else 1.0
+        check_range("critic_depth", self.critic_depth, 0.0, 1.0, lo_open=True)
+        for name in ("asyppo_k", "asyppo_h"):
+            check_range(name, getattr(self, name), 0.0, 1.0)
+        check_range("critic_warmup_steps", self.critic_warmup_steps, 0)
+        check_range("n_critics", self.n_critics, 1)
+        check_range("critic_lr", self.critic_lr, 0.0)
 
 
 @dataclass
 class Config:
+    """`python critics.py`: the side-by-side experiment (each run is `python ppo_minimal.py ...`)."""
+
     full: bool = False
     """Run the full comparison (GRPO, PPO actor-sized critic, PPO mini critic, AsyPPO) over `seeds` seeds."""
     seeds: int = 3
@@ -61,7 +100,7 @@ class Config:
     train_args: str = ""
     """Extra ppo_minimal flags for every run, e.g. "--device cuda --eval-every 5 --critic-warmup-steps 5"."""
     jobs: int = 1
-    """Runs in parallel (processes; each run is still single-process training)."""
+    """Runs in parallel (trainer processes; each run is still single-process training)."""
     out_dir: str = "runs/critics"
     """Where each run's folder, the summary JSON and curves.png go."""
 
@@ -159,6 +198,27 @@ def partition_shares(group_ids, n_critics: int, generator: torch.Generator):
     return shares
 
 
+def masked_extreme_frac(x, mask, frac: float, largest: bool, global_: bool = False):
+    """Bool mask of the `round(frac * n)` largest (or smallest) valid entries of x, n = valid count.
+
+    Ties are broken by flat index (earlier first), so identical values select a deterministic set.
+    With global_ the selection is over the valid entries of all ranks (gathered), and each rank gets
+    its own part of the result. frac = 0 selects nothing.
+    """
+    flat_mask = mask.reshape(-1).bool()
+    vals = x.reshape(-1)[flat_mask].detach().double()
+    all_vals, offset = all_gather_cat(vals) if global_ else (vals, 0)
+    n_sel = int(round(frac * all_vals.numel()))
+    chosen = torch.zeros(all_vals.numel(), dtype=torch.bool, device=x.device)
+    if n_sel > 0:
+        # stable sort keeps index order among equal keys: ties break towards the earlier entry
+        order = torch.sort(-all_vals if largest else all_vals, stable=True).indices
+        chosen[order[:n_sel]] = True
+    out = torch.zeros_like(flat_mask)
+    out[flat_mask] = chosen[offset : offset + vals.numel()]
+    return out.reshape(mask.shape)
+
+
 def asyppo_masks(all_values, response_mask, k: float, h: float):
     """AsyPPO token masks from critic disagreement. all_values [M, B, R], response_mask [B, R] (0/1).
 
@@ -194,11 +254,10 @@ def explained_variance(values, returns, mask) -> float:
 class Critics:
     """M value models with their optimizers (DDP-wrapped when world size > 1). M = 1 is plain PPO."""
 
-    def __init__(self, models: list[ValueModel], *, lr: float, adam_eps: float, grad_clip: float, ddp: bool):
+    def __init__(self, models: list[ValueModel], *, lr: float, adam_eps: float, ddp: bool):
         self.models = models
         self.train_models = [torch.nn.parallel.DistributedDataParallel(m) if ddp else m for m in models]
         self.opts = [torch.optim.AdamW(m.parameters(), lr=lr, eps=adam_eps, weight_decay=0.0) for m in models]
-        self.grad_clip = grad_clip
 
     @torch.no_grad()
     def values(self, input_ids, attention_mask, response_len: int, micro_batch: int):
@@ -207,44 +266,12 @@ class Critics:
         values = [torch.cat([m(input_ids[s], attention_mask[s], response_len) for s in mbs]) for m in self.models]
         return torch.stack(values)  # [M, B, R]
 
-    def step(
-        self, input_ids, attention_mask, response_mask, returns, old_values, shares, loss_fn, norm_fn, micro_batch: int
-    ) -> dict:
-        """One optimizer step per critic on a minibatch: old_values [b, M, R]; shares [b, M] (rows per critic);
-        returns [b, M, R] (a target per critic) or [b, R]. loss_fn(v, old_v, returns, mask, denom) -> (loss,
-        metrics) is the trainer's clipped value loss; norm_fn(mask) its aggregation's global denominator."""
-        metrics = {}
-        R = response_mask.shape[1]
-        for k, (model, opt) in enumerate(zip(self.train_models, self.opts)):
-            mask = response_mask * shares[:, k, None]  # [b, R] critic k's rows only
-            target = returns[:, k] if returns.dim() == 3 else returns  # [b, R]
-            denom = norm_fn(mask)
-            losses = []
-            for i in range(0, input_ids.shape[0], micro_batch):
-                sl = slice(i, i + micro_batch)
-                v = model(input_ids[sl], attention_mask[sl], R)  # [mb, R]
-                loss, m = loss_fn(v, old_values[sl, k], target[sl], mask[sl], denom)
-                loss.backward()
-                losses.append(loss.detach())
-            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), self.grad_clip)
-            if not torch.isfinite(gn):  # never step a NaN into the weights
-                raise FloatingPointError(f"critic {k}: gradient norm is {gn.item()}")
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            metrics[f"critic/loss_{k}"] = float(sum(losses))
-            metrics[f"critic/grad_norm_{k}"] = float(gn)
-            metrics["critic/vf_clipfrac"] = float(m["vf_clipfrac"])  # a CUDA tensor breaks np.mean in ppo_update
-        return metrics
-
-    def save(self, path):
-        for k, m in enumerate(self.models):
-            m.save_pretrained(Path(path) / f"critic_{k}")
-
     def state(self) -> dict:
+        """The optimizer states for a checkpoint (the models are saved as critic_{m} folders)."""
         return {f"critic_opt_{k}": o.state_dict() for k, o in enumerate(self.opts)}
 
     def load(self, path, state: dict):
-        """Restore weights (from `save`) and optimizer states (from `state`)."""
+        """Restore weights (the critic_{m} folders of a checkpoint) and optimizer states (from `state`)."""
         for k, (m, o) in enumerate(zip(self.models, self.opts)):
             m.load_state_dict(ValueModel.from_pretrained(Path(path) / f"critic_{k}").state_dict())
             o.load_state_dict(state[f"critic_opt_{k}"])
@@ -304,23 +331,15 @@ EXPERIMENT = "--task reverse --temperature 1 --lr 1e-4 --lr-schedule constant --
 EXPERIMENT += "--prompts-per-step 16 --group-size 16"
 
 
-def run_one(spec: dict) -> dict:
-    """One training run (here or in a pool worker): eval history, last metrics, per-step curves, wall time."""
-    import ppo_minimal  # allowed back-edge: a script entry point imports the trainer (DESIGN.md 2)
-    from common import parse_config
-    from runlog import read_jsonl
-
-    cfg = parse_config(ppo_minimal.Config, spec["argv"])
-    t0 = time.perf_counter()
-    out = ppo_minimal.train(cfg)
-    wall, rows = time.perf_counter() - t0, read_jsonl(Path(cfg.out_dir) / "metrics.jsonl")
+def run_result(spec: dict, result: dict, rows: list[dict]) -> dict:
+    """One run of the experiment: eval history, last metrics, per-step curves, wall time of the whole command."""
     curves = {k: [r.get(k) for r in rows] for k in CURVES}
-    return {**spec, "wall_s": wall, "eval": out.pop("eval_history"), "last": out, "curves": curves}
+    history = [tuple(e) for e in result.pop("eval_history")]
+    return {**spec, "wall_s": result.pop("wall_s"), "eval": history, "last": result, "curves": curves}
 
 
 def summarize(results: list[dict], target: float) -> list[dict]:
     """One row per method: mean ± std over seeds of final/best accuracy, steps to target, time, memory."""
-    import numpy as np
 
     def pm(xs, f=".2f"):
         return f"{np.mean(xs):{f}} ± {np.std(xs):{f}}" if xs else "-"
@@ -353,7 +372,6 @@ def plot(results: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     fig, axes = plt.subplots(1, 4, figsize=(18, 4))
     for i, name in enumerate(dict.fromkeys(r["method"] for r in results)):
@@ -374,14 +392,7 @@ def plot(results: list[dict], path: Path) -> None:
 
 
 def main(argv=None):
-    import contextlib
-    import json
-    import multiprocessing
-    import shlex
-
-    from common import parse_config
-    from runlog import format_table
-
+    """Run the experiment's trainer runs (subprocesses), then print the table and write summary.json, curves.png."""
     cfg = parse_config(Config, argv)
     steps = cfg.steps or (150 if cfg.full else 20)
     methods = list(METHODS) if cfg.full else ["ppo_1_full", "asyppo_2_mini"]
@@ -390,12 +401,12 @@ def main(argv=None):
     quick = "" if cfg.full else "--prompts-per-step 8 --eval-n 200"  # half the batch: about a minute on 2 cores
     shared = shlex.split(f"{EXPERIMENT} --steps {steps} --ent-coef 1e-3 {quick} {cfg.train_args}")  # bonus for all
     specs = [
-        {"method": m, "seed": s, "argv": [*METHODS[m], *shared, "--seed", str(s), "--out-dir", str(out / f"{m}-s{s}")]}
+        {"method": m, "seed": s, "argv": [*METHODS[m], *shared, "--seed", str(s)], "out_dir": str(out / f"{m}-s{s}")}
         for m in methods
         for s in seeds
     ]
-    with multiprocessing.get_context("spawn").Pool(cfg.jobs) if cfg.jobs > 1 else contextlib.nullcontext() as pool:
-        results = pool.map(run_one, specs, chunksize=1) if pool else [run_one(s) for s in specs]
+    runs = run_trainers([(spec["argv"], spec["out_dir"]) for spec in specs], cfg.jobs)
+    results = [run_result(spec, *run) for spec, run in zip(specs, runs)]
     (out / "summary.json").write_text(json.dumps(results, indent=1))
     plot(results, out / "curves.png")
     print(f"\n{len(seeds)} seed(s) x {steps} steps, flags {shared}; curves: {out / 'curves.png'}")

@@ -30,7 +30,7 @@ Extension points (frozen; later concepts plug in here without reshaping the loop
    (tokens whose policy term counts) and `batch["ent_mask"]` (tokens whose entropy bonus counts).
    They default to None / response_mask / response_mask (`shape_advantages`). The masks multiply the
    per-token terms; the loss normaliser still counts every valid token (DESIGN.md 7.2: masking shrinks the step).
-3. The critic interface of `critics.py`: `Critics.values(...)` -> [M, B, R], `Critics.step(...)`.
+3. The critic interface of `critics.py`: `Critics.values(...)` -> [M, B, R]; `critic_update` steps them.
 4. `train(cfg, hooks=[fn(step, metrics)])`: per-step metric hooks (every rank, metrics already reduced).
 5. Live diagnosis: diagnose.LiveDiagnoser checks every metrics row (a warning line; --strict stops).
 
@@ -86,6 +86,7 @@ import numpy as np
 import torch
 
 import repro
+from attention_credit import CreditArgs, token_weights
 from common import (
     all_reduce_sum,
     check_choice,
@@ -97,7 +98,7 @@ from common import (
     reduce_metrics,
     setup_dist,
 )
-from critics import Critics, critic_footprint, make_value_model, partition_shares, value_stats
+from critics import CriticArgs, Critics, asyppo_masks, critic_footprint, make_value_model, partition_shares, value_stats
 from diagnose import LiveDiagnoser
 from envs import ENVS, TaskEnv, is_env, make_env
 from repro import ReproArgs
@@ -117,7 +118,7 @@ AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
 
 @dataclass
-class Config(ReproArgs):
+class Config(CriticArgs, CreditArgs, ReproArgs):
     model: str | None = None
     """HF model name or local folder (AutoModelForCausalLM); None = the embedded tiny model after SFT."""
     task: str = "sort"
@@ -128,34 +129,6 @@ class Config(ReproArgs):
     """Reward for --data: math_exact | exact | digits."""
     adv_estimator: Literal["gae", "grpo", "rloo"] = "gae"
     """Advantage estimator: gae (PPO with a critic), grpo (group baseline), rloo (leave-one-out)."""
-    critic_model: str | None = None
-    """Critic backbone (HF name or folder, same tokenizer as the actor); None = the policy's own layers."""
-    critic_depth: float | None = None
-    """Share of the policy's decoder layers a critic copies (None = 1.0, or 0.5 mini-critics with asyppo)."""
-    critic: Literal["value", "asyppo"] = "value"
-    """Critic for gae: one value model, or AsyPPO mini-critics (critics.py)."""
-    n_critics: int = 2
-    """AsyPPO: number of mini-critics M (group_size must divide by M)."""
-    asyppo_k: float = 0.2
-    """AsyPPO: fraction of valid tokens (lowest critic disagreement) whose policy term is dropped."""
-    asyppo_h: float = 0.2
-    """AsyPPO: fraction of valid tokens (highest critic disagreement) whose entropy bonus is dropped."""
-    critic_warmup_steps: int = 0
-    """Critic-only iterations (no actor update) at the start of a run."""
-    credit: Literal["none", "attention"] = "none"
-    """Token credit: none, or attention-based re-weighting of advantages (attention_credit.py)."""
-    credit_mode: Literal["local", "global", "coupled"] = "coupled"
-    """Attention credit: local-chunk (WAAD), global-anchor (FAI) or coupled weights."""
-    credit_q: float = 0.4
-    """Attention credit: top-q fraction of each response's tokens amplified."""
-    credit_intro_window: int = 2
-    """Attention credit: tokens before an anchor searched for its introducing token."""
-    credit_alpha: float = 0.5
-    """Attention credit: share of an anchor's bonus passed to its introducing token."""
-    credit_amp: float = 1.5
-    """Attention credit: amplification of selected tokens (1 = off, reproduces the plain loss)."""
-    credit_nonneg_only: bool = False
-    """Attention credit: re-weight only tokens with non-negative advantage."""
     steps: int = 90
     """Number of RL iterations."""
     prompts_per_step: int = 32
@@ -186,8 +159,6 @@ class Config(ReproArgs):
     """decoupled: tokens whose pi_old / pi_behav exceeds this are masked out of the policy loss."""
     lr: float = 2e-4
     """Policy learning rate (AdamW)."""
-    critic_lr: float = 1e-3
-    """Critic learning rate (AdamW)."""
     warmup_steps: int = 20
     """Linear learning-rate warm-up (iterations), for policy and critic."""
     lr_schedule: Literal["constant", "cosine"] = "cosine"
@@ -269,14 +240,8 @@ class Config(ReproArgs):
         repro.apply_stated_config(self)  # first: an injection's stated config fills fields left at their default
         if self.ent_coef is None:  # derived once here, printed with the config
             self.ent_coef = 1e-3 if self.critic == "asyppo" and self.adv_estimator == "gae" else 0.0
-        if self.critic_depth is None:
-            self.critic_depth = 0.5 if self.critic == "asyppo" else 1.0
-        check_range("critic_depth", self.critic_depth, 0.0, 1.0, lo_open=True)
-        for name in ("asyppo_k", "asyppo_h", "credit_alpha"):
-            check_range(name, getattr(self, name), 0.0, 1.0)
-        check_range("credit_q", self.credit_q, 0.0, 1.0, lo_open=True)
-        check_range("credit_amp", self.credit_amp, 1.0)
-        check_range("critic_warmup_steps", self.critic_warmup_steps, 0)
+        CriticArgs.__post_init__(self)
+        CreditArgs.__post_init__(self)
         check_choice("lr_schedule", self.lr_schedule, ("constant", "cosine"))
         check_range("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
         if self.min_lr_ratio and self.lr_schedule != "cosine":
@@ -290,9 +255,9 @@ class Config(ReproArgs):
         check_range("dump_batch", self.dump_batch, 0, self.steps)
         for name in ("prompts_per_step", "group_size", "max_prompt_len", "max_new_tokens", "ppo_epochs", "minibatches"):
             check_range(name, getattr(self, name), 1)
-        for name in ("micro_batch", "eval_n", "kl_horizon", "n_critics", "credit_intro_window"):
+        for name in ("micro_batch", "eval_n", "kl_horizon"):
             check_range(name, getattr(self, name), 1)
-        for name in ("lr", "critic_lr", "kl_coef", "kl_loss_coef", "ent_coef"):
+        for name in ("lr", "kl_coef", "kl_loss_coef", "ent_coef"):
             check_range(name, getattr(self, name), 0.0)
         for name in ("clip_low", "clip_high", "value_clip", "adam_eps", "grad_clip", "kl_target", "dist_timeout"):
             check_range(name, getattr(self, name), 0.0, lo_open=True)
@@ -564,12 +529,8 @@ def shape_advantages(cfg: Config, batch: dict, policy, all_values) -> dict:
     mask = batch["response_mask"]
     batch["token_weights"], batch["pg_mask"], batch["ent_mask"], metrics = None, mask, mask, {}
     if cfg.adv_estimator == "gae" and cfg.critic == "asyppo":  # AsyPPO: critic disagreement masks
-        from critics import asyppo_masks
-
         batch["pg_mask"], batch["ent_mask"], metrics = asyppo_masks(all_values, mask, cfg.asyppo_k, cfg.asyppo_h)
     if cfg.credit == "attention":  # attention-based token credit: gamma_t multiplies A_t in the loss
-        from attention_credit import token_weights
-
         kw = {k: getattr(cfg, "credit_" + k) for k in ("mode", "q", "intro_window", "alpha", "amp")}
         w, m = token_weights(
             policy, batch["input_ids"], batch["attention_mask"], mask, **kw, micro_batch=cfg.micro_batch
@@ -655,28 +616,7 @@ def ppo_update(cfg, policy_train, opt, critics, batch: dict, world: int, gen, au
             opt.zero_grad(set_to_none=True)
             row = {"stats/grad_norm": gn.item(), **mb_loss}
             if critics is not None:
-                row.update(
-                    critics.step(
-                        mb["input_ids"],
-                        mb["attention_mask"],
-                        mask,
-                        mb.get("critic_returns", mb["returns"]),  # [b, M, R] a target per critic, if given
-                        mb["old_values"],
-                        mb["shares"],
-                        loss_fn=lambda v, ov, r, mk, d: value_loss(
-                            v,
-                            ov,
-                            repro.at_value_target(cfg.inject, r, ov, v),  # INJECT value_not_detached
-                            mk,
-                            clip=cfg.value_clip,
-                            agg=cfg.loss_agg,
-                            denom=d,
-                            world=world,
-                        ),
-                        norm_fn=lambda mk: agg_denominator(mk, cfg.loss_agg),
-                        micro_batch=cfg.micro_batch,
-                    )
-                )
+                row.update(critic_update(cfg, critics, mb, world))
             step_rows.append(row)
     out = {
         k: float(np.mean([r[k] for r in micro_rows + step_rows if k in r]))
@@ -684,6 +624,33 @@ def ppo_update(cfg, policy_train, opt, critics, batch: dict, world: int, gen, au
     }
     out["stats/ratio_max"] = max(r["stats/ratio_max"] for r in micro_rows)
     return {**out, **first}
+
+
+def critic_update(cfg: Config, critics: Critics, mb: dict, world: int) -> dict:
+    """One optimizer step per critic on a minibatch: critic m on the rows of its share, each micro-batch's
+    clipped value loss (7.1) against its own target R^(m) [b, M, R], the denominator over its share's tokens."""
+    metrics, R = {}, mb["response_mask"].shape[1]
+    for k, (model, opt) in enumerate(zip(critics.train_models, critics.opts)):
+        mask = mb["response_mask"].float() * mb["shares"][:, k, None]  # [b, R] critic k's rows only
+        denom, losses = agg_denominator(mask, cfg.loss_agg), []
+        for i in range(0, mask.shape[0], cfg.micro_batch):
+            sl = slice(i, i + cfg.micro_batch)
+            values = model(mb["input_ids"][sl], mb["attention_mask"][sl], R)  # [mb, R]
+            old = mb["old_values"][sl, k]  # [mb, R]
+            target = repro.at_value_target(cfg.inject, mb["critic_returns"][sl, k], old, values)  # INJECT
+            kw = {"clip": cfg.value_clip, "agg": cfg.loss_agg, "denom": denom, "world": world}
+            loss, m = value_loss(values, old, target, mask[sl], **kw)
+            loss.backward()
+            losses.append(loss.detach())
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        if not torch.isfinite(gn):  # never step a NaN into the weights
+            raise FloatingPointError(f"critic {k}: gradient norm is {gn.item()}")
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        metrics[f"critic/loss_{k}"] = float(sum(losses))
+        metrics[f"critic/grad_norm_{k}"] = float(gn)
+        metrics["critic/vf_clipfrac"] = float(m["vf_clipfrac"])  # the last micro-batch of the last critic
+    return metrics
 
 
 def rollout_kw(cfg: Config) -> dict:
@@ -787,7 +754,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         models = [
             make_value_model(policy, cfg.critic_model, tokenizer, cfg.critic_depth).to(device) for _ in range(n_critics)
         ]
-        critics = Critics(models, lr=cfg.critic_lr, adam_eps=cfg.adam_eps, grad_clip=cfg.grad_clip, ddp=ddp)
+        critics = Critics(models, lr=cfg.critic_lr, adam_eps=cfg.adam_eps, ddp=ddp)
     kl_ctrl = KLController(cfg.kl_coef, cfg.kl_ctrl, cfg.kl_target, cfg.kl_horizon)
 
     # --- random streams: task sampling and the sampler use seed + rank; minibatch shuffling is shared
@@ -990,9 +957,12 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
                 "kl_ctrl": kl_ctrl,
             }
             save(cfg, out_dir / f"ckpt-{step + 1}", step + 1, ckpt, gens, history, rank)
+    result = {**metrics, "eval_history": history["eval"]}
+    if rank == 0:  # what experiments read back (runlog.run_trainer)
+        (out_dir / "result.json").write_text(json.dumps(result))
     if rank == 0 and cfg.steps > start:
         plot_metrics(out_dir / "metrics.jsonl", ["rollout/reward_mean", "eval/acc", "stats/kl"], out_dir / "curves.png")
-    return {**metrics, "eval_history": history["eval"]}
+    return result
 
 
 def save(cfg, path, step: int, ckpt: dict, gens: dict, history: dict, rank: int) -> None:
@@ -1038,7 +1008,7 @@ def replay(path: str) -> tuple[dict | None, bool]:
         for m, state in zip(models, d["critics"]):
             m.load_state_dict(state)
             m.to(device)
-        critics = Critics(models, lr=cfg.critic_lr, adam_eps=cfg.adam_eps, grad_clip=cfg.grad_clip, ddp=False)
+        critics = Critics(models, lr=cfg.critic_lr, adam_eps=cfg.adam_eps, ddp=False)
         for o, state in zip(critics.opts, d["critic_opts"]):
             o.load_state_dict(state)
     gen = torch.Generator()

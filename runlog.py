@@ -5,6 +5,8 @@
 
 - `MetricsLogger`: one row per step, printed as an aligned table (rank 0) and appended to `metrics.jsonl`.
 - `format_table`, `read_jsonl`, `plot_metrics`: the same rows read back, for experiments and notebooks.
+- `run_trainers`: trainer runs as subprocesses (`python ppo_minimal.py ARGS --out-dir D`), for the concept
+  files' experiments, which read back what each run wrote (so that nothing below the trainer imports it).
 - Checkpoints: models through `save_pretrained` (safetensors), the rest (optimizer, counters) in a
   `weights_only`-loadable `state.pt` written by rank 0, and every rank's own random streams in `rank{r}.pt`,
   so that a resumed data-parallel run keeps distinct per-rank sampling.
@@ -17,7 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from common import n_processes
 
 # ----------------------------------------------------------------------------------------------
 # Metrics: aligned table + JSONL (+ TensorBoard if asked)
@@ -132,6 +141,36 @@ def plot_metrics(metrics_file, keys: list[str], png) -> None:
     fig.tight_layout()
     fig.savefig(png, dpi=80)
     plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------
+# Trainer runs as subprocesses (the experiments of critics.py and attention_credit.py)
+
+
+def run_trainer(argv: list[str], out_dir, threads: int | None = None) -> tuple[dict, list[dict]]:
+    """`python ppo_minimal.py ARGV --out-dir OUT_DIR`, its output in OUT_DIR/log.txt. Returns (its result.json:
+    the last metrics row, "eval_history" and "wall_s" of the whole command; its metrics rows). threads sets
+    OMP_NUM_THREADS (None: inherited). A failed run raises with the tail of its log."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    cmd = [sys.executable, str(Path(__file__).resolve().parent / "ppo_minimal.py"), *argv, "--out-dir", str(out)]
+    t0 = time.perf_counter()
+    with open(out / "log.txt", "w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    if proc.returncode:
+        tail = "\n".join((out / "log.txt").read_text().splitlines()[-20:])
+        raise RuntimeError(f"trainer run {' '.join(cmd)} exited {proc.returncode}:\n{tail}")
+    result = json.loads((out / "result.json").read_text())
+    return {**result, "wall_s": time.perf_counter() - t0}, read_jsonl(out / "metrics.jsonl")
+
+
+def run_trainers(runs: list[tuple[list[str], str]], jobs: int = 1) -> list[tuple[dict, list[dict]]]:
+    """run_trainer(argv, out_dir) of each run, `jobs` at a time, in order. With jobs > 1 each run gets
+    cores / jobs threads unless OMP_NUM_THREADS is set (runs oversubscribing the cores slow each other down)."""
+    threads = None if jobs == 1 or "OMP_NUM_THREADS" in os.environ else max(1, n_processes(0, 1 << 30) // jobs)
+    with ThreadPoolExecutor(jobs) as ex:
+        return list(ex.map(lambda run: run_trainer(*run, threads=threads), runs))
 
 
 # ----------------------------------------------------------------------------------------------

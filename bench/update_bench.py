@@ -139,7 +139,7 @@ def bench_one(preset: str, cfg: Config) -> dict:
     ppo_cfg = pm.Config(ppo_epochs=cfg.ppo_epochs, minibatches=cfg.minibatches, micro_batch=cfg.micro_batch)
     # each side has its own optimizers over the same parameters (separate AdamW states, same work)
     ppo_opt = torch.optim.AdamW(policy.parameters(), lr=1e-6, weight_decay=0.0)
-    critics = Critics([critic], lr=1e-6, adam_eps=1e-8, grad_clip=1.0, ddp=False)
+    critics = Critics([critic], lr=1e-6, adam_eps=1e-8, ddp=False)
     bare_opts = [torch.optim.AdamW(m.parameters(), lr=1e-6, weight_decay=0.0) for m in (policy, critic)]
     shuffle = torch.Generator().manual_seed(cfg.seed)
 

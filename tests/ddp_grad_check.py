@@ -99,7 +99,7 @@ def update_deltas(loss_agg: str, rank: int, world: int) -> dict[str, torch.Tenso
     ddp = world > 1
     policy_train = torch.nn.parallel.DistributedDataParallel(policy) if ddp else policy
     opt = torch.optim.SGD(policy.parameters(), lr=1.0)
-    critics = Critics(vms, lr=1.0, adam_eps=1e-8, grad_clip=1e9, ddp=ddp)
+    critics = Critics(vms, lr=1.0, adam_eps=1e-8, ddp=ddp)
     critics.opts = [torch.optim.SGD(vm.parameters(), lr=1.0) for vm in vms]  # plain SGD here too
     named = {f"policy.{n}": p for n, p in policy.named_parameters()}
     named.update({f"critic{k}.{n}": p for k, vm in enumerate(vms) for n, p in vm.named_parameters()})

@@ -15,6 +15,7 @@ from calibrated import REVERSE_T1
 
 import critics
 import ppo_minimal as pm
+from rollout import sequence_logprobs
 from runlog import read_jsonl
 from tasks import make_tiny_model, make_tokenizer
 
@@ -216,7 +217,7 @@ def toy_batch(seed: int = 0) -> dict:
     input_ids[:, 0] = torch.arange(B)  # row id, read by LogitTable
     attention_mask = torch.cat([torch.ones(B, P, dtype=torch.long), response_mask], 1)  # [B, P+R]
     with torch.no_grad():
-        logp, _ = pm.sequence_logprobs(LogitTable(B, P + R, V), input_ids, attention_mask, R)  # [B, R]
+        logp, _ = sequence_logprobs(LogitTable(B, P + R, V), input_ids, attention_mask, R)  # [B, R]
     mask = response_mask.float()
     return {
         "input_ids": input_ids,

@@ -10,6 +10,7 @@ import torch
 import attention_credit as ac
 import ppo_minimal
 import tasks
+from rollout import sequence_logprobs
 
 # ------------------------------------------------------------------------------------------------
 # maps built by hand
@@ -320,7 +321,7 @@ def test_pass_restores_attention_implementation_on_error(tiny):
 
 def loss_and_grads(model, ids, am, rm, adv, old, token_weights):
     model.zero_grad(set_to_none=True)
-    logp, _ = ppo_minimal.sequence_logprobs(model, ids, am, rm.shape[1])
+    logp, _ = sequence_logprobs(model, ids, am, rm.shape[1])
     loss, _ = ppo_minimal.policy_loss(logp, old, adv, rm.float(), token_weights=token_weights)
     loss.backward()
     return loss.detach(), [p.grad.clone() for p in model.parameters()]
@@ -331,7 +332,7 @@ def test_amp_one_reproduces_grpo_exactly(tiny):
     ids, am, rm = make_batch(tok, PROMPTS, RESPONSES)
     adv = torch.tensor([1.0, -0.5, 0.3, -1.2])[:, None] * rm  # [B, R] group advantages
     with torch.no_grad():
-        old = ppo_minimal.sequence_logprobs(model, ids, am, rm.shape[1])[0] + 0.05 * torch.randn(rm.shape)
+        old = sequence_logprobs(model, ids, am, rm.shape[1])[0] + 0.05 * torch.randn(rm.shape)
     g, _ = ac.token_weights(model, ids, am, rm, amp=1.0)
     l0, g0 = loss_and_grads(model, ids, am, rm, adv, old, None)
     l1, g1 = loss_and_grads(model, ids, am, rm, adv, old, g)
@@ -343,7 +344,7 @@ def test_constant_gamma_scales_gradient(tiny):
     ids, am, rm = make_batch(tok, PROMPTS, RESPONSES)
     adv = torch.tensor([1.0, -0.5, 0.3, -1.2])[:, None] * rm
     with torch.no_grad():
-        old = ppo_minimal.sequence_logprobs(model, ids, am, rm.shape[1])[0] + 0.3 * torch.randn(rm.shape)  # clips
+        old = sequence_logprobs(model, ids, am, rm.shape[1])[0] + 0.3 * torch.randn(rm.shape)  # clips
     c = 1.5
     l0, g0 = loss_and_grads(model, ids, am, rm, adv, old, None)
     l1, g1 = loss_and_grads(model, ids, am, rm, adv, old, torch.full(rm.shape, c))

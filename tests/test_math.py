@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import common
+import critics
 import ppo_minimal as pm
 
 F64 = torch.float64
@@ -428,13 +429,13 @@ def test_masked_extreme_frac_ties_by_index():
     # largest two: the three 3s tie -> the two earliest, flat 0 and 2
     # smallest two: 1 (flat 1) and 2 (flat 3); the masked 0 is never selected
     x, m = t([[3.0, 1.0, 3.0], [2.0, 3.0, 0.0]]), t([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    top = common.masked_extreme_frac(x, m, 0.4, largest=True)
-    bot = common.masked_extreme_frac(x, m, 0.4, largest=False)
+    top = critics.masked_extreme_frac(x, m, 0.4, largest=True)
+    bot = critics.masked_extreme_frac(x, m, 0.4, largest=False)
     assert top.tolist() == [[True, False, True], [False, False, False]]
     assert bot.tolist() == [[False, True, False], [True, False, False]]
     # frac 0 selects nothing; frac 1 selects every valid entry and no masked one
-    assert not common.masked_extreme_frac(x, m, 0.0, largest=True).any()
-    assert common.masked_extreme_frac(x, m, 1.0, largest=False).tolist() == m.bool().tolist()
+    assert not critics.masked_extreme_frac(x, m, 0.0, largest=True).any()
+    assert critics.masked_extreme_frac(x, m, 1.0, largest=False).tolist() == m.bool().tolist()
 
 
 @pytest.mark.parametrize("frac,n_valid,want", [(0.25, 8, 2), (0.3, 10, 3), (0.6, 5, 3), (0.1, 20, 2), (0.05, 8, 0)])
@@ -444,7 +445,7 @@ def test_masked_extreme_frac_count(frac, n_valid, want):
     x = torch.randn(3, 12, generator=g, dtype=F64)
     m = torch.zeros(3, 12, dtype=F64)
     m.view(-1)[torch.randperm(36, generator=g)[:n_valid]] = 1.0
-    sel = common.masked_extreme_frac(x, m, frac, largest=True)
+    sel = critics.masked_extreme_frac(x, m, frac, largest=True)
     assert int(sel.sum()) == want
     assert not (sel & ~m.bool()).any()
     if want:  # the selected entries are the largest valid ones
