@@ -1,50 +1,36 @@
 """Asynchronous RL: rollout ranks and a trainer decoupled under a bound on staleness (ROLL Flash, AReaL).
 
     python async_loop.py                                        # 1 trainer + 1 rollout process, async ratio 1
-    python async_loop.py --async-ratio 0                        # ppo_minimal.py's synchronous loop, one process
     python async_loop.py --async-ratio 0 --rollout-workers 1    # the synchronous baseline on the async processes
-    python async_loop.py --task calc --env-latency 0.02 --async-ratio 2 --rollout-workers 2 --replicate
     torchrun --standalone --nproc_per_node=3 async_loop.py      # rank 0 trains, ranks 1-2 roll out (same code)
 
 Roles. Rank 0 runs `ppo_minimal.train` unchanged but for its sampler (`AsyncSampler`): a dispatcher thread sends
 requests and weights to the rollout ranks and collects their samples into a bounded buffer, also while the trainer
-updates; each step takes one batch from it. Every other rank is a rollout worker (`rollout_worker`) with its own
-copy of the policy: it runs one request at a time with `rollout.rollout_env` and loads new weights only between
-requests, so weights never change inside one sample (no partial rollout). Without torchrun the same ranks are
-processes started by torch.multiprocessing (rank 0 is the calling process).
+updates. Every other rank (`rollout_worker`) runs one request at a time on its own copy of the policy and loads new
+weights only between requests (no partial rollout). Without torchrun the ranks are torch.multiprocessing processes.
+Transport: weights (a flat fp32 vector) and samples (one fp64 matrix per request) go point to point over gloo,
+each announced by a JSON header in the rendezvous store (a receive is posted only once its data is there).
 
-Transport (torch.distributed): tensors (weights: a flat fp32 vector with its version; samples: one fp64 matrix
-per request) go point to point over a gloo group, each announced by a small JSON header in the rendezvous store:
-a receive is posted only when its data is there (gloo cannot poll a pending receive), a send never blocks.
-Heartbeats in the store let each side notice the other's death.
-
-Staleness (DESIGN.md 7.4; ROLL Flash arXiv 2510.11345 sec. 3; AReaL arXiv 2505.24298 sec. 5). A request's
-version v is the weights version its worker held when it STARTED it; a group's version is the minimum over its
-samples. At trainer version n a group is usable iff n - v <= alpha (the async ratio); older ones are dropped
-whole and counted. Admission (AReaL): groups admitted - groups dropped <= (n + 1 + alpha) * N + redundant (N =
-groups per step): at most (alpha + 1) * N + redundant groups are in flight or buffered (the buffer's bound).
-Batches take complete groups oldest version first, then first finished.
-Queue scheduling: each request goes to the worker with the fewest outstanding (at most queue_depth queued
-there), refilled as soon as one returns; no batch barrier. Replication (--replicate): a prompt's G samples are G
-requests. Redundant prompts (--redundant-groups r): r extra groups admitted, the first complete groups are
-trained; with alpha = 0 the others are dropped once stale, and async/kept_len vs async/dropped_len shows the
-"fast first" length bias. Off-policy correction (--off-policy, ppo_minimal.off_policy_weights): behav | tis
-(default when alpha > 0, C = 2) | decoupled (cap 5); with alpha = 0 all equal PPO up to float noise.
+Staleness (DESIGN.md 7.4; ROLL Flash arXiv 2510.11345 sec. 3; AReaL arXiv 2505.24298 sec. 5). A request's version v
+is the weights version its worker held when it STARTED it, a group's the minimum over its samples; at trainer
+version n a group is usable iff n - v <= alpha (the async ratio), older ones are dropped whole and counted.
+Admission: groups admitted - dropped <= (n + 1 + alpha) N + redundant (N groups per step), the buffer's bound;
+batches take complete groups oldest version first, then first finished. Queue scheduling: a request goes to the
+worker with the fewest outstanding (at most queue_depth), refilled as soon as one returns. --replicate: a prompt's
+G samples are G requests; --redundant-groups r: r extra groups admitted, the first complete ones trained (kept_len
+vs dropped_len shows the length bias); --off-policy (offpolicy.py): tis by default when alpha > 0.
 
 Implementation details and deviations (ours)
 1. One trainer rank (DDP among several trainer ranks is not wired here); any number of rollout ranks.
-2. A request whose group expires is not aborted (our workers cannot stop a generate call, and do not scan
-   their queue): it runs and is discarded, counted in async/dropped. ROLL aborts it.
-3. A worker runs one request at a time (a group as one batch, or one episode with --replicate); a real engine
-   batches requests continuously. bench/async_bench.py's scheduler.py prediction uses the same model.
-4. out_dir/timeline.json: every request's (worker, start, end, version, step used) and every step's (wait start,
-   batch ready); notebooks/04_async.ipynb draws it. Metrics async/* are in the README glossary.
-5. Reliability: a worker that raises reports its traceback through the store and the trainer raises naming it;
-   one that vanishes is named by its exit code (multiprocessing), a broken connection or its silent heartbeat
-   (worker_timeout); workers stop when the trainer's heartbeat stops or the store goes away; on Ctrl-C (workers
-   ignore SIGINT) or any error the trainer stops, joins, then kills the rollout processes.
-6. On CPU every process takes cores / world torch threads unless OMP_NUM_THREADS is set (torchrun sets 1):
-   processes oversubscribing the cores slow each other down more than they overlap.
+2. A request whose group expires is not aborted (a worker cannot stop a generate call): it runs and is discarded,
+   counted in async/dropped (ROLL aborts it). A worker runs one request at a time (a group, or one episode with
+   --replicate); a real engine batches requests continuously (as does bench/async_bench.py's prediction).
+3. out_dir/timeline.json: every request's (worker, start, end, version, step used) and every step's (wait start,
+   batch ready); notebooks/04_async.ipynb draws it.
+4. A worker that raises reports its traceback through the store and the trainer raises naming it; one that
+   vanishes is named by its exit code, a broken connection or its silent heartbeat (worker_timeout); workers stop
+   when the trainer's heartbeat stops; on Ctrl-C or any error the trainer stops, joins, then kills them.
+5. On CPU every process takes cores / world torch threads unless OMP_NUM_THREADS is set (torchrun sets 1).
 """
 
 from __future__ import annotations
@@ -66,12 +52,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from common import check_range, dist_store, parse_config, setup_dist, train_alone
-from envs import TaskEnv, is_env, make_env
-from ppo_minimal import Config, env_overrides, make_autocast, rollout_kw, train
-from rollout import Rollout, rollout_env
+from common import check_fields, dist_store, make_autocast, parse_config, setup_dist, train_alone
+from envs import TaskEnv, env_overrides, make_env
+from ppo_minimal import Config, multi_turn, rollout_kw, train
+from rollout import Rollout, cat_rollouts, rollout_env
 from runlog import format_table, read_jsonl
 from tasks import load_policy, make_task, stop_token_ids
 from warm_start import sft_config_for, sft_warm_start
@@ -110,18 +95,18 @@ class AsyncConfig(Config):
         if self.rollout_workers is None:
             self.rollout_workers = 1 if self.async_ratio > 0 else 0
         super().__post_init__()
-        for name in ("async_ratio", "rollout_workers", "redundant_groups", "crash_worker_after", "crash_trainer_after"):
-            check_range(name, getattr(self, name), 0)
-        check_range("queue_depth", self.queue_depth, 1)
-        check_range("worker_timeout", self.worker_timeout, 0.0, lo_open=True)
+        zero_or_more = (
+            "async_ratio",
+            "rollout_workers",
+            "redundant_groups",
+            "crash_worker_after",
+            "crash_trainer_after",
+        )
+        check_fields(self, {"[0, inf)": zero_or_more, "[1, inf)": ("queue_depth",), "(0, inf)": ("worker_timeout",)})
         if self.rollout_workers == 0 and "WORLD_SIZE" not in os.environ and self.async_ratio > 0:
             raise ValueError("config field 'async_ratio' > 0 needs rollout workers (--rollout-workers >= 1)")
         if self.resume and self.rollout_workers:
             raise ValueError("config field 'resume' is not supported with rollout workers (the buffer is not saved)")
-
-
-# ------------------------------------------------------------------------------------------------
-# Samples on the wire: one fp64 matrix per request (ids are exact in fp64, logprobs are fp32 values)
 
 
 def pack(ro: Rollout) -> torch.Tensor:
@@ -132,6 +117,7 @@ def pack(ro: Rollout) -> torch.Tensor:
 
 
 def unpack(x: torch.Tensor, P: int, R: int, version: int) -> Rollout:
+    """The Rollout of a packed matrix (pack's inverse) whose samples all started at weights `version`."""
     L = P + R
     ids, am = x[:, :L].long(), x[:, L : 2 * L].long()  # [n, P+R]
     rm, lp, sc = (x[:, 2 * L + k * R : 2 * L + (k + 1) * R] for k in range(3))  # [n, R] each
@@ -140,31 +126,6 @@ def unpack(x: torch.Tensor, P: int, R: int, version: int) -> Rollout:
         rollout_logprobs=lp.float(), truncated=x[:, -1].bool(), token_scores=sc.float(),
         policy_version=torch.full((x.shape[0],), version, dtype=torch.long),
     )  # fmt: skip
-
-
-def cat_rollouts(parts: list[Rollout], pad_id: int, device) -> Rollout:
-    """One Rollout of several: prompts re-left-padded to the longest, responses re-right-padded (DESIGN.md 3)."""
-    P = max(r.prompt_ids.shape[1] for r in parts)
-    R = max(r.response_ids.shape[1] for r in parts)
-    left = lambda x, n, v: F.pad(x, (n - x.shape[1], 0), value=v)  # noqa: E731
-    right = lambda x, n, v: F.pad(x, (0, n - x.shape[1]), value=v)  # noqa: E731
-    cat = lambda f: torch.cat([f(r) for r in parts]).to(device)  # noqa: E731
-    am_prompt = cat(lambda r: left(r.attention_mask[:, : r.prompt_ids.shape[1]], P, 0))  # [B, P]
-    am_response = cat(lambda r: right(r.attention_mask[:, r.prompt_ids.shape[1] :], R, 0))  # [B, R]
-    return Rollout(
-        prompt_ids=cat(lambda r: left(r.prompt_ids, P, pad_id)),  # [B, P]
-        response_ids=cat(lambda r: right(r.response_ids, R, pad_id)),  # [B, R]
-        attention_mask=torch.cat([am_prompt, am_response], 1),  # [B, P+R]
-        response_mask=cat(lambda r: right(r.response_mask, R, 0)),  # [B, R]
-        rollout_logprobs=cat(lambda r: right(r.rollout_logprobs, R, 0.0)),  # [B, R]
-        truncated=cat(lambda r: r.truncated),  # [B]
-        token_scores=cat(lambda r: right(r.token_scores, R, 0.0)),  # [B, R]
-        policy_version=cat(lambda r: r.policy_version),  # [B]
-    )
-
-
-# ------------------------------------------------------------------------------------------------
-# Messages between two ranks: a JSON header through the store, an optional tensor point to point
 
 
 class Channel:
@@ -177,47 +138,44 @@ class Channel:
         self.sent, self.seen, self.tensors = 0, 0, 0  # messages sent, messages received, tensors sent
         self.pending = deque()  # (tensor index, work, tensor) until the peer acknowledges the tensor
 
-    def send(self, header: dict, tensor: torch.Tensor | None = None) -> None:
-        with self._named():
-            self._send(header, tensor)
-
-    def poll(self) -> list[tuple[dict, torch.Tensor | None]]:
-        with self._named():
-            return self._poll()
-
     @contextlib.contextmanager
     def _named(self):
+        """Name the peer in an error: gloo and the store name an address, not a rank."""
         try:
             yield
-        except RuntimeError as e:  # gloo and the store name an address, not a rank
+        except RuntimeError as e:
             raise RuntimeError(f"rank {self.me}: talking to rank {self.peer} failed (did it die?): {e}") from e
 
-    def _send(self, header: dict, tensor: torch.Tensor | None) -> None:
+    def send(self, header: dict, tensor: torch.Tensor | None = None) -> None:
+        """Announce a message (its tensor goes out with isend, kept alive until acknowledged); never blocks."""
         key = f"async/{self.me}>{self.peer}"
-        if tensor is not None:
-            header = {**header, "shape": list(tensor.shape), "dtype": str(tensor.dtype).split(".")[1]}
-            self.pending.append((self.tensors, dist.isend(tensor, self.peer, group=self.group), tensor))
-            self.tensors += 1
-        self.store.set(f"{key}/{self.sent}", json.dumps(header))
-        self.sent += 1
-        self.store.add(f"{key}/n", 1)  # announced only once the header (and the tensor's isend) are out
-        acked = self.store.add(f"{key}/ack", 0)
-        while self.pending and self.pending[0][0] < acked:
-            self.pending.popleft()[1].wait()  # already received: returns at once
+        with self._named():
+            if tensor is not None:
+                header = {**header, "shape": list(tensor.shape), "dtype": str(tensor.dtype).split(".")[1]}
+                self.pending.append((self.tensors, dist.isend(tensor, self.peer, group=self.group), tensor))
+                self.tensors += 1
+            self.store.set(f"{key}/{self.sent}", json.dumps(header))
+            self.sent += 1
+            self.store.add(f"{key}/n", 1)  # announced only once the header (and the tensor's isend) are out
+            acked = self.store.add(f"{key}/ack", 0)
+            while self.pending and self.pending[0][0] < acked:
+                self.pending.popleft()[1].wait()  # already received: returns at once
 
-    def _poll(self) -> list[tuple[dict, torch.Tensor | None]]:
+    def poll(self) -> list[tuple[dict, torch.Tensor | None]]:
+        """The peer's messages announced so far: (header, tensor or None) in order."""
         key, out = f"async/{self.peer}>{self.me}", []
-        n = self.store.add(f"{key}/n", 0)
-        while self.seen < n:
-            header = json.loads(self.store.get(f"{key}/{self.seen}"))
-            self.store.delete_key(f"{key}/{self.seen}")
-            tensor = None
-            if "shape" in header:
-                tensor = torch.empty(header["shape"], dtype=getattr(torch, header["dtype"]))
-                dist.recv(tensor, self.peer, group=self.group)
-                self.store.add(f"{key}/ack", 1)
-            out.append((header, tensor))
-            self.seen += 1
+        with self._named():
+            n = self.store.add(f"{key}/n", 0)
+            while self.seen < n:
+                header = json.loads(self.store.get(f"{key}/{self.seen}"))
+                self.store.delete_key(f"{key}/{self.seen}")
+                tensor = None
+                if "shape" in header:
+                    tensor = torch.empty(header["shape"], dtype=getattr(torch, header["dtype"]))
+                    dist.recv(tensor, self.peer, group=self.group)
+                    self.store.add(f"{key}/ack", 1)
+                out.append((header, tensor))
+                self.seen += 1
         return out
 
 
@@ -242,14 +200,12 @@ def silent_for(store, rank: int) -> float:
     return time.time() - float(store.get(f"async/beat/{rank}")) if store.check([f"async/beat/{rank}"]) else math.inf
 
 
-# ------------------------------------------------------------------------------------------------
-# Rollout rank
-
-
 def request_episodes(cfg: AsyncConfig, task, seed: int, n: int) -> list:
     """n episodes [(env, seed)] of one prompt (a single-turn problem drawn by `seed`, or an env seed)."""
     if task is None:
-        return [(make_env(cfg.task, "train", **env_overrides(cfg, "train")), seed) for _ in range(n)]
+        return [
+            (make_env(cfg.task, "train", **env_overrides(cfg.task, cfg.env_latency, "train")), seed) for _ in range(n)
+        ]
     problem = task.sample(1, "train", np.random.default_rng(seed))[0]
     return [(TaskEnv(task, problem), None) for _ in range(n)]
 
@@ -258,9 +214,8 @@ def rollout_worker(cfg: AsyncConfig, rank: int, group, store, source: str) -> No
     """Serve requests until told to stop: between two requests, take new weights and new requests."""
     _, _, _, device = setup_dist(timeout_s=cfg.dist_timeout, device=cfg.device)
     policy, tokenizer = load_policy(source, device)
-    eos_ids, autocast = stop_token_ids(policy, tokenizer), make_autocast(cfg, device)
-    multi_turn = cfg.data is None and is_env(cfg.task)
-    task = None if multi_turn else make_task(cfg.task, cfg.data, cfg.reward)
+    eos_ids, autocast = stop_token_ids(policy, tokenizer), make_autocast(cfg.dtype, device)
+    task = None if multi_turn(cfg) else make_task(cfg.task, cfg.data, cfg.reward)
     chan, gen = Channel(store, group, rank, 0), torch.Generator(device=device).manual_seed(cfg.seed + rank)
     version, queue, done, last_heard = -1, deque(), 0, time.time()
     while True:
@@ -291,10 +246,6 @@ def rollout_worker(cfg: AsyncConfig, rank: int, group, store, source: str) -> No
         done += 1
         if cfg.crash_worker_after and rank == 1 and done >= cfg.crash_worker_after:
             os._exit(3)  # fault injection: vanish without a word (as an OOM kill would)
-
-
-# ------------------------------------------------------------------------------------------------
-# Trainer side: dispatch, collect, bound staleness, assemble batches
 
 
 class AsyncSampler:
@@ -333,9 +284,8 @@ class AsyncSampler:
                 batch = self.take(step)
                 if batch is not None:
                     batch[3]["async/wait_s"] = time.time() - t_wait
-                    self.steps.append(
-                        {"step": step, "wait_t0": t_wait - self.t_origin, "ready_t": time.time() - self.t_origin}
-                    )
+                    t0, t1 = t_wait - self.t_origin, time.time() - self.t_origin
+                    self.steps.append({"step": step, "wait_t0": t0, "ready_t": t1})
                     self.step_stats = {"dropped": 0, "dropped_len": []}
                     return batch
                 self.cond.wait(timeout=0.1)
@@ -375,10 +325,8 @@ class AsyncSampler:
             proc = self.procs.get(w)
             if proc is not None and proc.exitcode is not None:
                 raise RuntimeError(f"rollout rank {w} (pid {proc.pid}) exited with code {proc.exitcode}")
-            if (
-                silent_for(self.store, w) > self.cfg.worker_timeout
-                and time.time() - self.t_origin > self.cfg.worker_timeout
-            ):
+            timeout = self.cfg.worker_timeout
+            if silent_for(self.store, w) > timeout and time.time() - self.t_origin > timeout:
                 raise RuntimeError(f"rollout rank {w}: no heartbeat for {self.cfg.worker_timeout}s (dead or stuck)")
 
     def dispatch(self, step: int) -> None:
@@ -448,14 +396,10 @@ class AsyncSampler:
         group_ids = torch.arange(ro.response_ids.shape[0], device=self.device) // self.G  # [B]
         lens = ro.response_mask.sum(-1).float()  # [B]
         s = self.step_stats
-        metrics = {
-            "async/staleness_mean": float(np.mean(versions)),
-            "async/staleness_max": float(max(versions)),
-            "async/dropped": float(s["dropped"]),
-            "async/kept_len": lens.mean().item(),
-            "async/dropped_len": float(np.mean(s["dropped_len"])) if s["dropped_len"] else 0.0,
-            "async/buffer_groups": float(len(self.groups)),
-        }
+        metrics = {"async/staleness_mean": float(np.mean(versions)), "async/staleness_max": float(max(versions))}
+        metrics.update({"async/dropped": float(s["dropped"]), "async/kept_len": lens.mean().item()})
+        metrics["async/dropped_len"] = float(np.mean(s["dropped_len"])) if s["dropped_len"] else 0.0
+        metrics["async/buffer_groups"] = float(len(self.groups))
         return ro, eps, group_ids, metrics
 
     def close(self, out_dir: Path) -> None:
@@ -470,10 +414,6 @@ class AsyncSampler:
         timeline = {"events": self.events, "steps": self.steps, "config": asdict(self.cfg)}
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "timeline.json").write_text(json.dumps(timeline))
-
-
-# ------------------------------------------------------------------------------------------------
-# Launch: torchrun ranks, or processes started here; one code path after the process group exists
 
 
 def _free_port() -> int:
@@ -509,9 +449,8 @@ def run(cfg: AsyncConfig, init_method: str | None = None) -> dict:
             finally:
                 signal.signal(signal.SIGINT, sigint)
             os.environ.update(RANK="0", WORLD_SIZE=str(world), LOCAL_RANK="0")
-        rank, _, world, device = setup_dist(
-            timeout_s=cfg.dist_timeout, device=cfg.device, init_method=init_method or "env://"
-        )
+        dist_kw = {"timeout_s": cfg.dist_timeout, "device": cfg.device, "init_method": init_method or "env://"}
+        rank, _, world, device = setup_dist(**dist_kw)
         if world < 2:
             raise ValueError("async_loop under torchrun needs >= 2 processes: rank 0 trains, the others roll out")
         if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:  # the processes share the cores (detail 6)

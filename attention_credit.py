@@ -58,10 +58,10 @@ import torch
 
 from common import all_reduce_sum, check_choice, check_range, masked_mean, parse_config
 from envs import TaskEnv
-from rollout import generate, greedy_accuracy, position_ids_from_mask, tokenize_prompts
+from rollout import generate, position_ids_from_mask, tokenize_prompts
 from runlog import format_table, run_trainers
 from tasks import format_prompt, load_policy, make_task
-from warm_start import SFTConfig, sft_warm_start
+from warm_start import SFTConfig, greedy_accuracy, sft_warm_start
 
 W, H_LO, H_HI, HEAD_FRAC = 10, 10, 100, 0.3  # WAAD window, FAI horizons, head-group quantile (paper defaults)
 MODEL = (("num_hidden_layers", 6), ("num_attention_heads", 8), ("num_key_value_heads", 4), ("hidden_size", 64),
@@ -374,6 +374,16 @@ def token_weights(model, input_ids, attention_mask, response_mask, **credit_kw):
         "stats/credit_span_global": float(c["spans"][c["global"]].mean()),
         "time/credit": time.perf_counter() - t0,
     }
+
+
+def credit_weights(cfg: CreditArgs, model, input_ids, attention_mask, response_mask, advantages, micro_batch: int):
+    """The trainer's call (its Config holds CreditArgs): gamma [B, R] and metrics, gamma = 1 where A < 0 with
+    credit_nonneg_only (detail 6)."""
+    kw = {k: getattr(cfg, "credit_" + k) for k in ("mode", "q", "intro_window", "alpha", "amp")}
+    gamma, metrics = token_weights(model, input_ids, attention_mask, response_mask, **kw, micro_batch=micro_batch)
+    if cfg.credit_nonneg_only:
+        gamma = torch.where(advantages < 0, torch.ones_like(gamma), gamma)
+    return gamma, metrics
 
 
 # ------------------------------------------------------------------------------------------------

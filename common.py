@@ -1,33 +1,34 @@
-"""Plumbing shared by every minrl file; nothing algorithmic lives here.
+"""Plumbing shared by every minrl file: the CLI, validation, the process group, masked reductions.
 
-- `parse_config(Config)`: a command line built from a dataclass. The one-line string literal under
-  each field is its `--help` text; `--field-name` and `--field_name` both work.
-- `check_range` / `check_choice`: the one way config values are validated (named field, allowed range).
-- `setup_dist()` -> (rank, local_rank, world_size, device); `(0, 0, 1, cpu|cuda)` without torchrun.
-  Collective helpers return at once for world size 1, so the algorithm never branches on it.
-- Masked reductions (veRL semantics, global under DDP): `masked_sum`, `masked_mean`, `masked_var`,
-  `masked_whiten`.
-- `parallel_map(fn, calls, jobs)`: independent runs (experiments, simulations) in spawned processes.
+    torchrun --standalone --nproc_per_node=2 common.py     # check the process group: ranks, devices, an all-reduce
 
-torch is imported inside the functions that need it, so that the torch-free leaves (`scheduler.py`,
-`diagnose.py`) can use the CLI on a machine without torch.
+- `parse_config(Config)`: a command line from a dataclass; the string literal under each field is its `--help`.
+- `check_fields`, `check_range`, `check_choice`: the one way config values are validated (field and range named).
+- `DistArgs`, `setup_dist()` -> (rank, local_rank, world_size, device), `(0, 0, 1, cpu|cuda)` without torchrun;
+  collective helpers return at once for world size 1, so the algorithm never branches on it; `make_autocast`.
+- Masked reductions (veRL semantics, global under DDP): `masked_sum`, `masked_mean`, `masked_var`, `masked_whiten`.
+torch is imported inside the functions that need it: the torch-free leaves (scheduler.py, diagnose.py) use the CLI.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import datetime
 import inspect
 import math
 import os
+import re
 import sys
 import textwrap
+import types
 import typing
+from typing import Literal
 
 # ----------------------------------------------------------------------------------------------
-# Config: CLI from a dataclass, and validation helpers
+# Config: CLI from a dataclass, and validation
 
 
 def field_docs(cls) -> dict[str, str]:
@@ -51,32 +52,30 @@ def _parser_for(tp):
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is typing.Literal:
         return type(args[0]), list(args), None
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
-        base, choices, nargs = _parser_for(inner[0])
-        return (lambda s: None if s.lower() == "none" else base(s)), choices, nargs
+        base, choices, nargs = _parser_for(inner[0])  # "none" on the command line is None, also among choices
+        return (lambda s: None if s.lower() == "none" else base(s)), choices and [*choices, None], nargs
     if origin in (list, tuple):
         return args[0], None, "*"
     return tp, None, None
 
 
 def parse_config(cls, argv: list[str] | None = None, description: str | None = None):
-    """Build `cls` (a dataclass) from command-line flags; `--help` lists every field with its default."""
+    """Build `cls` (a dataclass) from command-line flags; `--help` lists every field once, with its default."""
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     doc = description or (inspect.getdoc(sys.modules[cls.__module__]) or "").split("\n\n")[0]
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
-        names = [f"--{f.name.replace('_', '-')}"] + ([f"--{f.name}"] if "_" in f.name else [])
+    for f in [f for f in dataclasses.fields(cls) if f.init]:
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         help_ = docs.get(f.name, "").replace("%", "%%")  # argparse formats help strings with %
-        if hints[f.name] is bool:
-            p.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help_)
-            continue
-        typ, choices, nargs = _parser_for(hints[f.name])
-        p.add_argument(*names, dest=f.name, type=typ, choices=choices, nargs=nargs, default=default, help=help_)
+        kind = dict(zip(("type", "choices", "nargs"), _parser_for(hints[f.name])))
+        kind = {"action": argparse.BooleanOptionalAction} if hints[f.name] is bool else kind
+        p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=default, help=help_, **kind)
+    argv = sys.argv[1:] if argv is None else argv
+    flag = re.compile(r"--(no-)?[a-z0-9_]+(=.*)?")  # --field_name, --no-field_name, --field_name=VALUE
+    argv = [a.split("=")[0].replace("_", "-") + a[len(a.split("=")[0]) :] if flag.fullmatch(a) else a for a in argv]
     return cls(**vars(p.parse_args(argv)))
 
 
@@ -88,8 +87,8 @@ def check_range(name: str, value, lo=None, hi=None, *, lo_open: bool = False, hi
     if hi is not None and not bad:
         bad = value >= hi if hi_open else value > hi
     if bad:
-        left = "(" if lo_open else "["
-        right = ")" if hi_open else "]"
+        left = "(" if lo_open or lo is None else "["
+        right = ")" if hi_open or hi is None else "]"
         span = f"{left}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{right}"
         raise ValueError(f"config field '{name}' = {value!r} is out of range: allowed {span}")
 
@@ -100,18 +99,59 @@ def check_choice(name: str, value, choices) -> None:
         raise ValueError(f"config field '{name}' = {value!r}: must be one of {list(choices)}")
 
 
+def check_fields(cfg, ranges: dict[str, tuple[str, ...]]) -> None:
+    """Validate a config dataclass: every Literal-typed field against its choices, and each field named in
+    `ranges` (an interval such as "(0, 1]" -> field names) against its interval. None passes wherever the
+    annotation allows it (an optional field left unset)."""
+    hints = typing.get_type_hints(type(cfg))
+    optional = {n for n, tp in hints.items() if type(None) in typing.get_args(tp)}
+    for f in dataclasses.fields(cfg):
+        literal = [t for t in (hints[f.name], *typing.get_args(hints[f.name])) if typing.get_origin(t) is Literal]
+        if literal and not (getattr(cfg, f.name) is None and f.name in optional):
+            check_choice(f.name, getattr(cfg, f.name), typing.get_args(literal[0]))
+    for interval, names in ranges.items():
+        lo, hi = (None if "inf" in x else float(x) if "." in x else int(x) for x in interval[1:-1].split(","))
+        for name in names:
+            if not (getattr(cfg, name) is None and name in optional):
+                check_range(name, getattr(cfg, name), lo, hi, lo_open=interval[0] == "(", hi_open=interval[-1] == ")")
+
+
 # ----------------------------------------------------------------------------------------------
 # Distributed plumbing (torch.distributed launched by torchrun; world size 1 without it)
+
+
+@dataclasses.dataclass
+class DistArgs:
+    """Where and in what precision the trainer computes; its Config inherits these fields."""
+
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype (bfloat16 autocasts; weights and optimizer state stay fp32)."""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N."""
+    dist_timeout: float = 120.0
+    """Seconds before a collective gives up (a dead rank makes the others fail)."""
+
+    def __post_init__(self):
+        check_range("dist_timeout", self.dist_timeout, 0.0, lo_open=True)
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ValueError(f"config field 'device' = {self.device!r}: must be auto, cpu, cuda or cuda:N")
+
+
+def make_autocast(dtype: str, device):
+    """A context factory: bf16 autocast for dtype "bfloat16" (weights stay fp32), else a no-op."""
+    import torch
+
+    if dtype == "bfloat16":
+        return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext
 
 
 def setup_dist(backend: str | None = None, timeout_s: float = 120.0, device: str = "auto", init_method: str = "env://"):
     """Init the process group if launched by torchrun. Returns (rank, local_rank, world_size, device).
 
-    backend defaults to nccl on CUDA and gloo on CPU; every collective inherits `timeout_s`, so a dead
-    rank makes the others raise instead of hanging forever. The rendezvous store (held by torchrun's
-    agent, or a file with init_method="file://...") outlives a dead rank; `collective` keeps a count
-    of who reached which collective there, so the error names the rank that failed.
-    """
+    backend defaults to nccl on CUDA and gloo on CPU; every collective inherits `timeout_s`, so a dead rank makes
+    the others raise instead of hanging. The rendezvous store (torchrun's agent, or init_method="file://...")
+    outlives a dead rank: `collective` counts there who reached which collective, to name the rank that failed."""
     import torch
     import torch.distributed as dist
 
@@ -125,13 +165,9 @@ def setup_dist(backend: str | None = None, timeout_s: float = 120.0, device: str
         timeout = datetime.timedelta(seconds=timeout_s)
         store, rank, world = next(dist.rendezvous(init_method, rank=rank, world_size=world, timeout=timeout))
         store.set_timeout(timeout)
-        dist.init_process_group(
-            backend or ("nccl" if use_cuda else "gloo"),
-            store=dist.PrefixStore("default_pg", store),  # the prefix init_process_group itself would use
-            rank=rank,
-            world_size=world,
-            timeout=timeout,
-        )
+        prefixed = dist.PrefixStore("default_pg", store)  # the prefix init_process_group itself would use
+        backend = backend or ("nccl" if use_cuda else "gloo")
+        dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world, timeout=timeout)
         _LIVENESS.update(store=dist.PrefixStore("minrl", store), rank=rank, world=world)
     return rank, local_rank, world, dev
 
@@ -148,12 +184,9 @@ def train_alone() -> None:
 
 
 def collective(fn, *args, **kwargs):
-    """Run one collective `fn(*args, **kwargs)` (e.g. dist.all_reduce). If it fails (a peer died, or the
-    timeout passed), raise an error naming the ranks that never reached it.
-
-    Each rank counts its collectives in the rendezvous store before entering one; all ranks run the same
-    sequence, so after a failure a rank whose count is lower than ours is dead or stuck.
-    """
+    """Run one collective `fn(*args, **kwargs)` (e.g. dist.all_reduce); if it fails (a peer died, the timeout
+    passed), raise naming the ranks that never reached it: each rank counts its collectives in the rendezvous
+    store before entering one, so after a failure a rank whose count is lower than ours is dead or stuck."""
     if not _LIVENESS:  # process group not made by setup_dist: no store to count in
         return fn(*args, **kwargs)
     store, me, world = _LIVENESS["store"], _LIVENESS["rank"], _LIVENESS["world"]
@@ -175,6 +208,7 @@ def dist_store():
 
 
 def world_size() -> int:
+    """The number of ranks the collective helpers reduce over (1 without a process group or after train_alone)."""
     import torch.distributed as dist
 
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() and not _SOLO else 1
@@ -189,25 +223,6 @@ def all_reduce_sum(t):
     return t
 
 
-def all_gather_cat(t):
-    """Concatenate a 1-D tensor of any length from every rank (rank order). Returns (cat, offset of mine)."""
-    import torch
-    import torch.distributed as dist
-
-    w = world_size()
-    if w == 1:
-        return t, 0
-    n = torch.tensor([t.numel()], device=t.device)
-    sizes = [torch.zeros_like(n) for _ in range(w)]
-    collective(dist.all_gather, sizes, n)
-    sizes = [int(s) for s in sizes]
-    padded = torch.zeros(max(sizes), dtype=t.dtype, device=t.device)
-    padded[: t.numel()] = t
-    parts = [torch.zeros_like(padded) for _ in range(w)]
-    collective(dist.all_gather, parts, padded)
-    return torch.cat([p[:s] for p, s in zip(parts, sizes)]), sum(sizes[: dist.get_rank()])
-
-
 def reduce_metrics(metrics: dict[str, float], device=None) -> dict[str, float]:
     """Mean of every metric over ranks (keys ending in '_max' take the max). Identity for world size 1."""
     if world_size() == 1 or not metrics:
@@ -215,28 +230,14 @@ def reduce_metrics(metrics: dict[str, float], device=None) -> dict[str, float]:
     import torch
     import torch.distributed as dist
 
-    keys = sorted(metrics)
-    mean_keys = [k for k in keys if not k.endswith("_max")]
-    max_keys = [k for k in keys if k.endswith("_max")]
-    t = torch.tensor([float(metrics[k]) for k in mean_keys], dtype=torch.float64, device=device)
-    collective(dist.all_reduce, t)
-    out = {k: v / world_size() for k, v in zip(mean_keys, t.tolist())}
-    if max_keys:
-        m = torch.tensor([float(metrics[k]) for k in max_keys], dtype=torch.float64, device=device)
-        collective(dist.all_reduce, m, op=dist.ReduceOp.MAX)
-        out.update(zip(max_keys, m.tolist()))
+    out = {}
+    for is_max in (False, True):
+        keys = [k for k in sorted(metrics) if k.endswith("_max") == is_max]
+        if keys:
+            t = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=device)
+            collective(dist.all_reduce, t, op=dist.ReduceOp.MAX if is_max else dist.ReduceOp.SUM)
+            out.update({k: v if is_max else v / world_size() for k, v in zip(keys, t.tolist())})
     return out
-
-
-def seed_everything(seed: int) -> None:
-    import random
-
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -270,8 +271,7 @@ def masked_var(x, mask, unbiased: bool = True, global_: bool = False):
     if n < 2:
         raise ValueError(f"masked_var needs at least 2 valid entries, got {int(n)} (batch too small or all masked)")
     mean = total / (n + 1e-8)
-    # veRL: masked_mean((x - mean)^2) = sum(mask (x - mean)^2) / (n + 1e-8), expanded so that one pass (one
-    # all-reduce under DDP) suffices; the golden test checks it against veRL, large offsets included.
+    # veRL: masked_mean((x - mean)^2), expanded so that one pass (one all-reduce) suffices; golden-tested
     var = (sq - 2 * mean * total + n * mean * mean) / (n + 1e-8)
     return (var * n / (n - 1) if unbiased else var).to(x.dtype)
 
@@ -284,25 +284,17 @@ def masked_whiten(x, mask, shift_mean: bool = True, global_: bool = False):
     return out if shift_mean else out + mean
 
 
-# ----------------------------------------------------------------------------------------------
-# Independent runs in parallel processes
+def main() -> None:
+    """Every rank prints its rank, device and an all-reduce of the ranks (world * (world - 1) / 2)."""
+    import torch
+
+    rank, local_rank, world, device = setup_dist()
+    total = all_reduce_sum(torch.tensor([float(rank)], device=device)).item()
+    print(f"rank {rank} of {world} (local {local_rank}) on {device}: all-reduce of the ranks {total:.0f}, "
+          f"expected {world * (world - 1) // 2}", flush=True)  # fmt: skip
+    if world > 1:
+        torch.distributed.destroy_process_group()
 
 
-def n_processes(jobs: int, n_calls: int) -> int:
-    """Processes parallel_map uses: `jobs`, or one per CPU this process may run on (jobs 0); at most one per call."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(n_calls, jobs or cpus))
-
-
-def parallel_map(fn, calls: list[tuple], jobs: int = 1) -> list:
-    """[fn(*args) for args in calls], in order; in n_processes(jobs) spawned processes when more than one.
-    fn must be a module-level function; spawn (not fork) is safe next to torch's threads, and a calling script
-    needs the `if __name__ == "__main__":` guard."""
-    n = n_processes(jobs, len(calls))
-    if n == 1:
-        return [fn(*args) for args in calls]
-    import concurrent.futures as cf
-    import multiprocessing as mp
-
-    with cf.ProcessPoolExecutor(n, mp_context=mp.get_context("spawn")) as ex:
-        return list(ex.map(fn, *zip(*calls)))
+if __name__ == "__main__":
+    main()

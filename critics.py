@@ -47,9 +47,10 @@ from typing import Literal
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
-from common import all_gather_cat, check_range, masked_mean, masked_var, parse_config
+from common import check_range, collective, masked_mean, masked_var, parse_config, world_size
 from runlog import format_table, run_trainers
 
 
@@ -198,6 +199,22 @@ def partition_shares(group_ids, n_critics: int, generator: torch.Generator):
     return shares
 
 
+def all_gather_cat(t):
+    """Concatenate a 1-D tensor of any length from every rank (rank order). Returns (cat, offset of mine)."""
+    w = world_size()
+    if w == 1:
+        return t, 0
+    n = torch.tensor([t.numel()], device=t.device)
+    sizes = [torch.zeros_like(n) for _ in range(w)]
+    collective(dist.all_gather, sizes, n)
+    sizes = [int(s) for s in sizes]
+    padded = torch.zeros(max(sizes), dtype=t.dtype, device=t.device)
+    padded[: t.numel()] = t
+    parts = [torch.zeros_like(padded) for _ in range(w)]
+    collective(dist.all_gather, parts, padded)
+    return torch.cat([p[:s] for p, s in zip(parts, sizes)]), sum(sizes[: dist.get_rank()])
+
+
 def masked_extreme_frac(x, mask, frac: float, largest: bool, global_: bool = False):
     """Bool mask of the `round(frac * n)` largest (or smallest) valid entries of x, n = valid count.
 
@@ -275,6 +292,13 @@ class Critics:
         for k, (m, o) in enumerate(zip(self.models, self.opts)):
             m.load_state_dict(ValueModel.from_pretrained(Path(path) / f"critic_{k}").state_dict())
             o.load_state_dict(state[f"critic_opt_{k}"])
+
+
+def make_critics(cfg: CriticArgs, policy, tokenizer, device, *, adam_eps: float, ddp: bool) -> Critics:
+    """One value model (PPO), or cfg.n_critics mini-critics trained on disjoint shares (AsyPPO); detail 2."""
+    n = cfg.n_critics if cfg.critic == "asyppo" else 1
+    models = [make_value_model(policy, cfg.critic_model, tokenizer, cfg.critic_depth).to(device) for _ in range(n)]
+    return Critics(models, lr=cfg.critic_lr, adam_eps=adam_eps, ddp=ddp)
 
 
 def value_stats(values_mean, returns, mask, all_values, critic_returns) -> dict:

@@ -34,7 +34,25 @@ from typing import Protocol
 
 import numpy as np
 
+from common import check_range
 from tasks import is_eval_problem
+
+
+@dataclass
+class EnvArgs:
+    """The trainer's knobs of multi-turn episodes; its Config inherits them."""
+
+    max_turns: int = 8
+    """Multi-turn environments: actions per episode at most (the environment's own limit usually ends it first)."""
+    max_context: int = 256
+    """Multi-turn environments: tokens per episode at most (prompt, actions, observations)."""
+    env_latency: float = 0.0
+    """Embedded environments: mean seconds each step takes (log-normal, sigma 0.5; exercises async rollouts)."""
+
+    def __post_init__(self):
+        check_range("max_turns", self.max_turns, 1)
+        check_range("env_latency", self.env_latency, 0.0)
+
 
 # ----------------------------------------------------------------------------------------------
 # The interface
@@ -306,6 +324,22 @@ def make_env(name: str, split: str = "train", **overrides):
     env = ENVS[name](split)
     env.cfg = replace(env.cfg, **overrides)  # on top of the env's own defaults (guess: 6 turns)
     return env
+
+
+def env_overrides(name: str, latency: float, split: str) -> dict:
+    """EnvConfig overrides of an embedded environment: the step latency (log-normal, sigma 0.5), not in evaluation."""
+    if name.startswith("gem:") or split == "eval":
+        return {}
+    return {"latency_s": latency, "latency_sigma": 0.5 if latency else 0.0}
+
+
+def sample_episodes(task, env: str, split: str, n: int, rng, repeat: int = 1, latency: float = 0.0) -> list:
+    """n x repeat episodes [(env, seed)], a group of `repeat` per problem or env seed: a single-turn `task`'s
+    problems as TaskEnvs (seed None), or, when task is None, episodes of the environment named `env`."""
+    if task is not None:
+        return [(TaskEnv(task, p), None) for p in task.sample(n, split, rng) for _ in range(repeat)]
+    seeds = [int(x) for x in rng.integers(2**31, size=n)]
+    return [(make_env(env, split, **env_overrides(env, latency, split)), s) for s in seeds for _ in range(repeat)]
 
 
 def main() -> None:

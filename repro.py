@@ -39,7 +39,8 @@ import torch
 import torch.nn.functional as F
 
 from common import check_choice
-from rollout import last_valid, position_ids_from_mask, sequence_logprobs
+from critics import make_critics
+from rollout import decode_responses, last_valid, position_ids_from_mask, sequence_logprobs
 from runlog import format_table
 
 
@@ -201,21 +202,27 @@ def state_digest(policy, opt, critics) -> str:
     return h.hexdigest()
 
 
-def dump_update(path, cfg, policy, opt, critics, inputs: dict, batch: dict, extra: dict, run_update):
-    """Save the update's inputs (one weights_only file), run it, then add its metrics and the digest of the
-    state after it; an update that raises (a NaN gradient) is saved with its error and the error re-raised."""
+def dump_update(path, tokenizer, rollout, extra: dict, update, args: tuple):
+    """Run update(*args), ppo_update's arguments at world size 1 (policy_train is the policy): save first what it
+    reads (the batch, model / optimizer / RNG states) in one weights_only file, with the decoded prompts and
+    responses and `extra` (the rewards) for a reader; then add its metrics and the digest of the state after it.
+    An update that raises (a NaN gradient) is saved with its error, and the error re-raised (detail 4)."""
+    cfg, policy, opt, critics, batch, _, shuffle_gen, _, update_actor = args
     record = {
         "config": json.dumps(asdict(cfg)),
         "model_config": policy.config.to_json_string(),
-        "batch": {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in batch.items()},
-        **extra,  # update_actor, the rewards and the decoded prompts/responses (for reading in a debugger)
-        **inputs,
+        "batch": {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in vars(batch).items()},
+        **{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in extra.items()},
+        "prompts": tokenizer.batch_decode(rollout.prompt_ids, skip_special_tokens=True),
+        "responses": decode_responses(tokenizer, rollout),
+        "update_actor": update_actor,
+        **update_inputs(policy, opt, critics, shuffle_gen),
         "metrics": None,
         "error": None,
     }
     torch.save(record, path)  # before the update: a crash inside it still leaves its inputs on disk
     try:
-        record["metrics"] = run_update()
+        record["metrics"] = update(*args)
     except Exception as e:
         record["error"] = f"{type(e).__name__}: {e}"
         torch.save(record, path)
@@ -224,6 +231,25 @@ def dump_update(path, cfg, policy, opt, critics, inputs: dict, batch: dict, extr
     torch.save(record, path)
     print(f"[minrl] saved the update of this step to {path}; rerun it: python ppo_minimal.py --replay {path}")
     return record["metrics"]
+
+
+def restore_update(d: dict, cfg, device):
+    """The policy, its AdamW, the critics and the shuffle generator of a dumped update, as they were before it."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_config = json.loads(d["model_config"])
+    policy = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_config.pop("model_type"), **model_config))
+    policy.load_state_dict(d["policy"])
+    policy.to(device).eval()
+    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps, weight_decay=0.0)
+    opt.load_state_dict(d["opt"])
+    critics = make_critics(cfg, policy, None, device, adam_eps=cfg.adam_eps, ddp=False) if d["critics"] else None
+    for k, state in enumerate(d["critics"]):
+        critics.models[k].load_state_dict(state)
+        critics.opts[k].load_state_dict(d["critic_opts"][k])
+    gen = torch.Generator()
+    gen.set_state(d["shuffle_gen"])
+    return policy, opt, critics, gen
 
 
 def differing_keys(a: dict, b: dict) -> list[str]:

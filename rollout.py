@@ -1,35 +1,28 @@
-"""Batched sampling from any Hugging Face causal LM with a KV cache, per-token logprobs and masks.
+"""Batched sampling from any Hugging Face causal LM with a KV cache, per-token logprobs, masks, episodes.
 
-    python rollout.py        # sample from the embedded default, print tokens/s and a few responses
+    python rollout.py        # sample from the random-init tiny model: tokens/s, the logprob gap, a few responses
 
-`generate` samples one turn with a KV cache; `rollout_env` runs multi-turn episodes (GEM-style envs) on it.
-
-Tensor conventions (DESIGN.md section 3): B sequences, P prompt length (left-padded), R response
-length (right-padded).
+`generate` samples one turn with a KV cache; `rollout_env` runs multi-turn episodes (envs.py) on it, a single-turn
+task being the one-turn case; `sequence_logprobs` is the trainer's recompute; `evaluate` is greedy success on held-out
+episodes. Tensors (DESIGN.md 3): B sequences, P prompt length (left-padded), R response length (right-padded).
 - `response_mask` [B, R] is 1 on generated tokens up to AND including the first stop token, 0 after.
-- `rollout_logprobs` [B, R] are log-probs of the sampled tokens under the behaviour policy: the full
-  softmax of logits / T, before any top-p / top-k truncation. With top_p = 1 and top_k = 0 (the
-  training default) that is exactly the policy the trainer differentiates; anything else makes the
-  sampler differ from the trained policy and PPO's ratio is then off-policy.
-- The logprob of response token t comes from the logits at position P + t - 1.
-- A row that reaches `max_new_tokens` without a stop token keeps an all-ones mask; `truncated` flags it.
+- `rollout_logprobs` [B, R]: the sampled tokens' logprobs under the behaviour policy, the full softmax of logits / T
+  before any top-p / top-k truncation; with top_p = 1 and top_k = 0 (the training default) that is the policy
+  the trainer differentiates, anything else makes PPO's ratio off-policy. Token t's logprob comes from the
+  logits at position P + t - 1. A row that reaches max_new_tokens without a stop token keeps an all-ones mask;
+  `truncated` flags it.
 
 Implementation details (our choices)
-1. Our own decode loop instead of `model.generate`: it returns the behaviour logprobs for free and is
-   as fast or faster (bench/rollout_bench.py). Position ids are `cumsum(attention_mask) - 1`, so
-   absolute-position models (GPT-2) handle left padding too.
-2. Temperature 0 means greedy; its logprobs are those of the T = 1 softmax (used only for evaluation).
-3. The KV-cache keyword differs between transformers versions (`past_key_values` up to 5.10, `cache`
-   later); `_cache_kw` is the one place that knows.
-4. Finished rows keep being fed pad tokens (masked out) until every row is done: simpler than
-   compacting the batch, and the work is bounded by max_new_tokens.
-5. Multi-turn (`rollout_env`): episodes advance in lockstep turns; each turn re-encodes the live contexts
-   (no KV cache across turns: simple, and a turn's prefill is one batched forward). Sequences are built
-   from the sampled ids; an action's text is decoded for the environment but never re-tokenised, and each
-   observation is tokenised once (`observation_ids`; with a chat template, the template's own text
-   between turns; an action cut without the template's end-of-turn token gets it, with mask 0). Single-turn
-   sampling is the one-turn case of the same function. Environments step one after another on the host:
-   per-step latency adds up over a turn's episodes (async_loop.py is where it overlaps with generation).
+1. Our own decode loop instead of `model.generate`: it returns the behaviour logprobs for free and is as fast or
+   faster (bench/rollout_bench.py). Position ids are `cumsum(attention_mask) - 1`, so absolute-position models
+   (GPT-2) handle left padding too. Temperature 0 is greedy, with the logprobs of the T = 1 softmax.
+2. The KV-cache keyword differs between transformers versions (`past_key_values` up to 5.10, `cache` later);
+   `_cache_kw` is the one place that knows. Finished rows are fed pad tokens (masked out) until all are done.
+3. Multi-turn: episodes advance in lockstep turns; each turn re-encodes the live contexts (no KV cache across
+   turns). Sequences are built from the sampled ids: an action's text is decoded for the environment, never
+   re-tokenised; each observation is tokenised once (`tasks.observation_ids`; with a chat template, the
+   template's text between turns; an action cut without the end-of-turn token gets it, with mask 0).
+   Environments step one after another on the host (async_loop.py overlaps their latency with generation).
 """
 
 from __future__ import annotations
@@ -43,7 +36,28 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tasks import format_prompt, make_task, make_tiny_model, make_tokenizer
+from common import all_reduce_sum, check_fields
+from tasks import format_prompt, make_task, make_tiny_model, make_tokenizer, observation_ids
+
+
+@dataclass
+class SampleArgs:
+    """How the trainer samples (rollout_env's settings); its Config inherits these fields."""
+
+    max_prompt_len: int = 64
+    """Longest prompt in tokens; a longer prompt is an error."""
+    max_new_tokens: int = 16
+    """Response (per-turn action) length limit; one without EOS by then is kept and counted as truncated."""
+    temperature: float = 0.6
+    """Sampling temperature (logprobs are recomputed with the same temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling; < 1 makes the behaviour policy differ from the trained one (off-policy)."""
+    top_k: int = 0
+    """Top-k sampling (0 = off); > 0 makes the behaviour policy differ from the trained one."""
+
+    def __post_init__(self):
+        ranges = {"[1, inf)": ("max_prompt_len", "max_new_tokens"), "(0, inf)": ("temperature",)}
+        check_fields(self, {**ranges, "[0, inf)": ("top_k",), "(0, 1]": ("top_p",)})
 
 
 @dataclass
@@ -63,6 +77,27 @@ class Rollout:
     @property
     def input_ids(self) -> torch.Tensor:
         return torch.cat([self.prompt_ids, self.response_ids], dim=1)  # [B, P+R]
+
+
+def cat_rollouts(parts: list[Rollout], pad_id: int, device) -> Rollout:
+    """One Rollout of several: prompts re-left-padded to the longest, responses re-right-padded (DESIGN.md 3)."""
+    P = max(r.prompt_ids.shape[1] for r in parts)
+    R = max(r.response_ids.shape[1] for r in parts)
+    left = lambda x, n, v: F.pad(x, (n - x.shape[1], 0), value=v)  # noqa: E731
+    right = lambda x, n, v: F.pad(x, (0, n - x.shape[1]), value=v)  # noqa: E731
+    cat = lambda f: torch.cat([f(r) for r in parts]).to(device)  # noqa: E731
+    am_prompt = cat(lambda r: left(r.attention_mask[:, : r.prompt_ids.shape[1]], P, 0))  # [B, P]
+    am_response = cat(lambda r: right(r.attention_mask[:, r.prompt_ids.shape[1] :], R, 0))  # [B, R]
+    return Rollout(
+        prompt_ids=cat(lambda r: left(r.prompt_ids, P, pad_id)),  # [B, P]
+        response_ids=cat(lambda r: right(r.response_ids, R, pad_id)),  # [B, R]
+        attention_mask=torch.cat([am_prompt, am_response], 1),  # [B, P+R]
+        response_mask=cat(lambda r: right(r.response_mask, R, 0)),  # [B, R]
+        rollout_logprobs=cat(lambda r: right(r.rollout_logprobs, R, 0.0)),  # [B, R]
+        truncated=cat(lambda r: r.truncated),  # [B]
+        token_scores=cat(lambda r: right(r.token_scores, R, 0.0)),  # [B, R]
+        policy_version=cat(lambda r: r.policy_version),  # [B]
+    )
 
 
 def encode_prompts(tokenizer, texts: list[str], max_prompt_len: int) -> list[list[int]]:
@@ -94,10 +129,8 @@ def _last_logits_kw(model, n: int) -> dict:
 
 def decode_responses(tokenizer, rollout: Rollout) -> list[str]:
     """The text of each response: its valid tokens only (the mask, never the pad id), specials dropped."""
-    return [
-        tokenizer.decode(r[m.bool()], skip_special_tokens=True)
-        for r, m in zip(rollout.response_ids, rollout.response_mask)
-    ]
+    pairs = zip(rollout.response_ids, rollout.response_mask)
+    return [tokenizer.decode(r[m.bool()], skip_special_tokens=True) for r, m in pairs]
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -215,30 +248,6 @@ def sequence_logprobs(
         if with_entropy:
             ents.append(-(logp_all.exp() * logp_all).sum(-1))  # [b, R]  H = -sum p log p
     return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
-
-
-def observation_ids(tokenizer, text: str, first: bool) -> list[int]:
-    """Ids of an environment observation, tokenised once (implementation detail 5).
-
-    The first observation is the prompt (`format_prompt`: the chat template or <bos> + text). A later one
-    follows the model's end-of-turn token: without a chat template it is the raw text; with one, it is the
-    template's own text from the end of an assistant turn to the start of the next one, around a user
-    message holding the observation (located by rendering a probe conversation).
-    """
-    if first:
-        return tokenizer(format_prompt(tokenizer, text), add_special_tokens=False).input_ids
-    if not getattr(tokenizer, "chat_template", None):
-        return tokenizer(text, add_special_tokens=False).input_ids
-    probe = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "PROBE"}]
-    msgs = probe + [{"role": "user", "content": text}]
-    rendered = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    end = "PROBE" + (tokenizer.eos_token or "")
-    if not tokenizer.eos_token or end not in rendered:
-        raise ValueError(
-            f"chat template of {tokenizer.name_or_path!r}: an assistant turn does not end with the eos token "
-            f"{tokenizer.eos_token!r}, so the text of the next observation cannot be located"
-        )
-    return tokenizer(rendered[rendered.index(end) + len(end) :], add_special_tokens=False).input_ids
 
 
 def _checked(env, method: str, episode: int, turn: int, **kw):
@@ -409,6 +418,47 @@ def _pack(prompt_ids, prompt_mask, tracks: list[dict], pad_id: int, dev) -> Roll
 
 
 # ----------------------------------------------------------------------------------------------
+# What a batch of episodes looked like: the mask check and the rollout/* metrics
+
+
+def eos_mask_errors(response_ids, response_mask, eos_ids, max_len: int) -> float:
+    """Share of responses whose mask breaks the stop-token rule (DESIGN.md 3): every run of mask-1 tokens (an
+    action) ends at its first stop token, unless it is max_len tokens long (cut by the length limit).
+    Catches EOS masked out (pad == eos with masks rebuilt from ids) and padding trained after EOS."""
+    if response_mask.shape[0] == 0:
+        return 0.0
+    m = response_mask.bool()  # [B, R]
+    stop = torch.isin(response_ids, torch.tensor(eos_ids, device=response_ids.device))  # [B, R]
+    after_stop = (m[:, 1:] & m[:, :-1] & stop[:, :-1]).any(-1)  # [B] a trained token right after a stop token
+    idx = torch.arange(m.shape[1], device=m.device).expand_as(m)  # [B, R]
+    starts = m & ~torch.cat([torch.zeros_like(m[:, :1]), m[:, :-1]], 1)  # [B, R] first token of each run
+    run_len = idx - torch.where(starts, idx, -1).cummax(-1).values + 1  # [B, R] length of the run so far
+    ends = m & ~torch.cat([m[:, 1:], torch.zeros_like(m[:, :1])], 1)  # [B, R] last token of each run
+    open_end = (ends & ~stop & (run_len < max_len)).any(-1)  # [B] an action ends early without a stop token
+    return (after_stop | open_end).float().mean().item()
+
+
+def rollout_metrics(rollout: Rollout, episodes: list[dict], eos_ids, max_new_tokens: int) -> dict:
+    """The rollout/* metrics of a batch of episodes (README glossary), stats/eos_mask_err_frac and time/env."""
+    mask = rollout.response_mask.float()  # [B, R]
+    full = torch.tensor([not e["context_cut"] for e in episodes], device=mask.device)  # [B] no action cut short
+    mean = lambda key: float(np.mean([e[key] for e in episodes]))
+    acc = torch.tensor([float(e["success"]) for e in episodes], device=mask.device)  # [B] exact answers / solved
+    return {
+        "rollout/acc": acc.mean().item(),
+        "rollout/response_len": mask.sum(-1).mean().item(),
+        "rollout/truncated_frac": rollout.truncated.float().mean().item(),
+        "rollout/turns": mean("turns"),
+        "rollout/episode_cut_frac": mean("cut"),  # ended without the environment terminating them
+        "rollout/malformed": mean("malformed"),  # malformed actions per episode
+        "stats/eos_mask_err_frac": eos_mask_errors(
+            rollout.response_ids[full], rollout.response_mask[full], eos_ids, max_new_tokens
+        ),
+        "time/env": float(sum(sum(e["env_s"]) for e in episodes)),  # inside env.step (part of time/rollout)
+    }
+
+
+# ----------------------------------------------------------------------------------------------
 # Greedy evaluation: the share of episodes solved at temperature 0
 
 
@@ -423,39 +473,27 @@ def greedy_success(model, tokenizer, envs, seeds, eos_ids, *, batch: int = 256, 
     return hits
 
 
-def greedy_accuracy(model, tokenizer, envs, seeds, *, max_new_tokens: int = 16, max_turns: int = 1) -> float:
-    """Share of episodes solved greedily, bounded only by the model's own context (warm starts, experiments)."""
-    limits = dict(max_prompt_len=10_000, max_new_tokens=max_new_tokens, max_turns=max_turns)
-    limits["max_context"] = getattr(model.config, "max_position_embeddings", 1 << 30)
-    return greedy_success(model, tokenizer, envs, seeds, [tokenizer.eos_token_id], **limits) / len(envs)
+def evaluate(model, tokenizer, episodes: list, eos_ids, rank: int = 0, world: int = 1, **limits) -> float:
+    """Greedy success on held-out episodes [(env, seed)], sharded over the ranks and summed over them."""
+    mine = episodes[rank::world]
+    hits = greedy_success(model, tokenizer, [e for e, _ in mine], [s for _, s in mine], eos_ids, **limits)
+    t = all_reduce_sum(torch.tensor([hits, len(mine)], dtype=torch.float64, device=next(model.parameters()).device))
+    return (t[0] / t[1]).item()
 
 
 def main():
     """Sample 64 reverse prompts from the random-init tiny model: tokens/s and the sampler-trainer logprob gap."""
     torch.manual_seed(0)
-    tok = make_tokenizer()
-    model = make_tiny_model(tok).eval()
-    problems = make_task("reverse").sample(64, "train", np.random.default_rng(0))
+    tok, problems = make_tokenizer(), make_task("reverse").sample(64, "train", np.random.default_rng(0))
+    model, g = make_tiny_model(tok).eval(), torch.Generator().manual_seed(0)
     ids, mask = tokenize_prompts(tok, [format_prompt(tok, p["prompt"]) for p in problems], 64)
     t0 = time.perf_counter()
-    samples = generate(
-        model,
-        ids,
-        mask,
-        max_new_tokens=32,
-        eos_token_ids=[tok.eos_token_id],
-        pad_token_id=tok.pad_token_id,
-        generator=torch.Generator().manual_seed(0),
-    )
-    dt = time.perf_counter() - t0
-    old, _ = sequence_logprobs(model, samples.input_ids, samples.attention_mask, samples.response_ids.shape[1])
-    diff = ((old - samples.rollout_logprobs).abs() * samples.response_mask).max().item()
-    print(
-        f"{int(samples.response_mask.sum())} tokens in {dt:.2f}s = {samples.response_mask.sum().item() / dt:.0f} "
-        f"tok/s; truncated {samples.truncated.float().mean():.2f}; max |rollout - recomputed logp| {diff:.2e}"
-    )
-    for r in decode_responses(tok, samples)[:4]:
-        print(repr(r))
+    stops = {"eos_token_ids": [tok.eos_token_id], "pad_token_id": tok.pad_token_id}
+    s = generate(model, ids, mask, max_new_tokens=32, **stops, generator=g)
+    dt, n = time.perf_counter() - t0, int(s.response_mask.sum())
+    diff = sequence_logprobs(model, s.input_ids, s.attention_mask, s.response_ids.shape[1])[0] - s.rollout_logprobs
+    print(f"{n} tokens in {dt:.2f}s = {n / dt:.0f} tok/s; max |rollout - recomputed logp| "
+          f"{(diff.abs() * s.response_mask).max().item():.2e}; responses {decode_responses(tok, s)[:4]}")  # fmt: skip
 
 
 if __name__ == "__main__":

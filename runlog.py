@@ -5,8 +5,9 @@
 
 - `MetricsLogger`: one row per step, printed as an aligned table (rank 0) and appended to `metrics.jsonl`.
 - `format_table`, `read_jsonl`, `plot_metrics`: the same rows read back, for experiments and notebooks.
-- `run_trainers`: trainer runs as subprocesses (`python ppo_minimal.py ARGS --out-dir D`), for the concept
-  files' experiments, which read back what each run wrote (so that nothing below the trainer imports it).
+- `parallel_map`: independent runs (simulations) in spawned processes; `run_trainers`: trainer runs as
+  subprocesses (`python ppo_minimal.py ARGS --out-dir D`) for the concept files' experiments, which read back
+  what each run wrote (so that nothing below the trainer imports it).
 - Checkpoints: models through `save_pretrained` (safetensors), the rest (optimizer, counters) in a
   `weights_only`-loadable `state.pt` written by rank 0, and every rank's own random streams in `rank{r}.pt`,
   so that a resumed data-parallel run keeps distinct per-rank sampling.
@@ -24,9 +25,28 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from common import n_processes
+from common import check_range
+
+
+@dataclass
+class RunArgs:
+    """Where a run writes and what it keeps; the trainer's Config inherits these fields."""
+
+    out_dir: str = "runs/ppo"
+    """Where metrics.jsonl, result.json, plots and checkpoints go."""
+    save_every: int = 0
+    """Checkpoint every this many iterations (0 = never)."""
+    resume: str | None = None
+    """Checkpoint folder to resume from."""
+    tensorboard: bool = False
+    """Also log to TensorBoard (needs the tensorboard package)."""
+
+    def __post_init__(self):
+        check_range("save_every", self.save_every, 0)
+
 
 # ----------------------------------------------------------------------------------------------
 # Metrics: aligned table + JSONL (+ TensorBoard if asked)
@@ -144,7 +164,27 @@ def plot_metrics(metrics_file, keys: list[str], png) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Trainer runs as subprocesses (the experiments of critics.py and attention_credit.py)
+# Independent runs in parallel: functions in spawned processes, trainer runs as subprocesses
+
+
+def n_processes(jobs: int, n_calls: int) -> int:
+    """Processes parallel_map uses: `jobs`, or one per CPU this process may run on (jobs 0); at most one per call."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(n_calls, jobs or cpus))
+
+
+def parallel_map(fn, calls: list[tuple], jobs: int = 1) -> list:
+    """[fn(*args) for args in calls], in order; in n_processes(jobs) spawned processes when more than one.
+    fn must be a module-level function; spawn (not fork) is safe next to torch's threads, and a calling script
+    needs the `if __name__ == "__main__":` guard."""
+    n = n_processes(jobs, len(calls))
+    if n == 1:
+        return [fn(*args) for args in calls]
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    with cf.ProcessPoolExecutor(n, mp_context=mp.get_context("spawn")) as ex:
+        return list(ex.map(fn, *zip(*calls)))
 
 
 def run_trainer(argv: list[str], out_dir, threads: int | None = None) -> tuple[dict, list[dict]]:
@@ -173,55 +213,62 @@ def run_trainers(runs: list[tuple[list[str], str]], jobs: int = 1) -> list[tuple
         return list(ex.map(lambda run: run_trainer(*run, threads=threads), runs))
 
 
+def write_result(out_dir, result: dict, curves: bool = True) -> None:
+    """A run's result.json (its last metrics row and eval history: what experiments read back) and curves.png."""
+    (Path(out_dir) / "result.json").write_text(json.dumps(result))
+    if curves:
+        plot_metrics(
+            Path(out_dir) / "metrics.jsonl",
+            ["rollout/reward_mean", "eval/acc", "stats/kl"],
+            Path(out_dir) / "curves.png",
+        )
+
+
 # ----------------------------------------------------------------------------------------------
 # Checkpoints: models as save_pretrained (safetensors), the rest in weights_only-loadable .pt files
 
 
-def save_checkpoint(path, rank: int, models: dict, state: dict, streams: dict, tokenizer=None) -> None:
-    """Every rank writes its random streams (rank{r}.pt); rank 0 also writes each model of `models` (name ->
-    module with save_pretrained) to path/name, the tokenizer next to "policy", and `state` to state.pt."""
+def save_checkpoint(path, rank: int, cfg, state: dict, policy, tokenizer, opt, critics, rng, gens: dict) -> None:
+    """The trainer's checkpoint. Every rank writes its own random streams (rank{r}.pt: the global torch RNG, the
+    numpy Generator `rng`, the torch Generators `gens`), so that a resumed data-parallel run keeps distinct
+    per-rank sampling; rank 0 writes the policy (+ tokenizer) and critic_{m} folders (save_pretrained:
+    safetensors) and state.pt: `state` (step, counters), the config and every optimizer's state."""
     import torch
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    torch.save(streams, path / f"rank{rank}.pt")
+    streams = {"torch_rng": torch.get_rng_state(), "task_rng": rng.bit_generator.state}
+    torch.save({**streams, **{name: g.get_state() for name, g in gens.items()}}, path / f"rank{rank}.pt")
     if rank != 0:
         return
-    for name, m in models.items():
-        m.save_pretrained(path / name)
-    torch.save(state, path / "state.pt")
-    if tokenizer is not None:
-        tokenizer.save_pretrained(path / "policy")
+    for name, model in {"policy": policy, **dict(enumerate(critics.models if critics else []))}.items():
+        model.save_pretrained(path / (name if name == "policy" else f"critic_{name}"))
+    tokenizer.save_pretrained(path / "policy")
+    optimizers = {"opt": opt.state_dict(), **(critics.state() if critics else {})}
+    torch.save({**state, **optimizers, "config": json.dumps(asdict(cfg))}, path / "state.pt")
 
 
-def load_checkpoint(path, rank: int) -> tuple[dict, dict]:
-    """(state, this rank's random streams) of a checkpoint folder written by save_checkpoint."""
+def resume_checkpoint(path, rank: int, cfg, opt, critics, rng, gens: dict, watch=(), why: str = "") -> dict:
+    """Load a checkpoint of save_checkpoint into the optimizer, the critics and this rank's random streams (last:
+    loading the critics draws from the global RNG); rank 0 prints the `watch` fields of cfg whose value changed
+    since the checkpoint, and `why` that is fine. Returns its state.pt."""
     import torch
 
     path = Path(path)
     state = torch.load(path / "state.pt", weights_only=True, map_location="cpu")
-    return state, torch.load(path / f"rank{rank}.pt", weights_only=True)
-
-
-def stream_states(rng, gens: dict) -> dict:
-    """The states of the global torch RNG, a numpy Generator and named torch Generators (for rank{r}.pt)."""
-    import torch
-
-    return {
-        "torch_rng": torch.get_rng_state(),
-        "task_rng": rng.bit_generator.state,
-        **{n: g.get_state() for n, g in gens.items()},
-    }
-
-
-def restore_streams(states: dict, rng, gens: dict) -> None:
-    """Put back what stream_states saved: the global torch RNG, the numpy Generator, each named Generator."""
-    import torch
-
-    torch.set_rng_state(states["torch_rng"])
+    opt.load_state_dict(state["opt"])
+    if critics is not None:
+        critics.load(path, state)
+    streams = torch.load(path / f"rank{rank}.pt", weights_only=True)
+    torch.set_rng_state(streams["torch_rng"])
     for name, g in gens.items():
-        g.set_state(states[name])
-    rng.bit_generator.state = states["task_rng"]
+        g.set_state(streams[name])
+    rng.bit_generator.state = streams["task_rng"]
+    saved = json.loads(state["config"])
+    moved = ", ".join(f"{k} {saved.get(k)} -> {getattr(cfg, k)}" for k in watch if saved.get(k) != getattr(cfg, k))
+    if moved and rank == 0:  # documented, logged: e.g. --steps raised to extend a run
+        print(f"[minrl] resume: {moved}: {why}", flush=True)
+    return state
 
 
 def main(argv=None) -> None:

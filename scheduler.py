@@ -52,8 +52,8 @@ from typing import Literal
 
 import numpy as np
 
-from common import check_choice, check_range, parallel_map, parse_config
-from runlog import format_table
+from common import check_choice, check_range, parse_config
+from runlog import format_table, parallel_map
 
 SCHEDULES = ("colocated", "disagg", "timemux")
 ROLES = ("rollout", "train", "sync", "shrink", "expand")  # segment role codes 0..4; time in no segment is idle

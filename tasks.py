@@ -42,12 +42,35 @@ from typing import Protocol
 
 import numpy as np
 
+from common import check_choice
+
 CHARS = "0123456789abcdefghijklmnopqrstuvwxyz+-*/=()<>.,:?! \n"  # the embedded tokenizer's vocabulary
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 
 
 # ----------------------------------------------------------------------------------------------
-# The task interface
+# What to train: the trainer's knobs, and the task interface
+
+
+@dataclass
+class TaskArgs:
+    """The model and the task or data to train on; the trainer's Config inherits these fields."""
+
+    model: str | None = None
+    """HF model name or local folder (AutoModelForCausalLM); None = the embedded tiny model after SFT."""
+    task: str = "sort"
+    """Task reverse | add | sort | chain, or multi-turn environment calc | guess | gem:<id> (ignored with --data)."""
+    data: str | None = None
+    """JSONL file of {"prompt", "ground_truth"} lines to train on instead of a procedural task."""
+    reward: str = "math_exact"
+    """Reward for --data: math_exact | exact | digits."""
+    sft_target: float | None = None
+    """Embedded default: greedy accuracy at which the SFT warm start stops (None = the task's, in warm_start.py)."""
+
+    def __post_init__(self):
+        check_choice("reward", self.reward, tuple(REWARDS))
+        if self.task.startswith("gem:") and self.data is None and self.model is None:
+            raise ValueError(f"config field 'task' = {self.task!r}: a gem environment needs --model (no SFT solver)")
 
 
 class Task(Protocol):
@@ -247,6 +270,30 @@ def format_prompt(tokenizer, text: str) -> str:
         msgs = [{"role": "user", "content": text}]
         return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     return (tokenizer.bos_token or "") + text
+
+
+def observation_ids(tokenizer, text: str, first: bool) -> list[int]:
+    """Ids of an environment observation, tokenised once (implementation detail 5).
+
+    The first observation is the prompt (`format_prompt`: the chat template or <bos> + text). A later one
+    follows the model's end-of-turn token: without a chat template it is the raw text; with one, it is the
+    template's own text from the end of an assistant turn to the start of the next one, around a user
+    message holding the observation (located by rendering a probe conversation).
+    """
+    if first:
+        return tokenizer(format_prompt(tokenizer, text), add_special_tokens=False).input_ids
+    if not getattr(tokenizer, "chat_template", None):
+        return tokenizer(text, add_special_tokens=False).input_ids
+    probe = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "PROBE"}]
+    msgs = probe + [{"role": "user", "content": text}]
+    rendered = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    end = "PROBE" + (tokenizer.eos_token or "")
+    if not tokenizer.eos_token or end not in rendered:
+        raise ValueError(
+            f"chat template of {tokenizer.name_or_path!r}: an assistant turn does not end with the eos token "
+            f"{tokenizer.eos_token!r}, so the text of the next observation cannot be located"
+        )
+    return tokenizer(rendered[rendered.index(end) + len(end) :], add_special_tokens=False).input_ids
 
 
 # ----------------------------------------------------------------------------------------------

@@ -34,8 +34,8 @@ import torch
 import transformers
 
 from envs import ENVS, TaskEnv, is_env, make_env
-from rollout import greedy_accuracy, observation_ids
-from tasks import TASKS, format_prompt, make_task, make_tiny_model, make_tokenizer
+from rollout import greedy_success
+from tasks import TASKS, format_prompt, make_task, make_tiny_model, make_tokenizer, observation_ids
 
 CACHE_DIR = Path(__file__).resolve().parent / ".cache"
 KEY_SOURCES = ("tasks.py", "envs.py", "rollout.py", "warm_start.py")  # what shapes a warm start (detail 1)
@@ -73,6 +73,13 @@ def sft_config_for(task: str, target_acc: float | None = None) -> SFTConfig:
     return SFTConfig(task=task, target_acc=target, check_every=5 if is_env(task) else 2)
 
 
+def greedy_accuracy(model, tokenizer, envs, seeds, *, max_new_tokens: int = 16, max_turns: int = 1) -> float:
+    """Share of episodes solved greedily, bounded only by the model's own context (warm starts, experiments)."""
+    limits = dict(max_prompt_len=10_000, max_new_tokens=max_new_tokens, max_turns=max_turns)
+    limits["max_context"] = getattr(model.config, "max_position_embeddings", 1 << 30)
+    return greedy_success(model, tokenizer, envs, seeds, [tokenizer.eos_token_id], **limits) / len(envs)
+
+
 def _sft_pair(tokenizer, problem: dict) -> tuple[list[int], list[int]]:
     """Ids and labels of one single-turn demonstration: the prompt (label -100), then answer + EOS."""
     prompt = tokenizer(format_prompt(tokenizer, problem["prompt"]), add_special_tokens=False).input_ids
@@ -82,7 +89,7 @@ def _sft_pair(tokenizer, problem: dict) -> tuple[list[int], list[int]]:
 
 def _sft_episode(tokenizer, env, seed: int) -> tuple[list[int], list[int]]:
     """Ids and labels of one episode played by the env's scripted solver: labels on actions (+ EOS) only,
-    observations tokenised exactly as rollout_env does (rollout.observation_ids)."""
+    observations tokenised exactly as rollout_env does (tasks.observation_ids)."""
     obs, _ = env.reset(seed=seed)
     ids = observation_ids(tokenizer, obs, first=True)
     labels = [-100] * len(ids)

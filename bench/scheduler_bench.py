@@ -23,8 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import scheduler as S  # noqa: E402
-from common import n_processes  # noqa: E402
-from runlog import format_table  # noqa: E402
+from runlog import format_table, n_processes  # noqa: E402
 
 
 def preset(**kw) -> S.Config:

@@ -73,8 +73,8 @@ class Config:
             raise ValueError(f"config field 'batch' = {self.batch} must divide by minibatches = {self.minibatches}")
 
 
-def make_batch(vocab: int, cfg: Config, device) -> dict:
-    """A PPO batch (DESIGN.md section 3 tensors) with random tokens and ragged responses."""
+def make_batch(vocab: int, cfg: Config, device) -> pm.Batch:
+    """A PPO batch (DESIGN.md section 3 tensors) with random tokens and ragged responses, one critic."""
     g = torch.Generator().manual_seed(cfg.seed)
     B, P, R = cfg.batch, cfg.prompt_len, cfg.response_len
     resp_len = torch.randint(1, R + 1, (B,), generator=g)  # [B]
@@ -82,25 +82,28 @@ def make_batch(vocab: int, cfg: Config, device) -> dict:
     attention_mask = torch.cat([torch.ones(B, P, dtype=torch.long), response_mask], 1)  # [B, P+R]
     input_ids = torch.randint(3, vocab, (B, P + R), generator=g) * attention_mask  # [B, P+R] pad id 0
     mask = response_mask.float()
-    batch = {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "response_mask": response_mask,
-        "old_logprobs": -torch.rand(B, R, generator=g) * 5 * mask,  # [B, R]
-        "ref_logprobs": -torch.rand(B, R, generator=g) * 5 * mask,  # [B, R]
-        "advantages": torch.randn(B, R, generator=g) * mask,  # [B, R]
-        "returns": torch.randn(B, R, generator=g) * mask,  # [B, R]
-        "old_values": torch.zeros(B, 1, R),  # [B, M=1, R]
-        "shares": torch.ones(B, 1, dtype=torch.bool),  # [B, M=1]
-        "pg_mask": response_mask,
-        "ent_mask": response_mask,
-    }
-    batch = {k: v.to(device) for k, v in batch.items()}
-    batch["token_weights"] = None
-    return batch
+    old_logprobs, returns = -torch.rand(B, R, generator=g) * 5 * mask, torch.randn(B, R, generator=g) * mask
+    batch = pm.Batch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        response_mask=response_mask,
+        old_logprobs=old_logprobs,  # [B, R]
+        clip_anchor=old_logprobs,
+        ref_logprobs=-torch.rand(B, R, generator=g) * 5 * mask,  # [B, R]
+        advantages=torch.randn(B, R, generator=g) * mask,  # [B, R]
+        returns=returns,  # [B, R]
+        token_weights=torch.ones(B, R),
+        pg_mask=response_mask,
+        ent_mask=response_mask,
+        is_weights=torch.ones(B, R),
+        old_values=torch.zeros(B, 1, R),  # [B, M=1, R]
+        critic_returns=returns[:, None],  # [B, M=1, R]
+        shares=torch.ones(B, 1, dtype=torch.bool),  # [B, M=1]
+    )
+    return pm.Batch(**{k: v.to(device) for k, v in vars(batch).items()})
 
 
-def bare_update(policy, policy_opt, critic, critic_opt, batch: dict, cfg: Config, autocast) -> None:
+def bare_update(policy, policy_opt, critic, critic_opt, batch: pm.Batch, cfg: Config, autocast) -> None:
     """The baseline: the same passes and optimizer steps with plain losses and nothing else."""
     R = cfg.response_len
     mb_size = cfg.batch // cfg.minibatches
@@ -110,7 +113,7 @@ def bare_update(policy, policy_opt, critic, critic_opt, batch: dict, cfg: Config
             for model, opt in ((policy, policy_opt), (critic, critic_opt)):
                 for s in range(rows.start, rows.stop, cfg.micro_batch):
                     sl = slice(s, min(s + cfg.micro_batch, rows.stop))
-                    ids, am, mask = batch["input_ids"][sl], batch["attention_mask"][sl], batch["response_mask"][sl]
+                    ids, am, mask = batch.input_ids[sl], batch.attention_mask[sl], batch.response_mask[sl]
                     with autocast():
                         if model is policy:
                             logits = model(input_ids=ids, attention_mask=am, logits_to_keep=R + 1).logits[:, :-1]
@@ -118,7 +121,7 @@ def bare_update(policy, policy_opt, critic, critic_opt, batch: dict, cfg: Config
                                 logits.float().flatten(0, 1), ids[:, -R:].flatten(), reduction="none"
                             ).view_as(mask)  # [b, R]
                         else:
-                            tok_loss = (model(ids, am, R) - batch["returns"][sl]) ** 2  # [b, R]
+                            tok_loss = (model(ids, am, R) - batch.returns[sl]) ** 2  # [b, R]
                         loss = (tok_loss * mask).sum() / mask.sum()
                     loss.backward()
                 opt.step()
@@ -159,7 +162,7 @@ def bench_one(preset: str, cfg: Config) -> dict:
             if rep > 0:
                 times[name].append(time.perf_counter() - t0)
     ours_s, bare_s = statistics.median(times["ppo_update"]), statistics.median(times["bare"])
-    n_tok = int(batch["attention_mask"].sum()) * cfg.ppo_epochs
+    n_tok = int(batch.attention_mask.sum()) * cfg.ppo_epochs
     return {
         "preset": preset,
         "params_M": sum(p.numel() for p in policy.parameters()) / 1e6,

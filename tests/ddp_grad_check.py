@@ -22,6 +22,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from batches import full_batch  # noqa: E402
+
 import ppo_minimal as pm  # noqa: E402
 from common import setup_dist  # noqa: E402
 from critics import Critics, make_value_model  # noqa: E402
@@ -44,7 +46,7 @@ def make_models(seed: int = 0):
 
 
 @torch.no_grad()
-def make_batch(policy, vocab: int, seed: int = 0) -> dict:
+def make_batch(policy, vocab: int, seed: int = 0) -> pm.Batch:
     """A fixed global batch with section-3 tensors: left-padded prompts, ragged (one empty) responses."""
     g = torch.Generator().manual_seed(seed)
     prompt_len = torch.tensor([5, 3, 4, 2, 5, 1, 3, 4])  # [B]
@@ -61,22 +63,20 @@ def make_batch(policy, vocab: int, seed: int = 0) -> dict:
 
     keep_pg = (torch.rand(B, R, generator=g) > 0.2).long()  # [B, R] an AsyPPO-like advantage mask
     keep_ent = (torch.rand(B, R, generator=g) > 0.3).long()  # [B, R] an entropy filter
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "response_mask": response_mask,
-        "old_logprobs": (logp + noise(0.15)) * mask,  # ratios around 1: some clipped, most not
-        "ref_logprobs": (logp + noise(0.3)) * mask,
-        "advantages": noise(1.0) * mask,
-        "returns": noise(1.0) * mask,
-        "critic_returns": torch.randn(B, M, R, generator=g) * mask[:, None],  # [B, M, R] a target per critic
-        "token_weights": None,
-        "pg_mask": response_mask * keep_pg,
-        "ent_mask": response_mask * keep_ent,
-        "old_values": torch.randn(B, M, R, generator=g) * 0.1 * mask[:, None],  # [B, M, R]
-        "shares": torch.stack([torch.arange(B) % 2 == 0, torch.arange(B) % 2 == 1], 1),  # [B, M] disjoint
-        "kl_beta": 0.0,
-    }
+    return full_batch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        response_mask=response_mask,
+        old_logprobs=(logp + noise(0.15)) * mask,  # ratios around 1: some clipped, most not
+        ref_logprobs=(logp + noise(0.3)) * mask,
+        advantages=noise(1.0) * mask,
+        returns=noise(1.0) * mask,
+        critic_returns=torch.randn(B, M, R, generator=g) * mask[:, None],  # [B, M, R] a target per critic
+        pg_mask=response_mask * keep_pg,
+        ent_mask=response_mask * keep_ent,
+        old_values=torch.randn(B, M, R, generator=g) * 0.1 * mask[:, None],  # [B, M, R]
+        shares=torch.stack([torch.arange(B) % 2 == 0, torch.arange(B) % 2 == 1], 1),  # [B, M] disjoint
+    )
 
 
 def update_deltas(loss_agg: str, rank: int, world: int) -> dict[str, torch.Tensor]:
@@ -84,7 +84,7 @@ def update_deltas(loss_agg: str, rank: int, world: int) -> dict[str, torch.Tenso
     tok, policy, vms = make_models()
     batch = make_batch(policy, len(tok))
     half = B // world
-    batch = pm.select(batch, torch.arange(rank * half, (rank + 1) * half))
+    batch = batch.rows(torch.arange(rank * half, (rank + 1) * half))
     cfg = pm.Config(
         loss_agg=loss_agg,
         micro_batch=MICRO,

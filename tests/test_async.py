@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import async_loop
-from ppo_minimal import off_policy_weights, policy_loss, replay
+from offpolicy import off_policy_weights
+from ppo_minimal import policy_loss, replay
 from rollout import Rollout
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,12 +5,14 @@ under test. Trainings are tiny and seeded; nothing here is timed.
 """
 
 import contextlib
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from batches import full_batch
 from calibrated import REVERSE_T1
 
 import critics
@@ -210,7 +212,7 @@ class LogitTable(nn.Module):
 B, P, R, V = 6, 3, 5, 7
 
 
-def toy_batch(seed: int = 0) -> dict:
+def toy_batch(seed: int = 0) -> pm.Batch:
     g = torch.Generator().manual_seed(seed)
     response_mask = ragged_mask(B, R, seed + 1).long()
     input_ids = torch.randint(0, V, (B, P + R), generator=g)  # [B, P+R]
@@ -219,20 +221,19 @@ def toy_batch(seed: int = 0) -> dict:
     with torch.no_grad():
         logp, _ = sequence_logprobs(LogitTable(B, P + R, V), input_ids, attention_mask, R)  # [B, R]
     mask = response_mask.float()
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "response_mask": response_mask,
-        "old_logprobs": (logp + 0.1 * torch.randn(B, R, generator=g)) * mask,  # ratios near 1, some clipped
-        "ref_logprobs": logp * mask,
-        "advantages": torch.randn(B, R, generator=g) * mask,
-        "token_weights": None,
-        "pg_mask": response_mask * (torch.rand(B, R, generator=g) > 0.3),  # [B, R]
-        "ent_mask": response_mask * (torch.rand(B, R, generator=g) > 0.3),  # [B, R]
-    }
+    return full_batch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        response_mask=response_mask,
+        old_logprobs=(logp + 0.1 * torch.randn(B, R, generator=g)) * mask,  # ratios near 1, some clipped
+        ref_logprobs=logp * mask,
+        advantages=torch.randn(B, R, generator=g) * mask,
+        pg_mask=response_mask * (torch.rand(B, R, generator=g) > 0.3),  # [B, R]
+        ent_mask=response_mask * (torch.rand(B, R, generator=g) > 0.3),  # [B, R]
+    )
 
 
-def logit_grads(batch: dict, ent_coef: float, loss_agg: str = "token-mean") -> torch.Tensor:
+def logit_grads(batch: pm.Batch, ent_coef: float, loss_agg: str = "token-mean") -> torch.Tensor:
     """Gradient of the ppo_update loss w.r.t. the logits that predict each response token: [B, R, V]."""
     policy = LogitTable(B, P + R, V)
     before = policy.table.detach().clone()
@@ -248,10 +249,10 @@ def test_gradient_isolation(loss_agg):
     batch = toy_batch()
     full = logit_grads(batch, 0.3, loss_agg)
     pg_only = logit_grads(batch, 0.0, loss_agg)
-    ent_only = logit_grads({**batch, "advantages": torch.zeros(B, R)}, 0.3, loss_agg)
-    valid = batch["response_mask"].bool()
-    masked = valid & (batch["pg_mask"] == 0)  # advantage-masked tokens
-    filtered = valid & (batch["ent_mask"] == 0)  # entropy-filtered tokens
+    ent_only = logit_grads(replace(batch, advantages=torch.zeros(B, R)), 0.3, loss_agg)
+    valid = batch.response_mask.bool()
+    masked = valid & (batch.pg_mask == 0)  # advantage-masked tokens
+    filtered = valid & (batch.ent_mask == 0)  # entropy-filtered tokens
     assert masked.any() and filtered.any() and (masked & ~filtered).any()
     # masked tokens: gradient only from the entropy term; filtered tokens: only from the policy term
     assert pg_only[masked].abs().max() == 0 and torch.allclose(full[masked], ent_only[masked], atol=1e-7)
@@ -266,20 +267,20 @@ def test_masking_a_token_leaves_the_other_tokens_gradient_unchanged():
     # token-mean with the all-valid-tokens denominator: dropping the PPO term of some tokens does not rescale
     # the gradient of the kept ones (a denominator over kept tokens would scale it by n_valid / n_kept)
     batch = toy_batch(1)
-    valid = batch["response_mask"].bool()
-    plain = logit_grads({**batch, "pg_mask": batch["response_mask"]}, 0.0)
+    valid = batch.response_mask.bool()
+    plain = logit_grads(replace(batch, pg_mask=batch.response_mask), 0.0)
     masked = logit_grads(batch, 0.0)
-    kept = valid & (batch["pg_mask"] == 1)
+    kept = valid & (batch.pg_mask == 1)
     assert (valid & ~kept).any()
     assert torch.allclose(plain[kept], masked[kept], atol=1e-7)
 
 
 def test_single_critic_no_masking_gives_the_plain_ppo_gradient_exactly():
     batch = toy_batch(2)
-    plain = {**batch, "pg_mask": batch["response_mask"], "ent_mask": batch["response_mask"]}
+    plain = replace(batch, pg_mask=batch.response_mask, ent_mask=batch.response_mask)
     values = torch.randn(1, B, R)  # [M = 1, B, R]
-    pg, ent, _ = critics.asyppo_masks(values, batch["response_mask"], 0.0, 0.0)
-    assert torch.equal(logit_grads(plain, 1e-3), logit_grads({**batch, "pg_mask": pg, "ent_mask": ent}, 1e-3))
+    pg, ent, _ = critics.asyppo_masks(values, batch.response_mask, 0.0, 0.0)
+    assert torch.equal(logit_grads(plain, 1e-3), logit_grads(replace(batch, pg_mask=pg, ent_mask=ent), 1e-3))
 
 
 # ----------------------------------------------------------------------------------------------

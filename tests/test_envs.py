@@ -266,7 +266,7 @@ def test_chat_template_observations_continue_the_conversation():
         "{% for m in messages %}{{ m['role'][0] }}: {{ m['content'] }}{% if m['role'] == 'assistant' %}"
         "{{ eos_token }}{% endif %}\n{% endfor %}{% if add_generation_prompt %}a: {% endif %}"
     )
-    from rollout import observation_ids
+    from tasks import observation_ids
 
     first = observation_ids(tok, "12+3=", first=True)
     later = observation_ids(tok, "=15", first=False)

@@ -16,6 +16,7 @@ from calibrated import REVERSE_T1
 import ppo_minimal as pm
 from diagnose import LiveDiagnoser
 from repro import INJECTIONS
+from rollout import eos_mask_errors
 from runlog import read_jsonl
 
 SMALL = {**REVERSE_T1, "prompts_per_step": 8, "group_size": 8, "eval_every": 0}
@@ -128,15 +129,15 @@ def test_eos_mask_errors_known_answers():
     ids = torch.tensor([[5, 5, 2, 0, 0], [5, 7, 0, 0, 0], [5, 5, 5, 5, 5], [2, 0, 0, 0, 0], [5, 2, 9, 5, 7]])
     good = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 0, 1, 1]])
     # row 2: cut by the length limit (5 tokens, no stop); row 4: two actions around an observation (9)
-    assert pm.eos_mask_errors(ids, good, eos, max_len=5) == 0.0
+    assert eos_mask_errors(ids, good, eos, max_len=5) == 0.0
     no_eos = good.clone()
     no_eos[0, 2] = 0  # EOS masked out (pad == eos, mask rebuilt from ids)
-    assert pm.eos_mask_errors(ids, no_eos, eos, max_len=5) == pytest.approx(1 / 5)
-    assert pm.eos_mask_errors(ids, torch.ones_like(good), eos, max_len=5) == pytest.approx(4 / 5)  # padding trained
-    assert pm.eos_mask_errors(ids, good, eos, max_len=6) == pytest.approx(1 / 5)  # row 2 now ends early, no stop
+    assert eos_mask_errors(ids, no_eos, eos, max_len=5) == pytest.approx(1 / 5)
+    assert eos_mask_errors(ids, torch.ones_like(good), eos, max_len=5) == pytest.approx(4 / 5)  # padding trained
+    assert eos_mask_errors(ids, good, eos, max_len=6) == pytest.approx(1 / 5)  # row 2 now ends early, no stop
     cut_action = torch.tensor([[5, 5, 9, 5, 7]]), torch.tensor([[1, 1, 0, 1, 1]])  # 1st action cut at max_len 2
-    assert pm.eos_mask_errors(*cut_action, eos, max_len=2) == 0.0
-    assert pm.eos_mask_errors(*cut_action, eos, max_len=3) == 1.0
+    assert eos_mask_errors(*cut_action, eos, max_len=2) == 0.0
+    assert eos_mask_errors(*cut_action, eos, max_len=3) == 1.0
 
 
 def test_replay_detects_a_different_update(sft_path, tmp_path):

@@ -581,14 +581,12 @@ def test_token_mean_losses_invariant_to_row_and_token_permutation():
 # compute_advantages: token rewards, then whitening for GAE only
 
 
-def adv_batch(mask):
-    B, R = mask.shape
-    return {
-        "response_mask": mask,
-        "old_logprobs": torch.zeros(B, R),
-        "ref_logprobs": torch.zeros(B, R),
-        "kl_beta": 0.1,
-    }
+def advantages(cfg, mask, scores, gids, values, old=None, ref=None):
+    """compute_advantages on zero old / ref logprobs (unless given) with kl_beta 0.1."""
+    zeros = torch.zeros(mask.shape)
+    return pm.compute_advantages(
+        cfg, scores, mask, zeros if old is None else old, zeros if ref is None else ref, 0.1, gids, values
+    )
 
 
 def test_compute_advantages_whitens_gae_only():
@@ -597,34 +595,37 @@ def test_compute_advantages_whitens_gae_only():
     scores = torch.tensor([1.0, 0.0, 0.0, 1.0])
     gids = torch.zeros(4, dtype=torch.long)
     # GRPO: +-0.8660 on every valid token, NOT whitened (token mean would be (6 - 3) * 0.866 / 9 != 0)
-    tr, adv, ret, kl = pm.compute_advantages(pm.Config(adv_estimator="grpo"), adv_batch(mask), scores, gids, None)
+    tr, adv, ret, kl, _ = advantages(pm.Config(adv_estimator="grpo"), mask, scores, gids, None)
     a = 0.5 / (math.sqrt(1 / 3) + 1e-6)
     close(adv, torch.tensor([[a, a, a], [-a, 0, 0], [-a, -a, 0], [a, a, a]]), 1e-6)
     # token rewards: score on the last valid token only
     close(tr, mask.new_tensor([[0, 0, 1], [0, 0, 0], [0, 0, 0], [0, 0, 1]]), 0.0)
     # RLOO: 1 - 1/3 = 2/3, 0 - 2/3 = -2/3
-    _, adv_r, _, _ = pm.compute_advantages(pm.Config(adv_estimator="rloo"), adv_batch(mask), scores, gids, None)
+    _, adv_r, _, _, _ = advantages(pm.Config(adv_estimator="rloo"), mask, scores, gids, None)
     close(adv_r, torch.tensor([[2, 2, 2], [-2, 0, 0], [-2, -2, 0], [2, 2, 2]]) / 3, 1e-6)
     # GAE, gamma = lam = 1, V = 0: raw A_t = score at every valid token, returns = score (not whitened);
     # advantages whitened over the 9 valid tokens: six 1s and three 0s -> mean 2/3, unbiased var = (6*(1/9) +
     # 3*(4/9)) / 8 = 2/8 = 0.25 -> whitened 1 -> (1/3) / 0.5 = 2/3, 0 -> -(2/3) / 0.5 = -4/3
     v = torch.zeros(4, 3)
-    _, adv_g, ret_g, _ = pm.compute_advantages(pm.Config(adv_estimator="gae"), adv_batch(mask), scores, gids, v)
+    _, adv_g, ret_g, _, stats = advantages(pm.Config(adv_estimator="gae"), mask, scores, gids, v)
     close(ret_g, torch.tensor([[1, 1, 1], [0, 0, 0], [0, 0, 0], [1, 1, 1]]), 1e-6)
     close(adv_g, torch.tensor([[2, 2, 2], [-4, 0, 0], [-4, -4, 0], [2, 2, 2]]) / 3, 1e-5)
     assert float(common.masked_mean(adv_g, mask)) == pytest.approx(0.0, abs=1e-6)
     assert float(common.masked_var(adv_g, mask)) == pytest.approx(1.0, abs=1e-5)
+    # its metrics: mean |A| over valid tokens = (6 * 2/3 + 3 * 4/3) / 9 = 8/9; mean return 6/9; no KL
+    assert stats["stats/adv_abs_mean"] == pytest.approx(8 / 9, abs=1e-6) and stats["stats/kl"] == 0.0
+    assert stats["stats/return_mean"] == pytest.approx(2 / 3, abs=1e-6) and stats["stats/token_reward_kl_abs"] == 0.0
 
 
 def test_compute_advantages_kl_in_reward():
     # KL in the reward: token_rewards = score at the last token - beta * (old - ref) on every valid token
     # beta 0.1, old - ref = 0.5 everywhere: rewards row 0 = [-0.05, -0.05, 1 - 0.05] ; GRPO sums them: 0.85
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.float32)
-    batch = adv_batch(mask)
-    batch["old_logprobs"] = torch.full((2, 3), -1.0)
-    batch["ref_logprobs"] = torch.full((2, 3), -1.5)
+    old, ref = torch.full((2, 3), -1.0), torch.full((2, 3), -1.5)
     cfg = pm.Config(adv_estimator="grpo", kl_in_reward=True, grpo_norm_std=False)
-    tr, adv, _, kl = pm.compute_advantages(cfg, batch, torch.tensor([1.0, 0.0]), torch.zeros(2, dtype=torch.long), None)
+    scores, gids = torch.tensor([1.0, 0.0]), torch.zeros(2, dtype=torch.long)
+    tr, adv, _, kl, stats = advantages(cfg, mask, scores, gids, None, old, ref)
+    assert stats["stats/token_reward_kl_abs"] == pytest.approx(0.05, abs=1e-7)  # |0.1 * 0.5| on every valid token
     close(kl, 0.5 * mask, 1e-7)
     close(tr, torch.tensor([[-0.05, -0.05, 0.95], [-0.05, -0.05, 0.0]]), 1e-7)
     # sequence scores 0.85 and -0.1 -> Dr. GRPO: +-0.475

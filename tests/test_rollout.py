@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from batches import full_batch
 
 import ppo_minimal as pm
 import tasks
@@ -361,17 +362,14 @@ def test_ratio_is_one_before_first_step(model, tok, temperature):
     assert float(m["clipfrac"]) == 0.0 and abs(float(m["ratio_mean"]) - 1) < TOL
     # and ppo_update reports it (stats/first_mb_*) on its first minibatch
     cfg = pm.Config(adv_estimator="grpo", temperature=temperature, micro_batch=4, minibatches=2, group_size=2)
-    batch = {
-        "input_ids": ro.input_ids,
-        "attention_mask": ro.attention_mask,
-        "response_mask": ro.response_mask,
-        "old_logprobs": old,
-        "ref_logprobs": old.clone(),
-        "advantages": torch.randn(B, R) * mask,
-        "token_weights": None,
-        "pg_mask": ro.response_mask,
-        "ent_mask": ro.response_mask,
-    }
+    batch = full_batch(
+        input_ids=ro.input_ids,
+        attention_mask=ro.attention_mask,
+        response_mask=ro.response_mask,
+        old_logprobs=old,
+        ref_logprobs=old.clone(),
+        advantages=torch.randn(B, R) * mask,
+    )
     work = tasks.make_tiny_model(tok)
     work.load_state_dict(model.state_dict())
     work.eval()
