@@ -25,8 +25,7 @@ Implementation details and deviations (ours)
 2. A request whose group expires is not aborted (a worker cannot stop a generate call): it runs and is discarded,
    counted in async/dropped (ROLL aborts it). A worker runs one request at a time (a group, or one episode with
    --replicate); a real engine batches requests continuously (as does bench/async_bench.py's prediction).
-3. out_dir/timeline.json: every request's (worker, start, end, version, step used) and every step's (wait start,
-   batch ready); notebooks/04_async.ipynb draws it.
+3. out_dir/timeline.json: each request's (worker, start, end, version, step used), each step's (wait, batch ready).
 4. A worker that raises reports its traceback through the store and the trainer raises naming it; one that
    vanishes is named by its exit code, a broken connection or its silent heartbeat (worker_timeout); workers stop
    when the trainer's heartbeat stops; on Ctrl-C or any error the trainer stops, joins, then kills them.
@@ -64,6 +63,8 @@ from warm_start import sft_config_for, sft_warm_start
 
 @dataclass
 class AsyncConfig(Config):
+    """The trainer's Config plus the knobs of asynchronous rollouts (DESIGN.md 7.4)."""
+
     async_ratio: int = 1
     """alpha: a sample started at weights version v may be trained at version <= v + alpha (0 = synchronous)."""
     rollout_workers: int | None = None
@@ -203,9 +204,8 @@ def silent_for(store, rank: int) -> float:
 def request_episodes(cfg: AsyncConfig, task, seed: int, n: int) -> list:
     """n episodes [(env, seed)] of one prompt (a single-turn problem drawn by `seed`, or an env seed)."""
     if task is None:
-        return [
-            (make_env(cfg.task, "train", **env_overrides(cfg.task, cfg.env_latency, "train")), seed) for _ in range(n)
-        ]
+        overrides = env_overrides(cfg.task, cfg.env_latency, "train")
+        return [(make_env(cfg.task, "train", **overrides), seed) for _ in range(n)]
     problem = task.sample(1, "train", np.random.default_rng(seed))[0]
     return [(TaskEnv(task, problem), None) for _ in range(n)]
 
@@ -271,6 +271,7 @@ class AsyncSampler:
         self.thread.start()
 
     def __call__(self, step: int, policy):
+        """Publish the weights of version `step`, then wait for N complete groups usable at it: a batch."""
         t_wait = time.time()
         if self.cfg.crash_trainer_after and step >= self.cfg.crash_trainer_after:
             os._exit(3)  # fault injection: the trainer vanishes
@@ -352,6 +353,7 @@ class AsyncSampler:
             self.chans[w].send({"kind": "requests", "items": items})
 
     def receive(self, w: int, header: dict, tensor) -> None:
+        """File a worker's finished request under its group (or count it dropped if the group expired)."""
         gid, _ = self.owner.pop(header["rid"])
         self.outstanding[w] -= 1
         self.last_sample = time.time()
@@ -381,6 +383,7 @@ class AsyncSampler:
                 self.step_stats["dropped_len"] += ro.response_mask.sum(-1).tolist()
 
     def take(self, step: int):
+        """The batch of the N oldest complete groups and its async/* metrics, or None before there are N."""
         ready = sorted((g["version"], g["done_t"], gid) for gid, g in self.groups.items() if g["done_t"] is not None)
         if len(ready) < self.N:
             return None
@@ -416,12 +419,6 @@ class AsyncSampler:
         (out_dir / "timeline.json").write_text(json.dumps(timeline))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank_main(cfg_dict: dict, rank: int, world: int, init_method: str) -> None:
     """Entry of a process started by torch.multiprocessing (spawn): a rollout rank."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the trainer, which stops everyone
@@ -439,7 +436,9 @@ def run(cfg: AsyncConfig, init_method: str | None = None) -> dict:
         if "WORLD_SIZE" not in os.environ:  # not under torchrun: this process is rank 0, it starts the others
             import torch.multiprocessing as mp
 
-            world, init_method = cfg.rollout_workers + 1, f"tcp://127.0.0.1:{_free_port()}"
+            with socket.socket() as sock:  # a free port on this host for the rendezvous
+                sock.bind(("127.0.0.1", 0))
+                world, init_method = cfg.rollout_workers + 1, f"tcp://127.0.0.1:{sock.getsockname()[1]}"
             sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited through exec: the children ignore
             try:  # Ctrl-C from their first instruction on, so the trainer alone decides when they stop
                 for r in range(1, world):
@@ -480,13 +479,8 @@ def run(cfg: AsyncConfig, init_method: str | None = None) -> dict:
                 p.join(timeout=5)
 
 
-def summary(out_dir: str) -> list[dict]:
-    """Per-step async metrics of a finished run (from metrics.jsonl)."""
-    keys = "step async/staleness_mean async/staleness_max async/dropped async/kept_len async/wait_s time/train".split()
-    return [{k: r.get(k, float("nan")) for k in keys} for r in read_jsonl(Path(out_dir) / "metrics.jsonl")]
-
-
 def main(argv=None):
+    """`python async_loop.py [flags]`: the run of every rank; rank 0 prints the per-step async metrics."""
     cfg = parse_config(AsyncConfig, argv)
     t0 = time.time()
     try:
@@ -495,7 +489,8 @@ def main(argv=None):
         print("[minrl] interrupted: rollout processes stopped", file=sys.stderr)
         sys.exit(130)
     if int(os.environ.get("RANK", "0")) == 0 and cfg.rollout_workers and out:
-        print(format_table(summary(cfg.out_dir)))
+        keys = "step async/staleness_mean async/staleness_max async/dropped async/kept_len async/wait_s time/train"
+        print(format_table(read_jsonl(Path(cfg.out_dir) / "metrics.jsonl"), keys.split()))
         print(f"[minrl] {cfg.steps} steps in {time.time() - t0:.1f}s wall (async ratio {cfg.async_ratio})")
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -454,6 +454,7 @@ def summarize(results_json) -> list[dict]:
 
 
 def main(argv=None):
+    """`python attention_credit.py [flags]`: the start model, the token figure, the runs, the table and curves."""
     import matplotlib
 
     matplotlib.use("Agg")

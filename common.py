@@ -6,7 +6,8 @@
 - `check_fields`, `check_range`, `check_choice`: the one way config values are validated (field and range named).
 - `DistArgs`, `setup_dist()` -> (rank, local_rank, world_size, device), `(0, 0, 1, cpu|cuda)` without torchrun;
   collective helpers return at once for world size 1, so the algorithm never branches on it; `make_autocast`.
-- Masked reductions (veRL semantics, global under DDP): `masked_sum`, `masked_mean`, `masked_var`, `masked_whiten`.
+- Masked reductions (veRL semantics; `mask` 0/1 like x; `global_=True` all-reduces the sums: statistics of the
+  whole batch under DDP): `masked_sum`, `masked_mean`, `masked_var`, `masked_whiten`.
 torch is imported inside the functions that need it: the torch-free leaves (scheduler.py, diagnose.py) use the CLI.
 """
 
@@ -25,10 +26,8 @@ import sys
 import textwrap
 import types
 import typing
+from pathlib import Path
 from typing import Literal
-
-# ----------------------------------------------------------------------------------------------
-# Config: CLI from a dataclass, and validation
 
 
 def field_docs(cls) -> dict[str, str]:
@@ -67,12 +66,15 @@ def parse_config(cls, argv: list[str] | None = None, description: str | None = N
     docs = field_docs(cls)
     doc = description or (inspect.getdoc(sys.modules[cls.__module__]) or "").split("\n\n")[0]
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for f in [f for f in dataclasses.fields(cls) if f.init]:
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        help_ = docs.get(f.name, "").replace("%", "%%")  # argparse formats help strings with %
-        kind = dict(zip(("type", "choices", "nargs"), _parser_for(hints[f.name])))
-        kind = {"action": argparse.BooleanOptionalAction} if hints[f.name] is bool else kind
-        p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=default, help=help_, **kind)
+    fields, seen = [f for f in dataclasses.fields(cls) if f.init], set()
+    for klass in [k for k in cls.__mro__ if dataclasses.is_dataclass(k)]:  # a group per class: the class itself first
+        group = p.add_argument_group(f"{klass.__name__} ({Path(inspect.getfile(klass)).name})", inspect.getdoc(klass))
+        for f in [f for f in fields if f.name in vars(klass).get("__annotations__", {}) and f.name not in seen]:
+            default, seen = f.default if f.default is not dataclasses.MISSING else f.default_factory(), seen | {f.name}
+            kind = dict(zip(("type", "choices", "nargs"), _parser_for(hints[f.name])))
+            kind = {"action": argparse.BooleanOptionalAction} if hints[f.name] is bool else kind
+            help_ = docs.get(f.name, "").replace("%", "%%")  # argparse formats help strings with %
+            group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=default, help=help_, **kind)
     argv = sys.argv[1:] if argv is None else argv
     flag = re.compile(r"--(no-)?[a-z0-9_]+(=.*)?")  # --field_name, --no-field_name, --field_name=VALUE
     argv = [a.split("=")[0].replace("_", "-") + a[len(a.split("=")[0]) :] if flag.fullmatch(a) else a for a in argv]
@@ -114,10 +116,6 @@ def check_fields(cfg, ranges: dict[str, tuple[str, ...]]) -> None:
         for name in names:
             if not (getattr(cfg, name) is None and name in optional):
                 check_range(name, getattr(cfg, name), lo, hi, lo_open=interval[0] == "(", hi_open=interval[-1] == ")")
-
-
-# ----------------------------------------------------------------------------------------------
-# Distributed plumbing (torch.distributed launched by torchrun; world size 1 without it)
 
 
 @dataclasses.dataclass
@@ -177,8 +175,7 @@ _SOLO = False  # set by train_alone()
 
 
 def train_alone() -> None:
-    """From now on this process is a world of one for setup_dist and every collective helper, while the
-    process group (all ranks) stays up: async_loop.py's trainer, which meets its rollout ranks only point to point."""
+    """Make this process a world of one for setup_dist and the collectives (async_loop.py's trainer, point to point)."""
     global _SOLO
     _SOLO = True
 
@@ -240,11 +237,6 @@ def reduce_metrics(metrics: dict[str, float], device=None) -> dict[str, float]:
     return out
 
 
-# ----------------------------------------------------------------------------------------------
-# Masked reductions. `mask` is 0/1 of the same shape as `x`. Under DDP, `global_=True` all-reduces the
-# sums so every rank gets statistics over the whole batch (DESIGN.md 7.1: global whitening).
-
-
 def masked_sum(x, mask, dim=None):
     """sum(x * mask); positions where mask == 0 contribute exactly 0 even if x is NaN there."""
     y = (x * mask).where(mask.bool(), x.new_zeros(()))
@@ -289,9 +281,10 @@ def main() -> None:
     import torch
 
     rank, local_rank, world, device = setup_dist()
-    total = all_reduce_sum(torch.tensor([float(rank)], device=device)).item()
-    print(f"rank {rank} of {world} (local {local_rank}) on {device}: all-reduce of the ranks {total:.0f}, "
-          f"expected {world * (world - 1) // 2}", flush=True)  # fmt: skip
+    total, want = all_reduce_sum(torch.tensor([float(rank)], device=device)).item(), world * (world - 1) // 2
+    print(
+        f"rank {rank} of {world} (local {local_rank}) on {device}: all-reduce of the ranks {total:.0f}, {want} expected"
+    )
     if world > 1:
         torch.distributed.destroy_process_group()
 

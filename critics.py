@@ -124,6 +124,7 @@ class ValueModel(nn.Module):
         return self.head(h[:, -response_len - 1 : -1]).squeeze(-1).float()  # [B, R]
 
     def save_pretrained(self, path):
+        """The backbone as save_pretrained writes it, the value head beside it (value_head.safetensors)."""
         from safetensors.torch import save_file
 
         path = Path(path)
@@ -132,6 +133,7 @@ class ValueModel(nn.Module):
 
     @staticmethod
     def from_pretrained(path, dtype=None):
+        """A critic from a folder: a saved critic, or a plain LM folder with a fresh zero head."""
         from safetensors.torch import load_file
         from transformers import AutoModel
 

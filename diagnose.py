@@ -1,25 +1,21 @@
 """Failure-mode diagnosis of an RL post-training run from its per-step metrics (numpy + stdlib, no torch).
 
-    python diagnose.py runs/ppo/    # a run dir with metrics.jsonl; or a .jsonl (ours, veRL's file logger),
-    python diagnose.py metrics.csv  # a .csv, or TRL's trainer_state.json (its log_history)
+    python diagnose.py runs/ppo/    # a run dir; or a .jsonl (ours, veRL's), a .csv, TRL's trainer_state.json
 
-One line per failure mode found (stable id, step where it started, evidence, likely cause, what to try),
-then the checks that ran and those skipped, with why. Exit code 0: nothing flagged; 1: something flagged;
-2: unreadable input (the message names the file and line). Live, inside a training loop:
-`for finding in diag.update(step, metrics): print("WARNING", finding)` with `diag = LiveDiagnoser()`.
+One line per failure mode found (stable id, step where it started, evidence, likely cause, what to try), then the
+checks that ran and those skipped. Exit code 0: nothing flagged; 1: something flagged; 2: unreadable input (the
+message names the file and line). Live: `diag = LiveDiagnoser()`; `diag.update(step, metrics)` returns what is new.
 
 Implementation details (our choices):
-1. NAME_MAP maps veRL and TRL GRPOTrainer names onto ours (checked against veRL's metric_utils.py,
-   ray_trainer.py, dp_actor.py, TRL's grpo_trainer.py); not TRL's PPOTrainer, whose objective/kl is a sum.
-2. A check is a condition on one step plus a bounded window of the past; a failure is reported once it holds
-   on `<id>.persist` consecutive steps where the check could run, dated to the FIRST step of that streak,
-   and clears after `clear_steps` steps without it. `diagnose(rows)` is `LiveDiagnoser` fed row by row, so
-   both agree by construction; an update costs O(window), the history is never re-scanned.
-3. Levels are medians of `baseline_n` values. flat_reward = no progress since the start and no significant
-   trend in the window (a plateau after a rise is convergence, not a broken signal). A reward >= 0.9
-   reward_max (or accuracy >= 0.9) is saturated: not flat, and low entropy / equal-reward groups are expected.
-4. Non-finite values anywhere raise nan_inf and stay out of windows. "Unknown columns" is an input error only
-   when NO column is known (veRL logs hundreds we do not use; they are listed). "0.5"/"nan" text is read.
+1. NAME_MAP maps veRL and TRL GRPOTrainer names onto ours (checked against veRL's metric_utils.py, ray_trainer.py,
+   dp_actor.py, TRL's grpo_trainer.py); not TRL's PPOTrainer, whose objective/kl is a sum.
+2. A check is a condition on one step plus a bounded window of the past; a failure is reported once it holds on
+   `<id>.persist` consecutive steps where the check could run, dated to the FIRST step of that streak, cleared
+   after `clear_steps` steps without it. `diagnose(rows)` is `LiveDiagnoser` fed row by row; an update is O(window).
+3. Levels are medians of `baseline_n` values. flat_reward = no progress since the start and no trend in the window
+   (a plateau after a rise is convergence). A reward >= 0.9 reward_max (or accuracy >= 0.9) is saturated.
+4. Non-finite values raise nan_inf and stay out of windows. Unknown columns are an input error only when NO column
+   is known (veRL logs hundreds we do not use). Numbers written as text ("0.5", "nan") are read.
 """
 
 from __future__ import annotations
@@ -33,6 +29,7 @@ import sys
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -51,11 +48,10 @@ class Config:
         check_range("reward_max", self.reward_max, 0, None, lo_open=True)
 
 
-@dataclass(frozen=True)
-class Threshold:
+class Threshold(NamedTuple):
     name: str
     value: float
-    why: str
+    why: str  # one named threshold, its reason
 
 
 # The one table of thresholds; `<id>.persist` = consecutive steps a condition must hold before it is reported.
@@ -151,6 +147,7 @@ class Finding:
 
 
 def _med(xs) -> float:
+    """Median of a non-empty list."""
     return float(statistics.median(xs))  # stdlib: faster than numpy on a window of ~20 values
 
 
@@ -162,13 +159,13 @@ class LiveDiagnoser:
         self.hist: dict[str, deque] = {}  # name -> (step, value): the last window + 1 finite values
         self.first: dict[str, list[float]] = {}  # name -> its first baseline_n finite values
         self.count: dict[str, int] = {}  # name -> finite values seen so far
-        self.cur: dict[str, float] = {}  # this step's finite known values
-        self.nonfinite: list[str] = []  # this step's non-finite values, any column
+        self.cur, self.nonfinite = {}, []  # this step's finite known values; its non-finite ones (any column)
         self.streak: dict[str, list] = {}  # id -> [start step, consecutive hits]
         self.active: dict[str, int] = {}  # reported id -> consecutive misses since
         self.evaluated: set[str] = set()
 
     def update(self, step: int, metrics: dict) -> list[Finding]:
+        """Take one metrics row; return the failure modes that start being reported at this step."""
         step, self.cur, self.nonfinite = int(step), {}, []
         for k, v in to_ours(metrics).items():
             if k == "step" or isinstance(v, bool) or not isinstance(v, (int, float, np.number)):
@@ -183,8 +180,7 @@ class LiveDiagnoser:
                     self.first[k].append(float(v))
         new = []
         for cid, check, _ in CHECKS:
-            res = check(self)
-            if res is None:  # its metrics are not in this row, or its window is not full yet
+            if (res := check(self)) is None:  # its metrics are not in this row, or its window is not full yet
                 continue
             self.evaluated.add(cid)
             hit, evidence, start = res
@@ -207,23 +203,24 @@ class LiveDiagnoser:
 
     def skipped(self) -> dict[str, str]:
         """Check id -> why it never ran (none of its metrics logged, or too few steps for its window)."""
-        out = {}
-        for cid, _, needs in CHECKS:
-            if cid not in self.evaluated:
-                seen = any(n in self.count for n in needs)
-                out[cid] = "too few steps for its window" if seen else "needs " + " or ".join(needs)
+        seen = lambda needs: any(n in self.count for n in needs)
+        out = {cid: "too few steps for its window" if seen(needs) else "needs " + " or ".join(needs)
+               for cid, _, needs in CHECKS if cid not in self.evaluated}  # fmt: skip
         if "logprob_mismatch" in out and "stats/clipfrac" in self.count:  # veRL/TRL average over all minibatches
             out["logprob_mismatch"] += "; an all-minibatch clip fraction mixes in the ratio's normal drift"
         return out
 
     def vals(self, name: str) -> list[float]:
+        """The values of one metric in the window, oldest first."""
         return [v for _, v in self.hist.get(name, ())]
 
     def prev(self, name: str) -> list[float]:
+        """The window's values before this step."""
         v = self.vals(name)
-        return v[:-1] if name in self.cur else v  # the window before this step
+        return v[:-1] if name in self.cur else v
 
     def base(self, name: str) -> float | None:
+        """The starting level of a metric (median of its first values), None before there are enough."""
         f = self.first.get(name, [])
         return _med(f) if len(f) >= TH["baseline_n"] else None
 
@@ -427,6 +424,7 @@ def _entries(p: Path, text: str):
 
 
 def _number(p: Path, where: str, key: str, v) -> float:
+    """A metric value as a float, or an InputError naming the file, the place and the key."""
     try:
         return float(v) if type(v) in (int, float) else float(v.strip())  # numbers written as text: "0.5", "nan"
     except (AttributeError, ValueError):
@@ -464,6 +462,7 @@ def load_metrics(path: str | Path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python diagnose.py PATH`: print the findings and the checks; exit 1 if any, 2 on unreadable input."""
     argv = list(sys.argv[1:] if argv is None else argv)
     pos = [i for i, a in enumerate(argv) if not a.startswith("-") and (i == 0 or not argv[i - 1].startswith("--"))]
     if pos:
@@ -479,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     d = LiveDiagnoser(cfg.reward_max)
     findings = [f for r in rows for f in d.update(r["step"], r)]
     print(f"{cfg.path}: {len(rows)} steps ({rows[0]['step']}..{rows[-1]['step']})")
-    cols = ["rollout/reward_mean", "rollout/zero_std_frac", "stats/kl", "stats/entropy", "stats/grad_norm"]
+    cols = "rollout/reward_mean rollout/zero_std_frac stats/kl stats/entropy stats/grad_norm".split()
     picks = sorted({int(i) for i in np.linspace(0, len(rows) - 1, min(len(rows), 6))})
     print(format_table([rows[i] for i in picks], ["step", *[c for c in cols if any(c in r for r in rows)]]))
     for cid in dict.fromkeys(f.id for f in findings):  # one line per failure mode, in order of appearance

@@ -182,6 +182,7 @@ class _EmbeddedEnv:
         self.split, self.cfg, self.turn, self.done = split, cfg or EnvConfig(), 0, True
 
     def reset(self, seed: int | None = None) -> tuple[str, dict]:
+        """Start the episode of `seed` (Env.reset): its first observation."""
         self.rng = np.random.default_rng(seed)
         while True:  # rejection keeps train and eval episodes disjoint (implementation detail 1)
             obs, self.state = self.make(self.rng)
@@ -191,6 +192,7 @@ class _EmbeddedEnv:
         return obs, {"seed": seed}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        """Apply one action (Env.step); a malformed one gets the penalty and an error observation."""
         if self.done:
             raise RuntimeError(f"{self.name}: step() after the episode ended; call reset()")
         if self.cfg.latency_s > 0:
@@ -214,6 +216,7 @@ class CalculatorEnv(_EmbeddedEnv):
     NAMES, ITEMS = ("ann", "bob", "eve", "max", "sam"), ("pens", "cards", "eggs", "coins")
 
     def make(self, rng):
+        """A word problem and (its answer, the expression a calculator call needs)."""
         who, item, kind = self.NAMES[rng.integers(5)], self.ITEMS[rng.integers(4)], int(rng.integers(3))
         if kind == 2:
             a, b = int(rng.integers(2, 10)), int(rng.integers(10, 100))
@@ -224,6 +227,7 @@ class CalculatorEnv(_EmbeddedEnv):
         return f"{who} has {a} {item} and gets {b} more. how many now?", (a + b, f"{a}+{b}")
 
     def act(self, verb, arg):
+        """The calculator's answer to `calc EXPR`, or the reward of `answer N` (which ends the episode)."""
         if verb == "calc":
             return f"={safe_calc(arg)}\n", 0.0, False, {}
         if not re.fullmatch(r"-?\d{1,9}", arg):
@@ -232,6 +236,7 @@ class CalculatorEnv(_EmbeddedEnv):
         return "", float(right), True, {"success": right}
 
     def expert(self) -> str:
+        """The scripted solver's next action: one calculator call, then the answer."""
         return f"calc {self.state[1]}" if self.turn == 0 else f"answer {self.state[0]}"
 
 
@@ -246,11 +251,13 @@ class GuessNumberEnv(_EmbeddedEnv):
         super().__init__(split, cfg or EnvConfig(max_turns=6))
 
     def make(self, rng):
+        """The opening line of a game and its secret number."""
         secret, game = int(rng.integers(1, 33)), int(rng.integers(10**5))
         self.lo, self.hi = 1, 32  # what the feedback so far allows (for the scripted solver)
         return f"game {game}: guess my number, 1 to 32.", secret
 
     def act(self, verb, arg):
+        """higher / lower for a wrong guess; reward 1 and the end for the right one."""
         if not re.fullmatch(r"\d{1,2}", arg) or not 1 <= int(arg) <= 32:
             raise CalcError("guess a number from 1 to 32")
         g = int(arg)
@@ -260,6 +267,7 @@ class GuessNumberEnv(_EmbeddedEnv):
         return ("higher\n" if g < self.state else "lower\n"), 0.0, False, {}
 
     def expert(self) -> str:
+        """Binary search over what the feedback so far allows."""
         return f"guess {(self.lo + self.hi) // 2}"
 
 
@@ -270,9 +278,11 @@ class TaskEnv:
         self.task, self.problem, self.name = task, problem, task.name
 
     def reset(self, seed: int | None = None) -> tuple[str, dict]:
+        """The task's prompt as the first observation."""
         return self.problem["prompt"], {}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        """Score the response with the task's reward; the episode ends."""
         score = float(self.task.compute_score(action, self.problem["ground_truth"]))
         return "", score, True, False, {"success": score == 1.0}
 
@@ -296,11 +306,13 @@ class GemEnv:
         self.name, self.split, self.env = f"gem:{env_id}", split, gem.make(env_id, **kwargs)
 
     def reset(self, seed: int | None = None) -> tuple[str, dict]:
+        """GEM's reset on a seed of this split (eval seeds >= EVAL_SEED)."""
         seed = None if seed is None else seed % self.EVAL_SEED + (self.EVAL_SEED if self.split == "eval" else 0)
         obs, info = self.env.reset(seed=seed)
         return str(obs), dict(info or {})
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        """GEM's step, with info['success'] set."""
         obs, reward, terminated, truncated, info = self.env.step(action)
         info = dict(info or {})
         info.setdefault("success", bool(terminated and not truncated and float(reward) >= 1.0))

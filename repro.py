@@ -45,6 +45,8 @@ from runlog import format_table
 
 
 class Injection(NamedTuple):
+    """One planted bug: what goes wrong, where it hurts, how it is diagnosed, where it is planted."""
+
     bug: str  # what goes wrong
     config: dict  # the stated config where it hurts (detail 2)
     diagnosed_as: str  # the failure-mode id diagnose.py must report (detail 3)
@@ -100,10 +102,6 @@ def apply_stated_config(cfg) -> None:
             setattr(cfg, name, value)
     if cfg.inject == "value_not_detached" and cfg.adv_estimator != "gae":
         raise ValueError("config field 'inject' = 'value_not_detached' needs adv_estimator 'gae' (a critic)")
-
-
-# ------------------------------------------------------------------------------------------------
-# The points where bugs are planted (detail 1), in the order the trainer reaches them
 
 
 def at_rollout(inject, rollout, eos_id: int):
@@ -170,10 +168,6 @@ def at_value_target(inject, returns, old_values, values):
     return returns - old_values + values if inject == "value_not_detached" else returns
 
 
-# ------------------------------------------------------------------------------------------------
-# One update on disk (details 4, 5)
-
-
 def _cpu_state(module) -> dict:
     """A detached CPU copy of a module's state dict."""
     return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
@@ -215,6 +209,7 @@ def dump_update(path, tokenizer, rollout, extra: dict, update, args: tuple):
         **{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in extra.items()},
         "prompts": tokenizer.batch_decode(rollout.prompt_ids, skip_special_tokens=True),
         "responses": decode_responses(tokenizer, rollout),
+        "policy_version": rollout.policy_version,  # [B] the weights version each sample started with (async)
         "update_actor": update_actor,
         **update_inputs(policy, opt, critics, shuffle_gen),
         "metrics": None,
@@ -289,6 +284,7 @@ def describe_dump(path) -> None:
 
 
 def main(argv=None) -> None:
+    """`python repro.py [DUMP]`: the injection table, or what a --dump-batch file holds."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dump", nargs="?", help="a file written by ppo_minimal.py --dump-batch (else: the injections)")
     args = ap.parse_args(argv)

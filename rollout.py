@@ -76,6 +76,7 @@ class Rollout:
 
     @property
     def input_ids(self) -> torch.Tensor:
+        """[B, P+R] the prompt and the response side by side."""
         return torch.cat([self.prompt_ids, self.response_ids], dim=1)  # [B, P+R]
 
 
@@ -415,10 +416,6 @@ def _pack(prompt_ids, prompt_mask, tracks: list[dict], pad_id: int, dev) -> Roll
         truncated=torch.tensor([t["no_stop"] for t in tracks], device=dev),
         token_scores=token_scores.to(dev),
     )
-
-
-# ----------------------------------------------------------------------------------------------
-# What a batch of episodes looked like: the mask check and the rollout/* metrics
 
 
 def eos_mask_errors(response_ids, response_mask, eos_ids, max_len: int) -> float:

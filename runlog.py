@@ -272,6 +272,7 @@ def resume_checkpoint(path, rank: int, cfg, opt, critics, rng, gens: dict, watch
 
 
 def main(argv=None) -> None:
+    """`python runlog.py RUN_DIR`: print a finished run's metrics table and write its curves.png again."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", help="a run's folder (with metrics.jsonl)")
     ap.add_argument("--keys", nargs="*", default=["rollout/reward_mean", "eval/acc", "stats/kl"], help="metrics")

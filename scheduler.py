@@ -87,6 +87,7 @@ NOTES = {  # printed under the preset's table: why the simulated and reported fi
 
 @dataclass
 class Config:
+    """The cluster, the workload and the schedule to simulate; every modelling assumption is a field."""
     schedule: Literal["colocated", "disagg", "timemux"] = "timemux"
     """schedule that simulate() runs (main compares all three): colocated | disagg | timemux"""
     n_gpus: int = 16
@@ -620,6 +621,7 @@ def preset_report(cfg: Config, res: list[dict]) -> list[dict]:
 
 
 def main(argv=None):
+    """`python scheduler.py [flags]`: simulate the schedules (or a preset, or a sweep), print and plot them."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -146,6 +146,7 @@ class DigitTask:
     name: str = "reverse"
 
     def make(self, rng: np.random.Generator) -> dict:
+        """One problem of this task: {prompt, ground_truth}."""
         if self.name == "add":
             a, b = rng.integers(0, 100, size=2)
             return {"prompt": f"{a}+{b}=", "ground_truth": f"{a + b:03d}"}
@@ -159,6 +160,7 @@ class DigitTask:
         return {"prompt": f"{digits}>" if self.name == "reverse" else f"s{digits}>", "ground_truth": answer}
 
     def sample(self, n: int, split: str, rng: np.random.Generator) -> list[dict]:
+        """n rows of one split, drawn with replacement (the training rows if none is held out)."""
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         out = []
@@ -169,6 +171,7 @@ class DigitTask:
         return out
 
     def compute_score(self, solution_str: str, ground_truth: str) -> float:
+        """The reward chosen by name (--reward) on one response."""
         return digits_score(solution_str, ground_truth)
 
 

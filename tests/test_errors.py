@@ -118,8 +118,11 @@ def test_help_lists_every_field_with_default_and_meaning():
     assert out.returncode == 0, out.stderr
     # one block per option: "  --flag METAVAR, --alias METAVAR   help text (default: X)"; the help text
     # follows the option strings after a run of >= 2 spaces or a newline
-    blocks = {}
-    for block in re.split(r"\n  (?=-)", out.stdout):
+    blocks = {}  # the group headers ("Config (ppo_minimal.py):") and their descriptions are left out
+    options_text = "\n".join(
+        line for line in out.stdout.split("options:")[1].splitlines() if line.startswith(("  -", "    "))
+    )
+    for block in re.split(r"\n  (?=-)", options_text):
         options, _, help_text = block.strip().partition("  ")
         blocks[options.split()[0].rstrip(",")] = (options, " ".join(help_text.split()))
     for f in dataclasses.fields(pm.Config):
@@ -132,6 +135,18 @@ def test_help_lists_every_field_with_default_and_meaning():
         assert len(meaning) > 10, f"{flag}: no meaning in {text!r} (options {options!r})"
     assert blocks["--steps"][1] == f"Number of RL iterations. (default: {pm.Config.steps})"
     assert blocks["--adv-estimator"][1].endswith("(default: gae)")
+    flags = re.findall(r"(?<![\w-])--[a-z][\w-]*", options_text)
+    assert not [f for f in flags if "_" in f], "--help spells a flag with underscores"
+    assert len(blocks) == len(dataclasses.fields(pm.Config)) + 1, "one block per field, plus --help"
+    for options, _ in blocks.values():  # each flag once: no alias in the option strings
+        assert len([o for o in options.split() if o.startswith("--")]) <= 2, options  # --x / --no-x for a bool
+
+
+def test_flags_spelled_with_underscores_still_parse():
+    cfg = common.parse_config(pm.Config, ["--max_new_tokens", "8", "--no-kl_loss", "--out_dir=runs/x", "--seed", "3"])
+    assert (cfg.max_new_tokens, cfg.kl_loss, cfg.out_dir, cfg.seed) == (8, False, "runs/x", 3)
+    cfg = common.parse_config(pm.Config, ["--off-policy", "none", "--model", "my_dir/with_under_scores"])
+    assert cfg.off_policy == "none" and cfg.model == "my_dir/with_under_scores"  # values are left as they are
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,90 @@
+"""Every file's `python FILE.py` runs (the files whose main() other tests do not run already), at tiny flags.
+
+ppo_minimal, async_loop, attention_credit, diagnose and scheduler run their main() in their own test files.
+Each test here runs the command in a subprocess, as a user would, and checks what it printed or wrote.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import tasks
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def run(*args: str, timeout: float = 300) -> str:
+    """The stdout of `python ARGS` from the repository root; a failure shows its output."""
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    """A random-init tiny model folder (no SFT): enough for commands that only need a model to run."""
+    path = tmp_path_factory.mktemp("tiny")
+    tok = tasks.make_tokenizer()
+    torch.manual_seed(0)
+    tasks.make_tiny_model(tok).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_rollout_main_samples_and_reports_the_logprob_gap():
+    out = run("rollout.py")
+    assert "tok/s" in out and "max |rollout - recomputed logp|" in out
+
+
+def test_tasks_main_prints_samples_and_the_model():
+    out = run("tasks.py", "--task", "add")
+    assert out.count("add      prompt") == 3 and "0.50M parameters" in out
+
+
+def test_envs_main_plays_each_environment_to_its_end():
+    out = run("envs.py")
+    assert "--- calc" in out and "--- guess" in out and "'success': True" in out and "reward -0.1" in out
+
+
+def test_warm_start_main_loads_the_cached_warm_start(sft_path):
+    out = run("warm_start.py", "--task", "reverse")  # the conftest fixture built it: this run loads it
+    assert f"SFT warm start: {sft_path}" in out and '"val_acc"' in out.replace("'", '"')
+
+
+def test_offpolicy_main_shows_each_correction():
+    out = run("offpolicy.py")
+    assert "tis        weights" in out and "decoupled  weights" in out
+
+
+def test_common_main_under_torchrun_reduces_over_two_ranks():
+    out = run("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "common.py", timeout=180)
+    assert out.count("all-reduce of the ranks 1, 1 expected") == 2  # ranks 0 + 1, printed by each rank
+
+
+def test_repro_and_runlog_mains_read_a_run(tmp_path, tiny_model):
+    run_dir = tmp_path / "run"
+    flags = f"--model {tiny_model} --task reverse --steps 2 --prompts-per-step 2 --group-size 2 --eval-every 0"
+    run("ppo_minimal.py", *flags.split(), "--dump-batch", "1", "--out-dir", str(run_dir))
+    table = run("repro.py")
+    assert all(name in table for name in ("reward_scale", "pad_eq_eos", "value_not_detached", "at_logprobs"))
+    dump = run("repro.py", str(run_dir / "batch-1.pt"))
+    assert "batch['advantages']: (4," in dump and "state after:" in dump
+    rows = run("runlog.py", str(run_dir))
+    assert [line.split()[0] for line in rows.strip().splitlines()[:3]] == ["step", "1", "2"]  # the table's rows
+    assert (run_dir / "curves.png").stat().st_size > 0
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["eval_history"] == [] and "rollout/reward_mean" in result
+
+
+def test_critics_main_runs_its_experiment_as_trainer_subprocesses(tmp_path, sft_path):
+    args = ["critics.py", "--steps", "1", "--out-dir", str(tmp_path)]
+    out = run(*args, "--train-args", f"--model {sft_path} --eval-n 8 --prompts-per-step 2 --group-size 4", timeout=600)
+    summary = json.loads((tmp_path / "quick" / "summary.json").read_text())
+    assert [r["method"] for r in summary] == ["ppo_1_full", "asyppo_2_mini"] and "final_acc" in out
+    assert all(r["eval"][0][0] == 0 and len(r["curves"]["rollout/reward_mean"]) == 1 for r in summary)
