@@ -88,6 +88,7 @@ NOTES = {  # printed under the preset's table: why the simulated and reported fi
 @dataclass
 class Config:
     """The cluster, the workload and the schedule to simulate; every modelling assumption is a field."""
+
     schedule: Literal["colocated", "disagg", "timemux"] = "timemux"
     """schedule that simulate() runs (main compares all three): colocated | disagg | timemux"""
     n_gpus: int = 16
