@@ -4,10 +4,9 @@
     python async_loop.py --async-ratio 0 --rollout-workers 1    # the synchronous baseline on the async processes
     torchrun --standalone --nproc_per_node=3 async_loop.py      # rank 0 trains, ranks 1-2 roll out (same code)
 
-Roles. Rank 0 runs `ppo_minimal.train` unchanged but for its sampler (`AsyncSampler`): a dispatcher thread sends
-requests and weights to the rollout ranks and collects their samples into a bounded buffer, also while the trainer
-updates. Every other rank (`rollout_worker`) runs one request at a time on its own copy of the policy and loads new
-weights only between requests (no partial rollout). Without torchrun the ranks are torch.multiprocessing processes.
+Roles. Rank 0 runs `ppo_minimal.train` with its sampler (`AsyncSampler`): a dispatcher thread sends requests and
+weights to the rollout ranks and buffers their samples, also during updates. Each other rank (`rollout_worker`, a
+torch.multiprocessing process without torchrun) runs one request at a time, loading weights only between requests.
 Transport: weights (a flat fp32 vector) and samples (one fp64 matrix per request) go point to point over gloo,
 each announced by a JSON header in the rendezvous store (a receive is posted only once its data is there).
 
@@ -53,8 +52,8 @@ import torch
 import torch.distributed as dist
 
 from common import check_fields, dist_store, make_autocast, parse_config, setup_dist, train_alone
-from envs import TaskEnv, env_overrides, make_env
-from ppo_minimal import Config, multi_turn, rollout_kw, train
+from envs import TaskEnv, env_overrides, make_env, multi_turn, rollout_kw
+from ppo_minimal import Config, train
 from rollout import Rollout, cat_rollouts, rollout_env
 from runlog import format_table, read_jsonl
 from tasks import load_policy, make_task, stop_token_ids
@@ -110,10 +109,10 @@ class AsyncConfig(Config):
             raise ValueError("config field 'resume' is not supported with rollout workers (the buffer is not saved)")
 
 
-def pack(ro: Rollout) -> torch.Tensor:
+def pack(samples: Rollout) -> torch.Tensor:
     """[n, 2(P+R) + 3R + 1]: ids, attention mask, response mask, behaviour logprobs, token scores, truncated."""
-    cols = [ro.input_ids, ro.attention_mask, ro.response_mask, ro.rollout_logprobs, ro.token_scores]
-    cols.append(ro.truncated[:, None])
+    fields = ("input_ids", "attention_mask", "response_mask", "rollout_logprobs", "token_scores")
+    cols = [getattr(samples, f) for f in fields] + [samples.truncated[:, None]]
     return torch.cat([c.detach().cpu().double() for c in cols], 1)
 
 
@@ -184,6 +183,7 @@ def heartbeat(store, rank: int, stop: threading.Event) -> threading.Thread:
     """A daemon thread writing this rank's time into the store every second (the peers' liveness check)."""
 
     def beat():
+        """Write the time every second until stopped, or until the store is gone."""
         while not stop.is_set():
             try:
                 store.set(f"async/beat/{rank}", repr(time.time()))
@@ -237,12 +237,12 @@ def rollout_worker(cfg: AsyncConfig, rank: int, group, store, source: str) -> No
         envs, seeds = zip(*request_episodes(cfg, task, seed, n))
         t0 = time.time()
         with autocast():
-            ro, eps = rollout_env(policy, tokenizer, envs, seeds, eos_ids, generator=gen, **rollout_kw(cfg))
+            samples, episodes = rollout_env(policy, tokenizer, envs, seeds, eos_ids, generator=gen, **rollout_kw(cfg))
         keep = ("return", "success", "turns", "malformed", "cut", "context_cut")
-        info = [{**{k: e[k] for k in keep}, "env_s": [sum(e["env_s"])]} for e in eps]
-        header = {"kind": "samples", "rid": rid, "version": version, "pad": tokenizer.pad_token_id, "eps": info}
-        P, R = ro.prompt_ids.shape[1], ro.response_ids.shape[1]
-        chan.send({**header, "P": P, "R": R, "t0": t0, "t1": time.time()}, pack(ro))
+        info = [{**{k: e[k] for k in keep}, "env_s": [sum(e["env_s"])]} for e in episodes]
+        header = {"kind": "samples", "rid": rid, "version": version, "pad": tokenizer.pad_token_id, "episodes": info}
+        P, R = samples.prompt_ids.shape[1], samples.response_ids.shape[1]
+        chan.send({**header, "P": P, "R": R, "t0": t0, "t1": time.time()}, pack(samples))
         done += 1
         if cfg.crash_worker_after and rank == 1 and done >= cfg.crash_worker_after:
             os._exit(3)  # fault injection: vanish without a word (as an OOM kill would)
@@ -258,7 +258,7 @@ class AsyncSampler:
         self.pad_id = None  # the workers' tokenizer's, from their first sample
         self.N, self.G = cfg.prompts_per_step, cfg.group_size
         self.rng = np.random.default_rng(cfg.seed)
-        self.groups = {}  # gid -> {"seed", "parts": [(Rollout, eps, event)], "n": samples in, "version", "done_t"}
+        self.groups = {}  # gid -> {"seed", "parts": [(Rollout, episodes, event)], "n": samples in, "version", "done_t"}
         self.todo = deque()  # requests admitted, not yet dispatched: (rid, gid, n)
         self.owner = {}  # rid -> (gid, worker)
         self.outstanding = {w: 0 for w in chans}
@@ -357,17 +357,17 @@ class AsyncSampler:
         gid, _ = self.owner.pop(header["rid"])
         self.outstanding[w] -= 1
         self.last_sample = time.time()
-        ro, self.pad_id = unpack(tensor, header["P"], header["R"], header["version"]), header["pad"]
-        ev = {"worker": w, "rid": header["rid"], "gid": gid, "version": header["version"], "n": len(header["eps"])}
+        samples, self.pad_id = unpack(tensor, header["P"], header["R"], header["version"]), header["pad"]
+        ev = {"worker": w, "rid": header["rid"], "gid": gid, "version": header["version"], "n": len(header["episodes"])}
         ev.update(t0=header["t0"] - self.t_origin, t1=header["t1"] - self.t_origin, used=-1)
         self.events.append(ev)
         g = self.groups.get(gid)
         if g is None:  # its group was dropped while this request ran: discarded (detail 2)
-            self.step_stats["dropped"] += ro.response_ids.shape[0]
-            self.step_stats["dropped_len"] += ro.response_mask.sum(-1).tolist()
+            self.step_stats["dropped"] += samples.response_ids.shape[0]
+            self.step_stats["dropped_len"] += samples.response_mask.sum(-1).tolist()
             return
-        g["parts"].append((ro, header["eps"], ev))
-        g["n"] += ro.response_ids.shape[0]
+        g["parts"].append((samples, header["episodes"], ev))
+        g["n"] += samples.response_ids.shape[0]
         g["version"] = min(g["version"], header["version"])
         if g["n"] == self.G:
             g["done_t"] = time.time()
@@ -378,9 +378,9 @@ class AsyncSampler:
             g = self.groups.pop(gid)
             self.todo = deque(r for r in self.todo if r[1] != gid)
             self.dropped_groups += 1
-            for ro, _, _ in g["parts"]:
-                self.step_stats["dropped"] += ro.response_ids.shape[0]
-                self.step_stats["dropped_len"] += ro.response_mask.sum(-1).tolist()
+            for samples, _, _ in g["parts"]:
+                self.step_stats["dropped"] += samples.response_ids.shape[0]
+                self.step_stats["dropped_len"] += samples.response_mask.sum(-1).tolist()
 
     def take(self, step: int):
         """The batch of the N oldest complete groups and its async/* metrics, or None before there are N."""
@@ -388,22 +388,22 @@ class AsyncSampler:
         if len(ready) < self.N:
             return None
         assert len(self.groups) <= (self.cfg.async_ratio + 1) * self.N + self.cfg.redundant_groups, "buffer bound"
-        parts, eps, versions = [], [], []
+        parts, episodes, versions = [], [], []
         for _, _, gid in ready[: self.N]:  # oldest version first, then first finished
-            for ro, ep, ev in self.groups.pop(gid)["parts"]:
-                parts.append(ro)
-                eps += ep
+            for samples, eps_part, ev in self.groups.pop(gid)["parts"]:
+                parts.append(samples)
+                episodes += eps_part
                 ev["used"] = step
-                versions += [step - ev["version"]] * len(ep)
-        ro = cat_rollouts(parts, self.pad_id, self.device)
-        group_ids = torch.arange(ro.response_ids.shape[0], device=self.device) // self.G  # [B]
-        lens = ro.response_mask.sum(-1).float()  # [B]
+                versions += [step - ev["version"]] * len(eps_part)
+        samples = cat_rollouts(parts, self.pad_id, self.device)
+        group_ids = torch.arange(samples.response_ids.shape[0], device=self.device) // self.G  # [B]
+        lens = samples.response_mask.sum(-1).float()  # [B]
         s = self.step_stats
         metrics = {"async/staleness_mean": float(np.mean(versions)), "async/staleness_max": float(max(versions))}
         metrics.update({"async/dropped": float(s["dropped"]), "async/kept_len": lens.mean().item()})
         metrics["async/dropped_len"] = float(np.mean(s["dropped_len"])) if s["dropped_len"] else 0.0
         metrics["async/buffer_groups"] = float(len(self.groups))
-        return ro, eps, group_ids, metrics
+        return samples, episodes, group_ids, metrics
 
     def close(self, out_dir: Path) -> None:
         """Stop the dispatcher, then the workers (best effort), and write the timeline."""

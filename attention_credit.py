@@ -56,7 +56,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from common import all_reduce_sum, check_choice, check_range, masked_mean, parse_config
+from common import all_reduce_sum, check_choice, check_fields, check_range, masked_mean, parse_config
 from envs import TaskEnv
 from rollout import generate, position_ids_from_mask, tokenize_prompts
 from runlog import format_table, run_trainers
@@ -90,10 +90,8 @@ class CreditArgs:
     """Attention credit: re-weight only tokens with non-negative advantage."""
 
     def __post_init__(self):
-        check_range("credit_alpha", self.credit_alpha, 0.0, 1.0)
-        check_range("credit_q", self.credit_q, 0.0, 1.0, lo_open=True)
-        check_range("credit_amp", self.credit_amp, 1.0)
-        check_range("credit_intro_window", self.credit_intro_window, 1)
+        ranges = {"[0.0, 1.0]": ("credit_alpha",), "(0.0, 1.0]": ("credit_q",), "[1.0, inf)": ("credit_amp",)}
+        check_fields(self, {**ranges, "[1, inf)": ("credit_intro_window",)})
 
 
 @dataclass
@@ -137,11 +135,8 @@ class Config:
         check_range("methods", len(self.methods), 1)
         for m in self.methods:
             check_choice("methods", m, METHODS)
-        for name in ("seeds", "steps", "eval_every", "eval_n", "jobs"):
-            check_range(name, getattr(self, name), 1)
-        check_range("samples", self.samples, 2)
-        check_range("lr", self.lr, 0.0)
-        check_range("sft_target", self.sft_target, 0.0, 1.0, lo_open=True)
+        ranges = {"[1, inf)": ("seeds", "steps", "eval_every", "eval_n", "jobs"), "[2, inf)": ("samples",)}
+        check_fields(self, {**ranges, "[0.0, inf)": ("lr",), "(0.0, 1.0]": ("sft_target",)})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -275,7 +270,10 @@ def run_with_maps(model, input_ids, attention_mask, layers: list[int], on_map, m
     mods, name, state = attention_modules(model), type(model).__name__, {"sl": None, "seen": []}
 
     def hook_for(j, index):
+        """A forward hook of layer j that hands its attention map (output[index]) to on_map."""
+
         def hook(module, args, output):
+            """Check that an attention map came out, then pass it on (eager attention only returns one)."""
             w = output[index] if isinstance(output, tuple) and len(output) > index else None
             if not isinstance(w, torch.Tensor) or w.dim() != 4 or w.shape[-1] != w.shape[-2]:
                 raise RuntimeError(f"{name} returned no attention map under eager attention")
@@ -315,6 +313,7 @@ def attention_stats(model, input_ids, attention_mask, response_mask, micro_batch
     has_window = torch.zeros(B, R, dtype=torch.bool, device=input_ids.device)  # [B, R]
 
     def on_map(sl, j, A):
+        """Reduce layer j's attention map [b, H, N, N] of micro-batch sl to WAAD and FAI as it is computed."""
         rows = row_mask[sl]  # [b, N]
         A = A.masked_fill(~attention_mask[sl].bool()[:, None, None, :], 0.0)  # [b, H, N, N] no attention to pads
         A = A.masked_fill(~rows[:, None, :, None], 0.0)  # only valid response rows count (detail 3)
@@ -387,7 +386,7 @@ def credit_weights(cfg: CreditArgs, model, input_ids, attention_mask, response_m
 
 
 # ------------------------------------------------------------------------------------------------
-# Experiment: GRPO vs attention-credit GRPO on the chain task (DESIGN.md 2: main() may import the trainer)
+# Experiment: GRPO vs attention-credit GRPO on the chain task, each run a trainer subprocess (runlog.run_trainers)
 
 
 def run_argv(cfg: Config, method: str, seed: int, model_path: str) -> list[str]:
@@ -473,9 +472,10 @@ def main(argv=None):
     acc0 = greedy_accuracy(policy, tok, [TaskEnv(task, p) for p in eval_set], [None] * len(eval_set), max_new_tokens=48)
     ids, am = tokenize_prompts(tok, [format_prompt(tok, p["prompt"]) for p in eval_set[:16]], 64)
     gen = dict(max_new_tokens=48, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
-    ro = generate(policy, ids.to(device), am.to(device), **gen, generator=torch.Generator(device).manual_seed(0))
-    c = compute_credit(policy, ro.input_ids, ro.attention_mask, ro.response_mask)
-    tokens = tok.convert_ids_to_tokens(ro.response_ids[0][ro.response_mask[0].bool()].tolist())  # row 0, valid
+    samples = generate(policy, ids.to(device), am.to(device), **gen, generator=torch.Generator(device).manual_seed(0))
+    c = compute_credit(policy, samples.input_ids, samples.attention_mask, samples.response_mask)
+    row0 = samples.response_ids[0][samples.response_mask[0].bool()]  # row 0, valid tokens
+    tokens = tok.convert_ids_to_tokens(row0.tolist())
     plot_tokens(tokens, c, 0, out / "tokens.png")
     print(f"[attention_credit] start accuracy {acc0:.3f}; {out / 'tokens.png'}", flush=True)
 

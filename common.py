@@ -130,7 +130,7 @@ class DistArgs:
     """Seconds before a collective gives up (a dead rank makes the others fail)."""
 
     def __post_init__(self):
-        check_range("dist_timeout", self.dist_timeout, 0.0, lo_open=True)
+        check_fields(self, {"(0.0, inf)": ("dist_timeout",)})
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"config field 'device' = {self.device!r}: must be auto, cpu, cuda or cuda:N")
 

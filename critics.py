@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from common import check_range, collective, masked_mean, masked_var, parse_config, world_size
+from common import check_fields, collective, masked_mean, masked_var, parse_config, world_size
 from runlog import format_table, run_trainers
 
 
@@ -78,12 +78,8 @@ class CriticArgs:
     def __post_init__(self):
         if self.critic_depth is None:  # derived once here, printed with the config
             self.critic_depth = 0.5 if self.critic == "asyppo" else 1.0
-        check_range("critic_depth", self.critic_depth, 0.0, 1.0, lo_open=True)
-        for name in ("asyppo_k", "asyppo_h"):
-            check_range(name, getattr(self, name), 0.0, 1.0)
-        check_range("critic_warmup_steps", self.critic_warmup_steps, 0)
-        check_range("n_critics", self.n_critics, 1)
-        check_range("critic_lr", self.critic_lr, 0.0)
+        ranges = {"(0.0, 1.0]": ("critic_depth",), "[0.0, 1.0]": ("asyppo_k", "asyppo_h"), "[0.0, inf)": ("critic_lr",)}
+        check_fields(self, {**ranges, "[0, inf)": ("critic_warmup_steps",), "[1, inf)": ("n_critics",)})
 
 
 @dataclass
@@ -104,6 +100,9 @@ class Config:
     """Runs in parallel (trainer processes; each run is still single-process training)."""
     out_dir: str = "runs/critics"
     """Where each run's folder, the summary JSON and curves.png go."""
+
+    def __post_init__(self):
+        check_fields(self, {"[1, inf)": ("seeds", "jobs"), "[0, inf)": ("steps",), "[0.0, 1.0]": ("target_acc",)})
 
 
 class ValueModel(nn.Module):
@@ -318,7 +317,8 @@ def saved_activation_bytes(model: nn.Module, input_ids, attention_mask, response
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved = {}
 
-    def pack(t):  # keyed by storage: views of one buffer count once
+    def pack(t):
+        """Record a saved tensor's storage size, keyed by storage: views of one buffer count once."""
         if (ptr := t.untyped_storage().data_ptr()) not in params:
             saved[ptr] = t.untyped_storage().nbytes()
         return t
@@ -334,6 +334,7 @@ def critic_footprint(models: list[nn.Module], policy, input_ids, attention_mask,
     actor_sized = ValueModel(policy.base_model, policy.config.hidden_size).to(policy.device)  # shares the actor weights
 
     def usage(ms):
+        """(parameters, training MB) of the critics ms, as the docstring's formula."""
         n = [sum(p.numel() for p in m.parameters()) for m in ms]
         size = [next(m.parameters()).element_size() for m in ms]
         act = [saved_activation_bytes(m, input_ids, attention_mask, response_len) for m in ms]
@@ -368,6 +369,7 @@ def summarize(results: list[dict], target: float) -> list[dict]:
     """One row per method: mean ± std over seeds of final/best accuracy, steps to target, time, memory."""
 
     def pm(xs, f=".2f"):
+        """'mean ± std' of xs, or '-' when there is none."""
         return f"{np.mean(xs):{f}} ± {np.std(xs):{f}}" if xs else "-"
 
     rows = []

@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from common import check_range, parse_config
+from common import check_fields, parse_config
 from runlog import format_table
 
 
@@ -45,7 +45,7 @@ class Config:
     """largest reward the task gives; a reward within a tenth of it counts as saturated"""
 
     def __post_init__(self):
-        check_range("reward_max", self.reward_max, 0, None, lo_open=True)
+        check_fields(self, {"(0, inf)": ("reward_max",)})
 
 
 class Threshold(NamedTuple):

@@ -34,7 +34,7 @@ from typing import Protocol
 
 import numpy as np
 
-from common import check_range
+from common import check_fields
 from tasks import is_eval_problem
 
 
@@ -50,8 +50,7 @@ class EnvArgs:
     """Embedded environments: mean seconds each step takes (log-normal, sigma 0.5; exercises async rollouts)."""
 
     def __post_init__(self):
-        check_range("max_turns", self.max_turns, 1)
-        check_range("env_latency", self.env_latency, 0.0)
+        check_fields(self, {"[1, inf)": ("max_turns",), "[0.0, inf)": ("env_latency",)})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -90,25 +89,30 @@ def safe_calc(expr: str, max_len: int = 24, max_abs: int = 10**9) -> int:
     pos = 0
 
     def peek():
+        """The next token, not consumed (None at the end)."""
         return toks[pos] if pos < len(toks) else None
 
     def take():
+        """Consume and return the next token."""
         nonlocal pos
         pos += 1
         return toks[pos - 1]
 
     def check(v: int) -> int:
+        """v, unless it is larger than max_abs in magnitude."""
         if abs(v) > max_abs:
             raise CalcError(f"a value beyond {max_abs}")
         return v
 
     def expr_(depth: int) -> int:
+        """expr := term (('+' | '-') term)*"""
         v = term(depth)
         while peek() in ("+", "-"):
             v = check(v + term(depth) if take() == "+" else v - term(depth))
         return v
 
     def term(depth: int) -> int:
+        """term := unary (('*' | '/') unary)*, division exact only"""
         v = unary(depth)
         while peek() in ("*", "/"):
             op, w = take(), unary(depth)
@@ -121,6 +125,7 @@ def safe_calc(expr: str, max_len: int = 24, max_abs: int = 10**9) -> int:
         return v
 
     def unary(depth: int) -> int:
+        """unary := '-' unary | number | '(' expr ')', nested at most 8 deep"""
         if depth > 8:
             raise CalcError("parentheses nested too deep")
         if peek() == "-":
@@ -325,6 +330,28 @@ ENVS = {"calc": CalculatorEnv, "guess": GuessNumberEnv}
 def is_env(name: str | None) -> bool:
     """Whether a --task name is a multi-turn environment (embedded, or gem:<id>)."""
     return name in ENVS or (name or "").startswith("gem:")
+
+
+def multi_turn(cfg) -> bool:
+    """Whether a run samples episodes of an environment (rewards per turn) rather than a single-turn task."""
+    return cfg.data is None and is_env(cfg.task)
+
+
+def rollout_kw(cfg) -> dict:
+    """rollout_env's limits and sampling settings from a trainer config: an environment's turns and context, or
+    one turn of max_prompt_len + max_new_tokens (a task)."""
+    turns, context = (
+        (cfg.max_turns, cfg.max_context) if multi_turn(cfg) else (1, cfg.max_prompt_len + cfg.max_new_tokens)
+    )
+    return dict(
+        max_prompt_len=cfg.max_prompt_len,
+        max_new_tokens=cfg.max_new_tokens,
+        max_turns=turns,
+        max_context=context,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k,
+    )
 
 
 def make_env(name: str, split: str = "train", **overrides):

@@ -23,7 +23,7 @@ from typing import Literal
 
 import torch
 
-from common import check_range, masked_mean
+from common import check_fields, masked_mean
 
 
 @dataclass
@@ -39,8 +39,7 @@ class OffPolicyArgs:
 
     def __post_init__(self):
         self.off_policy = self.off_policy or "none"  # derived once here, printed with the config
-        check_range("is_cap", self.is_cap, 1.0)
-        check_range("is_mask_cap", self.is_mask_cap, 1.0)
+        check_fields(self, {"[1.0, inf)": ("is_cap", "is_mask_cap")})
 
 
 def off_policy_weights(old_logprobs, behav_logprobs, mask, mode: str, cap: float = 2.0, mask_cap: float = 5.0):

@@ -57,7 +57,7 @@ from attention_credit import CreditArgs, credit_weights
 from common import DistArgs, check_fields, check_range, make_autocast, masked_mean, masked_whiten, parse_config
 from critics import CriticArgs, Critics, asyppo_masks, critic_footprint, make_critics, partition_shares, value_stats
 from diagnose import LiveDiagnoser
-from envs import ENVS, EnvArgs, is_env, sample_episodes
+from envs import ENVS, EnvArgs, multi_turn, rollout_kw, sample_episodes
 from offpolicy import OffPolicyArgs, gap_stats, off_policy_weights
 from repro import ReproArgs
 from rollout import SampleArgs, evaluate, last_valid, rollout_env, rollout_metrics
@@ -139,21 +139,22 @@ class Config(TaskArgs, SampleArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArg
 
     def __post_init__(self):
         repro.apply_stated_config(self)  # first: an injection's stated config fills fields left at their default
-        for args in (TaskArgs, SampleArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArgs, DistArgs, RunArgs):
+        check_fields(self, RANGES)  # PPO's own fields (a None derived below passes)
+        for args in Config.__bases__:  # then each concept's own checks, in its Args class
             args.__post_init__(self)
         if self.ent_coef is None:  # derived once here, printed with the config
             self.ent_coef = 1e-3 if self.critic == "asyppo" and self.adv_estimator == "gae" else 0.0
         if self.sft_target is None:  # derived once here, so config.json and checkpoints record the value used
             self.sft_target = sft_target_for(self.task)
-        check_fields(self, RANGES)
-        check_range("dump_batch", self.dump_batch, 0, self.steps)
         if self.data is None and not self.task.startswith("gem:") and self.task not in TASKS + tuple(ENVS):
             raise ValueError(f"config field 'task' = {self.task!r}: must be one of {[*TASKS, *ENVS]} or gem:<id>")
         for bad, why in (
-            (self.min_lr_ratio and self.lr_schedule != "cosine", "'min_lr_ratio' needs lr_schedule 'cosine'"),
+            (self.min_lr_ratio and self.lr_schedule != "cosine",
+             "'min_lr_ratio' needs lr_schedule 'cosine' (a constant lr has no floor)"),
             (self.critic == "asyppo" and self.group_size % self.n_critics,
              f"'group_size' = {self.group_size} must divide by n_critics = {self.n_critics}"),
-            (self.critic_warmup_steps and self.adv_estimator != "gae", "'critic_warmup_steps' needs adv_estimator gae"),
+            (self.critic_warmup_steps and self.adv_estimator != "gae",
+             "'critic_warmup_steps' needs adv_estimator 'gae' (no critic otherwise)"),
             (self.adv_estimator != "gae" and self.group_size < 2,
              f"'group_size' = {self.group_size}: {self.adv_estimator} needs >= 2"),
         ):  # fmt: skip
@@ -170,13 +171,7 @@ RANGES = {  # allowed interval -> fields, checked at construction (common.check_
     "[0, 1]": ("gamma", "lam", "min_lr_ratio"),
     "(0, 1]": ("sft_target",), "(0, 1)": ("clip_low",), "(1, inf)": ("dual_clip",), "(-inf, inf)": ("no_eos_penalty",),
 }  # fmt: skip
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 SCHEDULE_FIELDS = ("steps", "lr", "critic_lr", "warmup_steps", "lr_schedule", "min_lr_ratio", "critic_warmup_steps")
-
-
-def multi_turn(cfg) -> bool:
-    """Whether the run samples episodes of an environment (rewards per turn) rather than a single-turn task."""
-    return cfg.data is None and is_env(cfg.task)
 
 
 def aggregate(loss_mat, mask, mode: str = "token-mean", denom=None, world: int = 1):
@@ -324,7 +319,6 @@ class Batch:
     clip_anchor: torch.Tensor  # [B, R] the ratio's denominator: old_logprobs, or the sampler's (off_policy behav)
     ref_logprobs: torch.Tensor  # [B, R] the frozen reference's
     advantages: torch.Tensor  # [B, R] GAE (whitened) or a group baseline broadcast over tokens; 0 where masked
-    returns: torch.Tensor  # [B, R] the value target of the mean critic (GAE); the advantages otherwise
     token_weights: torch.Tensor  # [B, R] gamma_t multiplying A_t (attention credit), else 1
     pg_mask: torch.Tensor  # [B, R] tokens whose policy term counts (AsyPPO), else response_mask
     ent_mask: torch.Tensor  # [B, R] tokens whose entropy bonus counts (AsyPPO), else response_mask
@@ -461,27 +455,20 @@ def critic_update(cfg: Config, critics: Critics, mb: Batch, world: int) -> dict:
     metrics, R = {}, mb.response_mask.shape[1]
     for k, (model, opt) in enumerate(zip(critics.train_models, critics.opts)):
         mask = mb.response_mask.float() * mb.shares[:, k, None]  # [b, R] critic k's rows only
-        kw = {"clip": cfg.value_clip, "agg": cfg.loss_agg, "denom": agg_denominator(mask, cfg.loss_agg), "world": world}
+        denom = agg_denominator(mask, cfg.loss_agg)  # critic k's valid tokens over all ranks
+        loss_args = {"clip": cfg.value_clip, "agg": cfg.loss_agg, "denom": denom, "world": world}
         losses = []
         for i in range(0, mask.shape[0], cfg.micro_batch):
             sl = slice(i, i + cfg.micro_batch)
             values, old = model(mb.input_ids[sl], mb.attention_mask[sl], R), mb.old_values[sl, k]  # [mb, R] each
             target = repro.at_value_target(cfg.inject, mb.critic_returns[sl, k], old, values)  # INJECT
-            loss, m = value_loss(values, old, target, mask[sl], **kw)
+            loss, m = value_loss(values, old, target, mask[sl], **loss_args)
             loss.backward()
             losses.append(loss.detach())
         gn = clipped_step(model, opt, cfg.grad_clip, f"critic {k}")
         metrics.update({f"critic/loss_{k}": float(sum(losses)), f"critic/grad_norm_{k}": float(gn)})
         metrics["critic/vf_clipfrac"] = float(m["vf_clipfrac"])  # the last micro-batch of the last critic
     return metrics
-
-
-def rollout_kw(cfg: Config) -> dict:
-    """rollout_env's limits and sampling settings: an environment's turns and context, or one turn (a task)."""
-    turns = (cfg.max_turns, cfg.max_context) if multi_turn(cfg) else (1, cfg.max_prompt_len + cfg.max_new_tokens)
-    sampling = {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k}
-    return dict(max_prompt_len=cfg.max_prompt_len, max_new_tokens=cfg.max_new_tokens, max_turns=turns[0],
-                max_context=turns[1], **sampling)  # fmt: skip
 
 
 def set_learning_rates(cfg: Config, step: int, opt, critics) -> bool:
@@ -514,11 +501,13 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     episode infos, group_ids, metrics) from elsewhere (async_loop.py's rollout ranks)."""
     # --- 0. processes, models (policy, frozen reference, critics), optimizer, random streams, resume
     rank, _, world, device = common.setup_dist(timeout_s=cfg.dist_timeout, device=cfg.device)
-    n_local, autocast, kw = sequences_per_rank(cfg, world), make_autocast(cfg.dtype, device), rollout_kw(cfg)
+    n_local, autocast = sequences_per_rank(cfg, world), make_autocast(cfg.dtype, device)
+    sampling = rollout_kw(cfg)  # rollout_env's limits and sampling settings (envs.py)
     policy, policy_train, opt, ref, tokenizer, eos_ids, critics = build_models(cfg, device, world)
     anchor = repro.stale_anchor(cfg.inject, policy)  # computes old_logprobs: the policy itself; INJECT
     task = None if multi_turn(cfg) else make_task(cfg.task, cfg.data, cfg.reward)
-    kl_ctrl, rng = KLController(cfg.kl_coef, cfg.kl_ctrl), np.random.default_rng(cfg.seed + rank)  # tasks: seed + rank
+    kl_ctrl = KLController(cfg.kl_coef, cfg.kl_ctrl)  # veRL's target 0.1 and horizon 10000
+    rng = np.random.default_rng(cfg.seed + rank)  # tasks and env seeds: seed + rank
     sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + rank)  # the sampler: seed + rank
     shuffle_gen = torch.Generator().manual_seed(cfg.seed)  # minibatches: the same on every rank
     part_gen = torch.Generator().manual_seed(cfg.seed + rank)  # AsyPPO's partition: its own stream
@@ -542,8 +531,9 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         footprint = critic_footprint(critics.models, policy, ids, torch.ones_like(ids), cfg.max_new_tokens)
     if cfg.eval_every and start == 0 and cfg.steps > 0:  # the starting point, before any update
         with autocast():
-            history["eval"].append((0, evaluate(policy, tokenizer, eval_set, eos_ids, rank, world, **kw)))
-        print(f"[minrl] eval/acc before training: {history['eval'][0][1]:.3f}") if rank == 0 else None
+            history["eval"].append((0, evaluate(policy, tokenizer, eval_set, eos_ids, rank, world, **sampling)))
+        if rank == 0:
+            print(f"[minrl] eval/acc before training: {history['eval'][0][1]:.3f}")
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
         update_actor = set_learning_rates(cfg, step, opt, critics)
@@ -555,7 +545,9 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
             envs, seeds = zip(*sample_episodes(task, cfg.task, "train", n, rng, G, cfg.env_latency))
             group_ids = torch.arange(n_local, device=device) // G + rank * n_local  # [B]
             with autocast():
-                rollout, episodes = rollout_env(policy, tokenizer, envs, seeds, eos_ids, **kw, generator=sample_gen)
+                rollout, episodes = rollout_env(
+                    policy, tokenizer, envs, seeds, eos_ids, **sampling, generator=sample_gen
+                )
         else:
             rollout, episodes, group_ids, sampled = sampler(step, policy)
         rollout = repro.at_rollout(cfg.inject, rollout, eos_ids[0])  # INJECT pad_eq_eos
@@ -566,31 +558,34 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         if cfg.no_eos_penalty is not None:  # detail 3: the whole return of a truncated episode is replaced
             penalty = last_valid(rollout.response_mask).float() * cfg.no_eos_penalty  # [B, R]
             token_scores = torch.where(rollout.truncated[:, None], penalty, token_scores)
-        token_scores = repro.at_scores(cfg.inject, rollout, token_scores)  # INJECT reward_scale, eos_unmasked
+        rollout, token_scores = repro.at_scores(cfg.inject, rollout, token_scores)  # INJECT reward_scale, eos_unmasked
         scores, response_mask = token_scores.sum(-1), rollout.response_mask  # [B] episode return, [B, R]
         token_scores = repro.at_score_placement(cfg.inject, response_mask, token_scores, scores)  # INJECT
         t2 = time.perf_counter()
 
         # --- 3. old logprobs (the PPO anchor), reference logprobs, values: no gradient
-        ids, am, mask, R = rollout.input_ids, rollout.attention_mask, response_mask.float(), response_mask.shape[1]
+        ids, attn = rollout.input_ids, rollout.attention_mask  # [B, P+R] each
+        mask, R = response_mask.float(), response_mask.shape[1]  # [B, R]
         with torch.no_grad(), autocast():
-            old_logprobs = trainer_logprobs(cfg, anchor, ids, am, R)[0]  # [B, R]
-            ref_logprobs = trainer_logprobs(cfg, ref, ids, am, R)[0]  # [B, R]
+            old_logprobs = trainer_logprobs(cfg, anchor, ids, attn, R)[0]  # [B, R]
+            ref_logprobs = trainer_logprobs(cfg, ref, ids, attn, R)[0]  # [B, R]
             repro.resync_anchor(anchor, policy)  # INJECT stale_old_logprobs: re-synced only after its use
-            all_values = critics.values(ids, am, R, cfg.micro_batch) if critics else None  # [M, B, R]
+            all_values = critics.values(ids, attn, R, cfg.micro_batch) if critics else None  # [M, B, R]
         values = all_values.mean(0) * mask if critics else None  # [B, R] the ensemble mean V̄
 
         # --- 4. the batch: off-policy weights, token rewards and advantages, then token weights and masks
-        behav, caps = rollout.rollout_logprobs, (cfg.is_cap, cfg.is_mask_cap)  # [B, R] the sampler's logprobs
-        is_weights, off_stats = off_policy_weights(old_logprobs, behav, mask, cfg.off_policy, *caps)
-        logps, beta = (old_logprobs, ref_logprobs), kl_ctrl.beta
-        token_rewards, adv, returns, kl, adv_stats = compute_advantages(cfg, token_scores, response_mask, *logps,
-                                                                        beta, group_ids, values)  # fmt: skip
-        weights, pg_mask, ent_mask, shaped = shape_advantages(cfg, policy, ids, am, response_mask, adv, all_values)
+        behav = rollout.rollout_logprobs  # [B, R] the sampler's logprobs
+        is_weights, off_stats = off_policy_weights(
+            old_logprobs, behav, mask, cfg.off_policy, cfg.is_cap, cfg.is_mask_cap
+        )
+        token_rewards, adv, returns, kl, adv_stats = compute_advantages(
+            cfg, token_scores, response_mask, old_logprobs, ref_logprobs, kl_ctrl.beta, group_ids, values
+        )
+        weights, pg_mask, ent_mask, shaped = shape_advantages(cfg, policy, ids, attn, response_mask, adv, all_values)
         batch = Batch(
-            input_ids=ids, attention_mask=am, response_mask=response_mask, old_logprobs=old_logprobs,
+            input_ids=ids, attention_mask=attn, response_mask=response_mask, old_logprobs=old_logprobs,
             clip_anchor=behav if cfg.off_policy == "behav" else old_logprobs, ref_logprobs=ref_logprobs,  # (a) behav
-            advantages=adv, returns=returns, token_weights=weights, pg_mask=pg_mask, ent_mask=ent_mask,
+            advantages=adv, token_weights=weights, pg_mask=pg_mask, ent_mask=ent_mask,
             is_weights=torch.ones_like(mask) if is_weights is None else is_weights,
             old_values=all_values.transpose(0, 1) if critics else None,  # [B, M, R] batch-first for minibatches
             critic_returns=critic_targets(cfg, token_rewards, all_values, mask, returns) if critics else None,
@@ -598,12 +593,13 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         )  # fmt: skip
 
         # --- 5. update: ppo_epochs x minibatches; --dump-batch saves its inputs first, then its outcome (repro.py)
-        args = (cfg, policy_train, opt, critics, batch, world, shuffle_gen, autocast, update_actor)
+        args = dict(cfg=cfg, policy_train=policy_train, opt=opt, critics=critics, batch=batch, world=world)
+        args.update(gen=shuffle_gen, autocast=autocast, update_actor=update_actor)
         if cfg.dump_batch == step + 1:
             path, extra = out_dir / f"batch-{step + 1}.pt", {"token_rewards": token_rewards, "scores": scores}
             upd = repro.dump_update(path, tokenizer, rollout, extra, ppo_update, args)
         else:
-            upd = ppo_update(*args)
+            upd = ppo_update(**args)
         if cfg.kl_in_reward:  # adaptive controller: batch mean of per-sequence mean KL, n = sequences
             seq_kl = (kl.sum(-1) / mask.sum(-1).clamp(min=1)).mean().item()
             kl_ctrl.update(float(common.reduce_metrics({"kl": seq_kl}, device)["kl"]), n_local * world)
@@ -615,7 +611,8 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         m.update({"stats/score_std": scores.std().item(), **upd, **shaped, **off_stats, **sampled, **footprint})
         m["rollout/zero_std_frac"] = ((group_std < 1e-8) & (group_n > 1)).float().mean().item()
         m.update(rollout_metrics(rollout, episodes, eos_ids, cfg.max_new_tokens))
-        m.update(gap_stats(old_logprobs, behav, mask, rollout.policy_version, step), **{"stats/kl_coef": kl_ctrl.beta})
+        m.update(gap_stats(old_logprobs, behav, mask, rollout.policy_version, step))
+        m["stats/kl_coef"] = kl_ctrl.beta
         m.update({"stats/lr": opt.param_groups[0]["lr"], "time/rollout": t1 - t0, "time/reward": t2 - t1})
         m.update({"perf/tokens_per_s": mask.sum().item() / (t3 - t0), "time/train": t3 - t2})
         if "time/credit" in shaped:  # attention credit: its extra forward as a share of the step
@@ -628,7 +625,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         m = common.reduce_metrics(m, device)
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
             with autocast():
-                m["eval/acc"] = evaluate(policy, tokenizer, eval_set, eos_ids, rank, world, **kw)
+                m["eval/acc"] = evaluate(policy, tokenizer, eval_set, eos_ids, rank, world, **sampling)
             history["eval"].append((step + 1, m["eval/acc"]))
         logger.log(step + 1, m)
         for finding in diag.update(step + 1, m) if rank == 0 else []:  # the checks of diagnose.py, live
@@ -642,18 +639,20 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
             state = {"step": step + 1, "kl_beta": kl_ctrl.beta, "history": json.dumps(history)}
             save_checkpoint(out_dir / f"ckpt-{step + 1}", rank, cfg, state, policy, tokenizer, opt, critics, rng, gens)
     result = {**metrics, "eval_history": history["eval"]}
-    write_result(out_dir, result, curves=cfg.steps > start) if rank == 0 else None  # result.json, curves.png
+    if rank == 0:
+        write_result(out_dir, result, curves=cfg.steps > start)  # result.json, curves.png
     return result
 
 
 def sequences_per_rank(cfg: Config, world: int) -> int:
     """Sequences each rank samples per iteration; the batch split must be exact (and a dump needs one process)."""
     n_local = cfg.prompts_per_step // world * cfg.group_size
-    for bad, why in ((cfg.prompts_per_step % world, f"'prompts_per_step' must divide by world size {world}"),
-                     (n_local % cfg.minibatches, f"'minibatches' must divide the {n_local} sequences per rank"),
-                     (cfg.dump_batch and world > 1, "'dump_batch' needs world size 1, as its replay")):  # fmt: skip
-        if bad:
-            raise ValueError(f"config field {why}")
+    if cfg.prompts_per_step % world:
+        raise ValueError(f"config field 'prompts_per_step' = {cfg.prompts_per_step} must divide by world size {world}")
+    if n_local % cfg.minibatches:
+        raise ValueError(f"config field 'minibatches' = {cfg.minibatches} must divide the {n_local} sequences per rank")
+    if cfg.dump_batch and world > 1:
+        raise ValueError("config field 'dump_batch' needs world size 1 (the replay is one process, no DDP)")
     return n_local
 
 
@@ -673,7 +672,8 @@ def replay(path: str) -> tuple[dict | None, bool]:
     cfg = Config(**{**{k: v for k, v in saved.items() if k in names}, "dump_batch": 0, "replay": None})
     _, _, _, device = common.setup_dist(device=cfg.device)
     policy, opt, critics, gen = repro.restore_update(d, cfg, device)
-    batch = Batch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in d["batch"].items()})
+    saved_batch = repro.batch_fields(d["batch"], [f.name for f in fields(Batch)])  # older dumps: their neutral values
+    batch = Batch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in saved_batch.items()})
     torch.set_rng_state(d["torch_rng"])  # last: building the models above draws from the global RNG
     metrics, error, autocast = None, None, make_autocast(cfg.dtype, device)
     try:

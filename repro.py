@@ -6,23 +6,20 @@
     python ppo_minimal.py --dump-batch 7 --steps 7             # save everything update 7 needs (batch-7.pt)
     python ppo_minimal.py --replay runs/ppo/batch-7.pt         # re-run exactly that update, bit for bit
 
-Injections (diagnose.py's regression suite is tests/test_inject.py)
-1. Each bug is planted by the function named for the point of the loop where it acts: `at_rollout`,
-   `at_scores`, `at_score_placement`, `at_logprobs`, `stale_anchor` / `resync_anchor`, `at_value_target`. The
-   trainer calls each at its point, on a line marked "INJECT"; without --inject every call returns its input.
-2. An injection's stated config, where the bug really hurts (e.g. KL in the reward for the reward scale: group
-   and GAE normalisation and Adam are nearly scale-invariant), is applied to the fields left at their default
-   (`apply_stated_config`; a flag set explicitly TO the default is overridden too; each override is printed).
-3. The live diagnosis must name the declared failure-mode id within a bounded number of steps.
+Injections (their regression suite is tests/test_inject.py)
+1. Each bug is planted by the function named for its point of the loop (`at_rollout`, `at_scores`,
+   `at_score_placement`, `at_logprobs`, `stale_anchor` / `resync_anchor`, `at_value_target`), called by the
+   trainer on a line marked "INJECT"; without --inject each returns its input.
+2. An injection's stated config, where the bug really hurts (reward_scale: KL in the reward, as group and GAE
+   normalisation and Adam are nearly scale-invariant), fills the fields left at their default, each override
+   printed. The live diagnosis must name the injection's failure-mode id.
 
 Replay
-4. `dump_update` saves what one update reads (the batch, policy / critic / optimizer states, the shuffle and
-   global RNG states) in one weights_only file BEFORE the update runs, so a crashing update (a NaN gradient)
-   still leaves its inputs, saved again with its error; after the update, its metrics and `state_digest`, a
-   sha256 of every weight and AdamW moment. --dump-batch needs world size 1.
-5. ppo_minimal.replay rebuilds the models from the file and re-runs `ppo_update` (set a breakpoint there);
-   `report_replay` prints both metrics rows: identical metrics and digest (or the same error) on the same
-   device, dtype and thread count.
+3. `dump_update` saves what one update reads (batch, model / optimizer states, shuffle and global RNG) in one
+   weights_only file BEFORE it runs (a crashing update still leaves its inputs, then its error), then its metrics
+   and `state_digest` (sha256 of every weight and AdamW moment). World size 1. ppo_minimal.replay rebuilds the
+   models and re-runs `ppo_update` (set a breakpoint there); `report_replay` prints both rows: the same metrics
+   and digest (or error) on the same device, dtype and threads. Earlier versions' dumps replay too (batch_fields).
 """
 
 from __future__ import annotations
@@ -32,13 +29,13 @@ import copy
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from common import check_choice
+from common import check_choice, check_range
 from critics import make_critics
 from rollout import decode_responses, last_valid, position_ids_from_mask, sequence_logprobs
 from runlog import format_table
@@ -49,7 +46,7 @@ class Injection(NamedTuple):
 
     bug: str  # what goes wrong
     config: dict  # the stated config where it hurts (detail 2)
-    diagnosed_as: str  # the failure-mode id diagnose.py must report (detail 3)
+    diagnosed_as: str  # the failure-mode id diagnose.py must report (detail 2)
     point: str  # the function below that plants it
 
 
@@ -90,6 +87,9 @@ class ReproArgs:
     replay: str | None = None
     """Re-run the update saved by --dump-batch in this file, print its metrics and check them against the run's."""
 
+    def __post_init__(self):
+        check_range("dump_batch", self.dump_batch, 0, self.steps)  # steps: the trainer's Config
+
 
 def apply_stated_config(cfg) -> None:
     """Detail 2: put the injection's stated config on the fields of `cfg` still at their class default."""
@@ -115,12 +115,13 @@ def at_rollout(inject, rollout, eos_id: int):
 
 
 def at_scores(inject, rollout, token_scores):
-    """INJECT reward_scale: every score x 0.01; eos_unmasked: the loss mask becomes all ones. token_scores [B, R]."""
+    """INJECT reward_scale: every score x 0.01; eos_unmasked: the loss mask becomes all ones. Returns (rollout,
+    token_scores [B, R])."""
     if inject == "reward_scale":
         token_scores = token_scores * 0.01
     if inject == "eos_unmasked":  # every position of the response counts, the padding after EOS too
-        rollout.response_mask = torch.ones_like(rollout.response_mask)
-    return token_scores
+        rollout = replace(rollout, response_mask=torch.ones_like(rollout.response_mask))
+    return rollout, token_scores
 
 
 def at_score_placement(inject, response_mask, token_scores, scores):
@@ -168,21 +169,13 @@ def at_value_target(inject, returns, old_values, values):
     return returns - old_values + values if inject == "value_not_detached" else returns
 
 
-def _cpu_state(module) -> dict:
-    """A detached CPU copy of a module's state dict."""
-    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
-
-
 def update_inputs(policy, opt, critics, shuffle_gen) -> dict:
-    """Everything ppo_update reads besides the batch, copied before the update changes it in place."""
-    return {
-        "policy": _cpu_state(policy),
-        "opt": copy.deepcopy(opt.state_dict()),
-        "critics": [_cpu_state(m) for m in critics.models] if critics else [],
-        "critic_opts": [copy.deepcopy(o.state_dict()) for o in critics.opts] if critics else [],
-        "shuffle_gen": shuffle_gen.get_state(),
-        "torch_rng": torch.get_rng_state(),
-    }
+    """Everything ppo_update reads besides the batch, copied (weights detached, on the CPU) before it changes."""
+    models, opts = [policy, *(critics.models if critics else [])], [opt, *(critics.opts if critics else [])]
+    models = [{k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for m in models]
+    opts = [copy.deepcopy(o.state_dict()) for o in opts]
+    rng = {"shuffle_gen": shuffle_gen.get_state(), "torch_rng": torch.get_rng_state()}
+    return {"policy": models[0], "opt": opts[0], "critics": models[1:], "critic_opts": opts[1:], **rng}
 
 
 def state_digest(policy, opt, critics) -> str:
@@ -196,28 +189,28 @@ def state_digest(policy, opt, critics) -> str:
     return h.hexdigest()
 
 
-def dump_update(path, tokenizer, rollout, extra: dict, update, args: tuple):
-    """Run update(*args), ppo_update's arguments at world size 1 (policy_train is the policy): save first what it
-    reads (the batch, model / optimizer / RNG states) in one weights_only file, with the decoded prompts and
+def dump_update(path, tokenizer, rollout, extra: dict, update, args: dict):
+    """Run update(**args), ppo_update's keyword arguments at world size 1 (policy_train is the policy): save first
+    what it reads (the batch, model / optimizer / RNG states) in one weights_only file, with the decoded prompts and
     responses and `extra` (the rewards) for a reader; then add its metrics and the digest of the state after it.
-    An update that raises (a NaN gradient) is saved with its error, and the error re-raised (detail 4)."""
-    cfg, policy, opt, critics, batch, _, shuffle_gen, _, update_actor = args
+    An update that raises (a NaN gradient) is saved with its error, and the error re-raised (detail 3)."""
+    cfg, policy, opt, critics = args["cfg"], args["policy_train"], args["opt"], args["critics"]
     record = {
         "config": json.dumps(asdict(cfg)),
         "model_config": policy.config.to_json_string(),
-        "batch": {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in vars(batch).items()},
+        "batch": {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in vars(args["batch"]).items()},
         **{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in extra.items()},
         "prompts": tokenizer.batch_decode(rollout.prompt_ids, skip_special_tokens=True),
         "responses": decode_responses(tokenizer, rollout),
         "policy_version": rollout.policy_version,  # [B] the weights version each sample started with (async)
-        "update_actor": update_actor,
-        **update_inputs(policy, opt, critics, shuffle_gen),
+        "update_actor": args["update_actor"],
+        **update_inputs(policy, opt, critics, args["gen"]),
         "metrics": None,
         "error": None,
     }
     torch.save(record, path)  # before the update: a crash inside it still leaves its inputs on disk
     try:
-        record["metrics"] = update(*args)
+        record["metrics"] = update(**args)
     except Exception as e:
         record["error"] = f"{type(e).__name__}: {e}"
         torch.save(record, path)
@@ -242,15 +235,22 @@ def restore_update(d: dict, cfg, device):
     for k, state in enumerate(d["critics"]):
         critics.models[k].load_state_dict(state)
         critics.opts[k].load_state_dict(d["critic_opts"][k])
-    gen = torch.Generator()
-    gen.set_state(d["shuffle_gen"])
-    return policy, opt, critics, gen
+    return policy, opt, critics, torch.Generator().set_state(d["shuffle_gen"])
 
 
-def differing_keys(a: dict, b: dict) -> list[str]:
-    """Keys whose values differ (NaN equals NaN: a replayed NaN update is still the same update)."""
-    same = lambda x, y: x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
-    return [k for k in sorted(a.keys() | b.keys()) if not same(a.get(k), b.get(k))]
+def batch_fields(saved: dict, names: list[str]) -> dict:
+    """The Batch fields `names` of a dumped batch; a dump from before Batch (a dict with kl_beta, policy_version,
+    returns, None for a neutral anchor or weight, no critic keys without a critic) gets them spelled out."""
+    if unknown := saved.keys() - {*names, "kl_beta", "policy_version", "returns"}:
+        raise ValueError(f"the dumped batch has fields {sorted(unknown)} this version does not know")
+    ones, mask, old = torch.ones_like(saved["old_logprobs"]), saved["response_mask"], saved["old_logprobs"]
+    neutral = {"clip_anchor": old, "is_weights": ones, "token_weights": ones, "pg_mask": mask, "ent_mask": mask}
+    return {k: neutral[k] if saved.get(k) is None and k in neutral else saved.get(k) for k in names}
+
+
+def same(x, y) -> bool:
+    """Equal, NaN equal to NaN (a replayed NaN update is still the same update)."""
+    return x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
 
 
 def report_replay(path, saved: dict, metrics: dict | None, error: str | None, digest: str | None) -> bool:
@@ -261,9 +261,10 @@ def report_replay(path, saved: dict, metrics: dict | None, error: str | None, di
     if saved["error"] is not None:
         print(f"[minrl] replay of {path} ran through, but the original update raised {saved['error']}")
         return False
-    diff, same_state = differing_keys(metrics, saved["metrics"]), digest == saved["state_after"]
-    cols = ["step", *sorted(metrics)]
-    print(format_table([{"step": "original", **saved["metrics"]}, {"step": "replay", **metrics}], cols))
+    diff = [k for k in sorted(metrics | saved["metrics"]) if not same(metrics.get(k), saved["metrics"].get(k))]
+    same_state = digest == saved["state_after"]
+    rows = [{"step": "original", **saved["metrics"]}, {"step": "replay", **metrics}]
+    print(format_table(rows, ["step", *sorted(metrics)]))
     print(
         f"[minrl] replay of {path}: metrics {'identical' if not diff else 'differ in ' + ', '.join(diff)}; weights and "
         f"optimizer state (sha256) {'identical' if same_state else 'differ'}"

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import zlib
 from dataclasses import dataclass
@@ -71,6 +72,8 @@ class TaskArgs:
         check_choice("reward", self.reward, tuple(REWARDS))
         if self.task.startswith("gem:") and self.data is None and self.model is None:
             raise ValueError(f"config field 'task' = {self.task!r}: a gem environment needs --model (no SFT solver)")
+        if self.data is not None and self.model is None and os.environ.get("RANK", "0") == "0":
+            print("[minrl] WARNING --data without --model trains the character-level tiny model on your text")
 
 
 class Task(Protocol):
@@ -208,10 +211,12 @@ class JsonlTask:
             print(f"[minrl] {self.path}: no prompt falls in the held-out split; evaluation uses training rows")
 
     def sample(self, n: int, split: str, rng: np.random.Generator) -> list[dict]:
+        """n rows of the split, drawn with replacement."""
         rows = self.rows[split] or self.rows["train"]  # no held-out row: logged once in __post_init__
         return [rows[i] for i in rng.integers(0, len(rows), size=n)]
 
     def compute_score(self, solution_str: str, ground_truth: str) -> float:
+        """The chosen reward function (--reward) of the response against the row's ground truth."""
         return REWARDS[self.reward](solution_str, ground_truth)
 
 

@@ -147,9 +147,11 @@ def sft_warm_start(
             turns = make_env(cfg.task).cfg.max_turns
 
             def demos(n):
+                """n expert episodes (token ids and action-only labels) of fresh seeds."""
                 return [_sft_episode(tokenizer, make_env(cfg.task), int(x)) for x in rng.integers(2**31, size=n)]
 
             def accuracy():
+                """Success rate of greedy episodes on the fixed validation seeds."""
                 return greedy_accuracy(model, tokenizer, [make_env(cfg.task) for _ in seeds], seeds, max_turns=turns)
         else:
             task = make_task(cfg.task)
@@ -157,9 +159,11 @@ def sft_warm_start(
             answer_len = max(16, max(len(p["ground_truth"]) for p in val) + 1)  # + EOS; chain answers: 43 chars
 
             def demos(n):
+                """n (prompt, answer + EOS) pairs of training problems."""
                 return [_sft_pair(tokenizer, p) for p in task.sample(n, "train", rng)]
 
             def accuracy():
+                """Greedy accuracy on the fixed validation problems."""
                 envs = [TaskEnv(task, p) for p in val]
                 return greedy_accuracy(model, tokenizer, envs, [None] * len(envs), max_new_tokens=answer_len)
 

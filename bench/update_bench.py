@@ -91,7 +91,6 @@ def make_batch(vocab: int, cfg: Config, device) -> pm.Batch:
         clip_anchor=old_logprobs,
         ref_logprobs=-torch.rand(B, R, generator=g) * 5 * mask,  # [B, R]
         advantages=torch.randn(B, R, generator=g) * mask,  # [B, R]
-        returns=returns,  # [B, R]
         token_weights=torch.ones(B, R),
         pg_mask=response_mask,
         ent_mask=response_mask,
@@ -121,7 +120,7 @@ def bare_update(policy, policy_opt, critic, critic_opt, batch: pm.Batch, cfg: Co
                                 logits.float().flatten(0, 1), ids[:, -R:].flatten(), reduction="none"
                             ).view_as(mask)  # [b, R]
                         else:
-                            tok_loss = (model(ids, am, R) - batch.returns[sl]) ** 2  # [b, R]
+                            tok_loss = (model(ids, am, R) - batch.critic_returns[sl, 0]) ** 2  # [b, R]
                         loss = (tok_loss * mask).sum() / mask.sum()
                     loss.backward()
                 opt.step()

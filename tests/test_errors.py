@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import attention_credit
 import common
+import critics
 import ppo_minimal as pm
 import tasks
 from rollout import generate, tokenize_prompts
@@ -51,6 +53,13 @@ ROOT = Path(__file__).resolve().parents[1]
         ("dist_timeout", 0.0, "(0.0, inf)"),
         ("sft_target", 0.0, "(0, 1]"),
         ("min_lr_ratio", 1.5, "[0, 1]"),
+        ("n_critics", 0, "[1, inf)"),  # the concepts' Args classes (critics, attention_credit, offpolicy, envs)
+        ("asyppo_k", 1.5, "[0.0, 1.0]"),
+        ("credit_q", 0.0, "(0.0, 1.0]"),
+        ("is_cap", 0.5, "[1.0, inf)"),
+        ("max_turns", 0, "[1, inf)"),
+        ("env_latency", -1.0, "[0.0, inf)"),
+        ("dump_batch", 91, "[0, 90]"),
     ],
 )
 def test_config_range_errors_name_field_and_range(field, value, allowed):
@@ -58,6 +67,12 @@ def test_config_range_errors_name_field_and_range(field, value, allowed):
         pm.Config(**{field: value})
     msg = str(e.value)
     assert f"'{field}'" in msg and allowed in msg, msg
+
+
+def test_experiment_configs_check_their_fields():
+    for config, field, value in ((critics.Config, "jobs", 0), (attention_credit.Config, "samples", 1)):
+        with pytest.raises(ValueError, match=f"'{field}' = {value} is out of range"):
+            config(**{field: value})
 
 
 @pytest.mark.parametrize(

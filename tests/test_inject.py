@@ -148,3 +148,21 @@ def test_replay_detects_a_different_update(sft_path, tmp_path):
     saved["batch"]["advantages"] = -saved["batch"]["advantages"]  # another update than the one recorded
     torch.save(saved, path)
     assert pm.replay(str(path))[1] is False
+
+
+def test_a_dump_in_the_earlier_dict_format_still_replays_bit_for_bit(sft_path, tmp_path, capsys):
+    """Dumps written before ppo_minimal.Batch hold a dict: None for a neutral anchor or weight, kl_beta,
+    policy_version and returns inside, no critic keys without a critic. They replay to the same update."""
+    cfg = pm.Config(model=str(sft_path), adv_estimator="grpo", steps=1, dump_batch=1, out_dir=str(tmp_path), **SMALL)
+    pm.train(cfg)
+    path = tmp_path / "batch-1.pt"
+    saved = torch.load(path, weights_only=True)
+    batch = saved["batch"]
+    assert batch["old_values"] is None and torch.equal(batch["clip_anchor"], batch["old_logprobs"])
+    legacy = {k: v for k, v in batch.items() if k not in ("old_values", "critic_returns", "shares")}
+    legacy.update(clip_anchor=None, is_weights=None, token_weights=None, returns=batch["advantages"])
+    torch.save({**saved, "batch": {**legacy, "kl_beta": 0.001, "policy_version": None}}, path)
+    assert pm.replay(str(path))[1], capsys.readouterr().out
+    torch.save({**saved, "batch": {**batch, "advantage": batch["advantages"]}}, path)  # a field no version has
+    with pytest.raises(ValueError, match="'advantage'"):
+        pm.replay(str(path))
