@@ -21,12 +21,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import check_choice, check_range, parse_config  # noqa: E402
+from common import check_choice, check_fields, parse_config  # noqa: E402
 from rollout import generate  # noqa: E402
 from runlog import format_table  # noqa: E402
 
@@ -44,32 +45,42 @@ PRESETS = {
 
 
 @dataclass
-class Config:
+class BenchArgs:
+    """What every model bench measures on (update_bench.py's Config inherits these too)."""
+
     preset: list[str] | None = None
     """Model configs to measure: tiny, 2.5m, 0.5b (default: tiny and 2.5m)."""
+    device: str = "cpu"
+    """cpu | cuda."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """The weights' dtype here; update_bench.py: the autocast dtype (weights stay fp32)."""
+    repeats: int = 5
+    """Timed calls per side (interleaved); the median is reported."""
+    threads: int = 0
+    """torch CPU threads (0 = leave torch's default)."""
+    seed: int = 0
+    """Seed of the model init and the inputs."""
+
+    def __post_init__(self):
+        for p in self.preset or []:
+            check_choice("preset", p, ["tiny", *PRESETS])
+        check_fields(self, {"[1, inf)": ("repeats",), "[0, inf)": ("threads",)})
+
+
+@dataclass
+class Config(BenchArgs):
+    """`python bench/rollout_bench.py`: our generate vs model.generate."""
+
     batch: int = 64
     """Sequences per generate call."""
     prompt_len: int = 16
     """Prompt tokens per sequence."""
     new_tokens: int = 32
     """New tokens per sequence (forced on both sides)."""
-    repeats: int = 5
-    """Timed calls per side (interleaved); the median is reported."""
-    device: str = "cpu"
-    """cpu | cuda."""
-    dtype: str = "float32"
-    """Model weights dtype: float32 | bfloat16."""
-    threads: int = 0
-    """torch CPU threads (0 = leave torch's default)."""
-    seed: int = 0
-    """Seed of the model init and the prompts."""
 
     def __post_init__(self):
-        for p in self.preset or []:
-            check_choice("preset", p, ["tiny", *PRESETS])
-        check_choice("dtype", self.dtype, ["float32", "bfloat16"])
-        for name in ("batch", "prompt_len", "new_tokens", "repeats"):
-            check_range(name, getattr(self, name), 1)
+        BenchArgs.__post_init__(self)
+        check_fields(self, {"[1, inf)": ("batch", "prompt_len", "new_tokens")})
 
 
 def make_model(preset: str, device="cpu"):
@@ -146,23 +157,32 @@ def bench_one(preset: str, cfg: Config) -> dict:
         "ours_tok_s": ours_tps,
         "hf_tok_s": hf_tps,
         "ratio": ours_tps / hf_tps,
-        "ours_spread": (max(times["ours"]) - min(times["ours"])) / statistics.median(times["ours"]),
-        "hf_spread": (max(times["hf"]) - min(times["hf"])) / statistics.median(times["hf"]),
+        "ours_spread": spread(times["ours"]),
+        "hf_spread": spread(times["hf"]),
     }
 
 
-def main(argv=None):
-    cfg = parse_config(Config, argv)
+def spread(times: list[float]) -> float:
+    """(max - min) / median of repeated timings: how far to trust their median."""
+    return (max(times) - min(times)) / statistics.median(times)
+
+
+def run_presets(cfg: BenchArgs, bench_one, title: str) -> list[dict]:
+    """bench_one(preset, cfg) per preset (default: tiny and 2.5m), printed as one table under `title`."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     rows = [bench_one(p, cfg) for p in cfg.preset or ["tiny", "2.5m"]]
-    print(
-        f"rollout tokens/s, batch {cfg.batch}, prompt {cfg.prompt_len}, {cfg.new_tokens} new tokens, "
-        f"{cfg.device} {cfg.dtype}, {torch.get_num_threads()} threads, median of {cfg.repeats} "
-        "(spread = (max - min) / median)"
-    )
+    print(f"{title}, {cfg.device} {cfg.dtype}, {torch.get_num_threads()} threads, median of {cfg.repeats} ", end="")
+    print("(spread = (max - min) / median)")
     print(format_table(rows))
     return rows
+
+
+def main(argv=None):
+    """`python bench/rollout_bench.py [flags]`: the table of tokens/s, ours vs model.generate."""
+    cfg = parse_config(Config, argv)
+    title = f"rollout tokens/s, batch {cfg.batch}, prompt {cfg.prompt_len}, {cfg.new_tokens} new tokens"
+    return run_presets(cfg, bench_one, title)
 
 
 if __name__ == "__main__":

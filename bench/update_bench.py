@@ -28,18 +28,17 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rollout_bench import PRESETS, make_model, sync  # noqa: E402
+from rollout_bench import BenchArgs, make_model, run_presets, spread, sync  # noqa: E402
 
 import ppo_minimal as pm  # noqa: E402
-from common import check_choice, check_range, parse_config  # noqa: E402
+from common import check_fields, parse_config  # noqa: E402
 from critics import Critics, make_value_model  # noqa: E402
-from runlog import format_table  # noqa: E402
 
 
 @dataclass
-class Config:
-    preset: list[str] | None = None
-    """Model configs to measure: tiny, 2.5m, 0.5b (default: tiny and 2.5m)."""
+class Config(BenchArgs):
+    """`python bench/update_bench.py`: ppo_update vs the bare update."""
+
     batch: int = 64
     """Sequences in the update batch."""
     prompt_len: int = 16
@@ -52,23 +51,11 @@ class Config:
     """Optimizer steps per pass."""
     micro_batch: int = 16
     """Sequences per forward/backward."""
-    repeats: int = 5
-    """Timed updates per side (interleaved); the median is reported."""
-    device: str = "cpu"
-    """cpu | cuda."""
-    dtype: str = "float32"
-    """Compute dtype: float32 | bfloat16 (autocast)."""
-    threads: int = 0
-    """torch CPU threads (0 = leave torch's default)."""
-    seed: int = 0
-    """Seed of the model init and the batch."""
 
     def __post_init__(self):
-        for p in self.preset or []:
-            check_choice("preset", p, ["tiny", *PRESETS])
-        check_choice("dtype", self.dtype, ["float32", "bfloat16"])
-        for name in ("batch", "prompt_len", "response_len", "ppo_epochs", "minibatches", "micro_batch", "repeats"):
-            check_range(name, getattr(self, name), 1)
+        BenchArgs.__post_init__(self)
+        sizes = ("batch", "prompt_len", "response_len", "ppo_epochs", "minibatches", "micro_batch")
+        check_fields(self, {"[1, inf)": sizes})
         if self.batch % self.minibatches:
             raise ValueError(f"config field 'batch' = {self.batch} must divide by minibatches = {self.minibatches}")
 
@@ -169,24 +156,19 @@ def bench_one(preset: str, cfg: Config) -> dict:
         "bare_s": bare_s,
         "ratio": ours_s / bare_s,
         "tok_s_ppo": n_tok / ours_s,
-        "ppo_spread": (max(times["ppo_update"]) - min(times["ppo_update"])) / ours_s,
-        "bare_spread": (max(times["bare"]) - min(times["bare"])) / bare_s,
+        "ppo_spread": spread(times["ppo_update"]),
+        "bare_spread": spread(times["bare"]),
     }
 
 
 def main(argv=None):
+    """`python bench/update_bench.py [flags]`: the table of update times, ppo_update vs the bare loop."""
     cfg = parse_config(Config, argv)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    rows = [bench_one(p, cfg) for p in cfg.preset or ["tiny", "2.5m"]]
-    print(
+    title = (
         f"PPO update vs bare loop: batch {cfg.batch}, prompt {cfg.prompt_len}, response <= {cfg.response_len}, "
-        f"{cfg.ppo_epochs} epochs x {cfg.minibatches} minibatches, micro-batch {cfg.micro_batch}, policy + critic, "
-        f"{cfg.device} {cfg.dtype}, {torch.get_num_threads()} threads, median of {cfg.repeats} "
-        "(spread = (max - min) / median)"
+        f"{cfg.ppo_epochs} epochs x {cfg.minibatches} minibatches, micro-batch {cfg.micro_batch}, policy + critic"
     )
-    print(format_table(rows))
-    return rows
+    return run_presets(cfg, bench_one, title)
 
 
 if __name__ == "__main__":

@@ -88,3 +88,17 @@ def test_critics_main_runs_its_experiment_as_trainer_subprocesses(tmp_path, sft_
     summary = json.loads((tmp_path / "quick" / "summary.json").read_text())
     assert [r["method"] for r in summary] == ["ppo_1_full", "asyppo_2_mini"] and "final_acc" in out
     assert all(r["eval"][0][0] == 0 and len(r["curves"]["rollout/reward_mean"]) == 1 for r in summary)
+
+
+@pytest.mark.parametrize(
+    "script, flags, column",
+    [
+        ("bench/rollout_bench.py", "--batch 4 --new-tokens 4", "ratio"),
+        ("bench/update_bench.py", "--batch 8 --micro-batch 4 --response-len 8", "ratio"),
+    ],
+)
+def test_benches_print_a_ratio_measured_in_the_same_run(script, flags, column):
+    out = run(script, "--preset", "tiny", "--repeats", "1", *flags.split())
+    header, row = out.strip().splitlines()[-2:]
+    value = float(row.split()[header.split().index(column)])
+    assert row.split()[0] == "tiny" and 0 < value < float("inf"), out
