@@ -119,10 +119,10 @@ def pack(samples: Rollout) -> torch.Tensor:
 def unpack(x: torch.Tensor, P: int, R: int, version: int) -> Rollout:
     """The Rollout of a packed matrix (pack's inverse) whose samples all started at weights `version`."""
     L = P + R
-    ids, am = x[:, :L].long(), x[:, L : 2 * L].long()  # [n, P+R]
+    ids, attn = x[:, :L].long(), x[:, L : 2 * L].long()  # [n, P+R]
     rm, lp, sc = (x[:, 2 * L + k * R : 2 * L + (k + 1) * R] for k in range(3))  # [n, R] each
     return Rollout(
-        prompt_ids=ids[:, :P], response_ids=ids[:, P:], attention_mask=am, response_mask=rm.long(),
+        prompt_ids=ids[:, :P], response_ids=ids[:, P:], attention_mask=attn, response_mask=rm.long(),
         rollout_logprobs=lp.float(), truncated=x[:, -1].bool(), token_scores=sc.float(),
         policy_version=torch.full((x.shape[0],), version, dtype=torch.long),
     )  # fmt: skip

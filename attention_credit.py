@@ -91,7 +91,7 @@ class CreditArgs:
 
     def __post_init__(self):
         ranges = {"[0.0, 1.0]": ("credit_alpha",), "(0.0, 1.0]": ("credit_q",), "[1.0, inf)": ("credit_amp",)}
-        check_fields(self, {**ranges, "[1, inf)": ("credit_intro_window",)})
+        check_fields(self, {**ranges, "[1, inf)": ("credit_intro_window",)}, CreditArgs)
 
 
 @dataclass
@@ -470,9 +470,9 @@ def main(argv=None):
     task = make_task("chain")
     eval_set = task.sample(cfg.eval_n, "eval", np.random.default_rng(12345))  # ppo_minimal's held-out set
     acc0 = greedy_accuracy(policy, tok, [TaskEnv(task, p) for p in eval_set], [None] * len(eval_set), max_new_tokens=48)
-    ids, am = tokenize_prompts(tok, [format_prompt(tok, p["prompt"]) for p in eval_set[:16]], 64)
+    ids, attn = tokenize_prompts(tok, [format_prompt(tok, p["prompt"]) for p in eval_set[:16]], 64)
     gen = dict(max_new_tokens=48, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
-    samples = generate(policy, ids.to(device), am.to(device), **gen, generator=torch.Generator(device).manual_seed(0))
+    samples = generate(policy, ids.to(device), attn.to(device), **gen, generator=torch.Generator(device).manual_seed(0))
     c = compute_credit(policy, samples.input_ids, samples.attention_mask, samples.response_mask)
     row0 = samples.response_ids[0][samples.response_mask[0].bool()]  # row 0, valid tokens
     tokens = tok.convert_ids_to_tokens(row0.tolist())

@@ -101,16 +101,18 @@ def check_choice(name: str, value, choices) -> None:
         raise ValueError(f"config field '{name}' = {value!r}: must be one of {list(choices)}")
 
 
-def check_fields(cfg, ranges: dict[str, tuple[str, ...]]) -> None:
-    """Validate a config dataclass: every Literal-typed field against its choices, and each field named in
-    `ranges` (an interval such as "(0, 1]" -> field names) against its interval. None passes wherever the
-    annotation allows it (an optional field left unset)."""
-    hints = typing.get_type_hints(type(cfg))
+def check_fields(cfg, ranges: dict[str, tuple[str, ...]], owner: type | None = None) -> None:
+    """Validate a config dataclass: each Literal-typed field that `owner` (default: cfg's class) declares itself
+    against its choices, and each field named in `ranges` (an interval such as "(0, 1]" -> field names) against
+    its interval. None passes wherever the annotation allows it. An Args class that Config inherits passes itself
+    as `owner`: each class checks its own fields, once."""
+    owner = owner or type(cfg)
+    hints = typing.get_type_hints(owner)
     optional = {n for n, tp in hints.items() if type(None) in typing.get_args(tp)}
-    for f in dataclasses.fields(cfg):
-        literal = [t for t in (hints[f.name], *typing.get_args(hints[f.name])) if typing.get_origin(t) is Literal]
-        if literal and not (getattr(cfg, f.name) is None and f.name in optional):
-            check_choice(f.name, getattr(cfg, f.name), typing.get_args(literal[0]))
+    for name in vars(owner).get("__annotations__", {}):
+        literal = [t for t in (hints[name], *typing.get_args(hints[name])) if typing.get_origin(t) is Literal]
+        if literal and not (getattr(cfg, name) is None and name in optional):
+            check_choice(name, getattr(cfg, name), typing.get_args(literal[0]))
     for interval, names in ranges.items():
         lo, hi = (None if "inf" in x else float(x) if "." in x else int(x) for x in interval[1:-1].split(","))
         for name in names:
@@ -130,7 +132,7 @@ class DistArgs:
     """Seconds before a collective gives up (a dead rank makes the others fail)."""
 
     def __post_init__(self):
-        check_fields(self, {"(0.0, inf)": ("dist_timeout",)})
+        check_fields(self, {"(0.0, inf)": ("dist_timeout",)}, DistArgs)
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"config field 'device' = {self.device!r}: must be auto, cpu, cuda or cuda:N")
 

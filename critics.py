@@ -79,7 +79,7 @@ class CriticArgs:
         if self.critic_depth is None:  # derived once here, printed with the config
             self.critic_depth = 0.5 if self.critic == "asyppo" else 1.0
         ranges = {"(0.0, 1.0]": ("critic_depth",), "[0.0, 1.0]": ("asyppo_k", "asyppo_h"), "[0.0, inf)": ("critic_lr",)}
-        check_fields(self, {**ranges, "[0, inf)": ("critic_warmup_steps",), "[1, inf)": ("n_critics",)})
+        check_fields(self, {**ranges, "[0, inf)": ("critic_warmup_steps",), "[1, inf)": ("n_critics",)}, CriticArgs)
 
 
 @dataclass

@@ -50,7 +50,7 @@ class EnvArgs:
     """Embedded environments: mean seconds each step takes (log-normal, sigma 0.5; exercises async rollouts)."""
 
     def __post_init__(self):
-        check_fields(self, {"[1, inf)": ("max_turns",), "[0.0, inf)": ("env_latency",)})
+        check_fields(self, {"[1, inf)": ("max_turns",), "[0.0, inf)": ("env_latency",)}, EnvArgs)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ class OffPolicyArgs:
 
     def __post_init__(self):
         self.off_policy = self.off_policy or "none"  # derived once here, printed with the config
-        check_fields(self, {"[1.0, inf)": ("is_cap", "is_mask_cap")})
+        check_fields(self, {"[1.0, inf)": ("is_cap", "is_mask_cap")}, OffPolicyArgs)
 
 
 def off_policy_weights(old_logprobs, behav_logprobs, mask, mode: str, cap: float = 2.0, mask_cap: float = 5.0):

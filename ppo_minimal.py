@@ -65,6 +65,8 @@ from runlog import MetricsLogger, RunArgs, resume_checkpoint, save_checkpoint, w
 from tasks import TASKS, TaskArgs, load_policy, make_task, stop_token_ids
 from warm_start import sft_config_for, sft_target_for, sft_warm_start
 
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")  # the choices of Config.loss_agg
+
 
 @dataclass
 class Config(TaskArgs, SampleArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArgs, DistArgs, RunArgs, ReproArgs):
@@ -108,7 +110,7 @@ class Config(TaskArgs, SampleArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArg
     """GAE lambda."""
     grpo_norm_std: bool = True
     """GRPO: divide by the group std (False = Dr. GRPO)."""
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    loss_agg: Literal[AGG_MODES] = "token-mean"
     """How per-token losses are averaged."""
     kl_in_reward: bool = False
     """Subtract beta * KL(old || ref) (k1) from every token's reward."""
@@ -150,11 +152,11 @@ class Config(TaskArgs, SampleArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArg
             raise ValueError(f"config field 'task' = {self.task!r}: must be one of {[*TASKS, *ENVS]} or gem:<id>")
         for bad, why in (
             (self.min_lr_ratio and self.lr_schedule != "cosine",
-             "'min_lr_ratio' needs lr_schedule 'cosine' (a constant lr has no floor)"),
+             f"'min_lr_ratio' = {self.min_lr_ratio} needs lr_schedule 'cosine' (a constant lr has no floor)"),
             (self.critic == "asyppo" and self.group_size % self.n_critics,
              f"'group_size' = {self.group_size} must divide by n_critics = {self.n_critics}"),
-            (self.critic_warmup_steps and self.adv_estimator != "gae",
-             "'critic_warmup_steps' needs adv_estimator 'gae' (no critic otherwise)"),
+            (self.critic_warmup_steps and self.adv_estimator != "gae", f"'critic_warmup_steps' = "
+             f"{self.critic_warmup_steps} needs adv_estimator 'gae', not {self.adv_estimator!r} (it has no critic)"),
             (self.adv_estimator != "gae" and self.group_size < 2,
              f"'group_size' = {self.group_size}: {self.adv_estimator} needs >= 2"),
         ):  # fmt: skip
@@ -184,8 +186,7 @@ def aggregate(loss_mat, mask, mode: str = "token-mean", denom=None, world: int =
         if mode == "seq-mean-token-mean":
             seq = seq / (mask.sum(-1) + 1e-8)
         total = (seq * (mask.sum(-1) > 0)).sum()  # fully masked sequences excluded
-    if denom is None:
-        denom = agg_denominator(mask, mode, global_=False)
+    denom = agg_denominator(mask, mode, global_=False) if denom is None else denom
     return total / denom.clamp(min=1) * world  # detail 4
 
 
@@ -622,7 +623,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         if critics is not None:
             m.update(value_stats(values, returns, mask, all_values, batch.critic_returns))
             m["loss/value"] = float(np.mean([v for k, v in upd.items() if k.startswith("critic/loss_")]))
-        m = common.reduce_metrics(m, device)
+        metrics = m = common.reduce_metrics(m, device)  # the last iteration's row is the result
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
             with autocast():
                 m["eval/acc"] = evaluate(policy, tokenizer, eval_set, eos_ids, rank, world, **sampling)
@@ -634,7 +635,6 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
                 raise RuntimeError(f"--strict: stopping at step {step + 1} on {finding}")
         for h in hooks:
             h(step + 1, m)
-        metrics = m
         if cfg.save_every and (step + 1) % cfg.save_every == 0:  # models as safetensors, the rest in state.pt
             state = {"step": step + 1, "kl_beta": kl_ctrl.beta, "history": json.dumps(history)}
             save_checkpoint(out_dir / f"ckpt-{step + 1}", rank, cfg, state, policy, tokenizer, opt, critics, rng, gens)
@@ -652,7 +652,7 @@ def sequences_per_rank(cfg: Config, world: int) -> int:
     if n_local % cfg.minibatches:
         raise ValueError(f"config field 'minibatches' = {cfg.minibatches} must divide the {n_local} sequences per rank")
     if cfg.dump_batch and world > 1:
-        raise ValueError("config field 'dump_batch' needs world size 1 (the replay is one process, no DDP)")
+        raise ValueError(f"config field 'dump_batch' needs world size 1, not {world} (the replay is one process)")
     return n_local
 
 
@@ -672,7 +672,7 @@ def replay(path: str) -> tuple[dict | None, bool]:
     cfg = Config(**{**{k: v for k, v in saved.items() if k in names}, "dump_batch": 0, "replay": None})
     _, _, _, device = common.setup_dist(device=cfg.device)
     policy, opt, critics, gen = repro.restore_update(d, cfg, device)
-    saved_batch = repro.batch_fields(d["batch"], [f.name for f in fields(Batch)])  # older dumps: their neutral values
+    saved_batch = repro.batch_fields(d["batch"], [f.name for f in fields(Batch)], path)  # also older dumps
     batch = Batch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in saved_batch.items()})
     torch.set_rng_state(d["torch_rng"])  # last: building the models above draws from the global RNG
     metrics, error, autocast = None, None, make_autocast(cfg.dtype, device)

@@ -28,7 +28,6 @@ import argparse
 import copy
 import hashlib
 import json
-import math
 from dataclasses import asdict, dataclass, replace
 from typing import Literal, NamedTuple
 
@@ -238,19 +237,17 @@ def restore_update(d: dict, cfg, device):
     return policy, opt, critics, torch.Generator().set_state(d["shuffle_gen"])
 
 
-def batch_fields(saved: dict, names: list[str]) -> dict:
+def batch_fields(saved: dict, names: list[str], where: str) -> dict:
     """The Batch fields `names` of a dumped batch; a dump from before Batch (a dict with kl_beta, policy_version,
     returns, None for a neutral anchor or weight, no critic keys without a critic) gets them spelled out."""
     if unknown := saved.keys() - {*names, "kl_beta", "policy_version", "returns"}:
-        raise ValueError(f"the dumped batch has fields {sorted(unknown)} this version does not know")
+        raise ValueError(f"{where}: the batch has fields {sorted(unknown)} that Batch lacks (its fields: {names})")
     ones, mask, old = torch.ones_like(saved["old_logprobs"]), saved["response_mask"], saved["old_logprobs"]
     neutral = {"clip_anchor": old, "is_weights": ones, "token_weights": ones, "pg_mask": mask, "ent_mask": mask}
-    return {k: neutral[k] if saved.get(k) is None and k in neutral else saved.get(k) for k in names}
-
-
-def same(x, y) -> bool:
-    """Equal, NaN equal to NaN (a replayed NaN update is still the same update)."""
-    return x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
+    fields = {k: neutral[k] if saved.get(k) is None and k in neutral else saved.get(k) for k in names}
+    if missing := [k for k, v in fields.items() if v is None and k not in ("old_values", "critic_returns", "shares")]:
+        raise ValueError(f"{where}: the batch lacks the field(s) {missing}: only the critic's may be None (no critic)")
+    return fields
 
 
 def report_replay(path, saved: dict, metrics: dict | None, error: str | None, digest: str | None) -> bool:
@@ -261,6 +258,7 @@ def report_replay(path, saved: dict, metrics: dict | None, error: str | None, di
     if saved["error"] is not None:
         print(f"[minrl] replay of {path} ran through, but the original update raised {saved['error']}")
         return False
+    same = lambda x, y: x == y or (x != x and y != y)  # noqa: E731  NaN (x != x) equals NaN: the same update
     diff = [k for k in sorted(metrics | saved["metrics"]) if not same(metrics.get(k), saved["metrics"].get(k))]
     same_state = digest == saved["state_after"]
     rows = [{"step": "original", **saved["metrics"]}, {"step": "replay", **metrics}]

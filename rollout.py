@@ -57,7 +57,7 @@ class SampleArgs:
 
     def __post_init__(self):
         ranges = {"[1, inf)": ("max_prompt_len", "max_new_tokens"), "(0, inf)": ("temperature",)}
-        check_fields(self, {**ranges, "[0, inf)": ("top_k",), "(0, 1]": ("top_p",)})
+        check_fields(self, {**ranges, "[0, inf)": ("top_k",), "(0, 1]": ("top_p",)}, SampleArgs)
 
 
 @dataclass

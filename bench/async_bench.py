@@ -123,6 +123,7 @@ def predict(cfg: BenchConfig, sync: dict, alpha: int) -> float:
 
 
 def main(argv=None):
+    """`python bench/async_bench.py [flags]`: sync vs async runs, their measured and predicted speedups."""
     cfg = parse_config(BenchConfig, argv)
     out = Path(cfg.out_dir) / cfg.workload
     sync = run_one(cfg, 0, cfg.seed, out / "alpha0")

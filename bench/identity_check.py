@@ -96,6 +96,7 @@ def run_one(name: str, work: Path) -> dict:
 
 
 def main(argv=None) -> int:
+    """`python bench/identity_check.py record|check`: write the reference, or compare against it (exit 1 if not)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("mode", choices=("record", "check"))
     ap.add_argument("--only", nargs="*", default=None, help="run only these configs (default: all)")

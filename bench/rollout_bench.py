@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import check_choice, check_fields, parse_config  # noqa: E402
 from rollout import generate  # noqa: E402
 from runlog import format_table  # noqa: E402
+from tasks import make_tiny_model, make_tokenizer  # noqa: E402
 
 PRESETS = {
     "2.5m": dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4),
@@ -53,7 +55,7 @@ class BenchArgs:
     device: str = "cpu"
     """cpu | cuda."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """The weights' dtype here; update_bench.py: the autocast dtype (weights stay fp32)."""
+    """rollout_bench.py casts the weights to it; update_bench.py autocasts to it (weights stay fp32)."""
     repeats: int = 5
     """Timed calls per side (interleaved); the median is reported."""
     threads: int = 0
@@ -64,7 +66,7 @@ class BenchArgs:
     def __post_init__(self):
         for p in self.preset or []:
             check_choice("preset", p, ["tiny", *PRESETS])
-        check_fields(self, {"[1, inf)": ("repeats",), "[0, inf)": ("threads",)})
+        check_fields(self, {"[1, inf)": ("repeats",), "[0, inf)": ("threads",)}, BenchArgs)
 
 
 @dataclass
@@ -85,10 +87,6 @@ class Config(BenchArgs):
 
 def make_model(preset: str, device="cpu"):
     """A randomly initialised Qwen2 causal LM for a preset (tiny: the embedded default model), built on device."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from tasks import make_tiny_model, make_tokenizer
-
     with torch.device(device):  # initialise the weights where they will live (0.5B on a CPU takes a while)
         if preset == "tiny":
             return make_tiny_model(make_tokenizer())
@@ -98,11 +96,13 @@ def make_model(preset: str, device="cpu"):
 
 
 def sync(device: torch.device) -> None:
+    """Wait for the GPU's queued work (a no-op on CPU), so that a timer reads the work done."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def bench_one(preset: str, cfg: Config) -> dict:
+    """Tokens/s of both samplers on one preset's model: the median of cfg.repeats interleaved calls each."""
     device, dtype = torch.device(cfg.device), getattr(torch, cfg.dtype)
     torch.manual_seed(cfg.seed)
     model = make_model(preset, device).to(dtype=dtype).eval()
@@ -112,7 +112,8 @@ def bench_one(preset: str, cfg: Config) -> dict:
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
 
     def ours():
-        ro = generate(
+        """rollout.generate: sampled tokens with their logprobs; returns the number of tokens generated."""
+        samples = generate(
             model,
             prompts,
             mask,
@@ -121,9 +122,10 @@ def bench_one(preset: str, cfg: Config) -> dict:
             pad_token_id=0,
             generator=gen,
         )
-        return int(ro.response_mask.sum())
+        return int(samples.response_mask.sum())
 
     def theirs():
+        """transformers' model.generate at the same settings; returns the number of tokens generated."""
         out = model.generate(
             input_ids=prompts,
             attention_mask=mask,
@@ -167,13 +169,13 @@ def spread(times: list[float]) -> float:
     return (max(times) - min(times)) / statistics.median(times)
 
 
-def run_presets(cfg: BenchArgs, bench_one, title: str) -> list[dict]:
-    """bench_one(preset, cfg) per preset (default: tiny and 2.5m), printed as one table under `title`."""
+def run_presets(cfg: BenchArgs, measure, title: str) -> list[dict]:
+    """measure(preset, cfg), a row per preset (default: tiny and 2.5m), printed as one table under `title`."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    rows = [bench_one(p, cfg) for p in cfg.preset or ["tiny", "2.5m"]]
-    print(f"{title}, {cfg.device} {cfg.dtype}, {torch.get_num_threads()} threads, median of {cfg.repeats} ", end="")
-    print("(spread = (max - min) / median)")
+    rows = [measure(p, cfg) for p in cfg.preset or ["tiny", "2.5m"]]
+    setting = f"{cfg.device} {cfg.dtype}, {torch.get_num_threads()} threads, median of {cfg.repeats}"
+    print(f"{title}, {setting} (spread = (max - min) / median)")
     print(format_table(rows))
     return rows
 

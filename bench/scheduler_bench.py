@@ -27,6 +27,7 @@ from runlog import format_table, n_processes  # noqa: E402
 
 
 def preset(**kw) -> S.Config:
+    """The agentic-160gpu preset with the fields kw changed."""
     return dataclasses.replace(S.Config(), **(S.PRESETS["agentic-160gpu"] | kw))
 
 
@@ -43,6 +44,7 @@ def bare_event_loop(n: int) -> float:
 
 
 def peak_mib(cfg: S.Config) -> float:
+    """Peak Python memory (MiB, tracemalloc) of one simulate(cfg)."""
     tracemalloc.start()
     S.simulate(cfg)
     peak = tracemalloc.get_traced_memory()[1]
@@ -65,6 +67,7 @@ def closed_forms() -> list[dict]:
 
 
 def main():
+    """`python bench/scheduler_bench.py [--quick]`: speed, wall time, memory growth and closed-form agreement."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="scaled-down preset (batch 64, 4 steps)")
     quick = ap.parse_args().quick

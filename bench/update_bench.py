@@ -16,7 +16,6 @@ the trainer).
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import sys
 import time
@@ -31,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rollout_bench import BenchArgs, make_model, run_presets, spread, sync  # noqa: E402
 
 import ppo_minimal as pm  # noqa: E402
-from common import check_fields, parse_config  # noqa: E402
+from common import check_fields, make_autocast, parse_config  # noqa: E402
 from critics import Critics, make_value_model  # noqa: E402
 
 
@@ -99,15 +98,15 @@ def bare_update(policy, policy_opt, critic, critic_opt, batch: pm.Batch, cfg: Co
             for model, opt in ((policy, policy_opt), (critic, critic_opt)):
                 for s in range(rows.start, rows.stop, cfg.micro_batch):
                     sl = slice(s, min(s + cfg.micro_batch, rows.stop))
-                    ids, am, mask = batch.input_ids[sl], batch.attention_mask[sl], batch.response_mask[sl]
+                    ids, attn, mask = batch.input_ids[sl], batch.attention_mask[sl], batch.response_mask[sl]
                     with autocast():
                         if model is policy:
-                            logits = model(input_ids=ids, attention_mask=am, logits_to_keep=R + 1).logits[:, :-1]
+                            logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=R + 1).logits[:, :-1]
                             tok_loss = F.cross_entropy(
                                 logits.float().flatten(0, 1), ids[:, -R:].flatten(), reduction="none"
                             ).view_as(mask)  # [b, R]
                         else:
-                            tok_loss = (model(ids, am, R) - batch.critic_returns[sl, 0]) ** 2  # [b, R]
+                            tok_loss = (model(ids, attn, R) - batch.critic_returns[sl, 0]) ** 2  # [b, R]
                         loss = (tok_loss * mask).sum() / mask.sum()
                     loss.backward()
                 opt.step()
@@ -115,12 +114,9 @@ def bare_update(policy, policy_opt, critic, critic_opt, batch: pm.Batch, cfg: Co
 
 
 def bench_one(preset: str, cfg: Config) -> dict:
+    """Seconds per update of both sides on one preset's model: the median of cfg.repeats interleaved updates."""
     device = torch.device(cfg.device)
-    autocast = (
-        (lambda: torch.autocast(device.type, dtype=torch.bfloat16))
-        if cfg.dtype == "bfloat16"
-        else contextlib.nullcontext
-    )
+    autocast = make_autocast(cfg.dtype, device)
     torch.manual_seed(cfg.seed)
     policy = make_model(preset, device).eval()
     critic = make_value_model(policy).to(device).eval()
@@ -133,9 +129,11 @@ def bench_one(preset: str, cfg: Config) -> dict:
     shuffle = torch.Generator().manual_seed(cfg.seed)
 
     def ours():
+        """One ppo_update: ppo_epochs x minibatches steps of policy and critic."""
         pm.ppo_update(ppo_cfg, policy, ppo_opt, critics, batch, 1, shuffle, autocast)
 
     def bare():
+        """The same passes and steps as plain losses."""
         bare_update(policy, bare_opts[0], critic, bare_opts[1], batch, cfg, autocast)
 
     times = {"ppo_update": [], "bare": []}

@@ -19,4 +19,4 @@ def full_batch(**fields) -> pm.Batch:
     least) with the neutral values above for the fields left out (or given as None); a misspelt field is an error."""
     if unknown := fields.keys() - set(NAMES):
         raise TypeError(f"full_batch: Batch has no field(s) {sorted(unknown)}; its fields: {NAMES}")
-    return pm.Batch(**repro.batch_fields(fields, NAMES))
+    return pm.Batch(**repro.batch_fields(fields, NAMES, "full_batch"))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import typing
 from pathlib import Path
 
 import torch
@@ -29,8 +28,6 @@ import ppo_minimal as pm  # noqa: E402
 from common import setup_dist  # noqa: E402
 from critics import Critics, make_value_model  # noqa: E402
 from rollout import sequence_logprobs  # noqa: E402
-
-AGG_MODES = typing.get_args(typing.get_type_hints(pm.Config)["loss_agg"])  # every loss aggregation
 from tasks import make_tiny_model, make_tokenizer  # noqa: E402
 
 B, P, R, M = 8, 5, 7, 2  # global batch, prompt length, response length, critics
@@ -114,7 +111,7 @@ def update_deltas(loss_agg: str, rank: int, world: int) -> dict[str, torch.Tenso
 
 def main(out: str) -> None:
     rank, _, world, _ = setup_dist(timeout_s=60, device="cpu")
-    result = {mode: update_deltas(mode, rank, world) for mode in AGG_MODES}
+    result = {mode: update_deltas(mode, rank, world) for mode in pm.AGG_MODES}
     if rank == 0:
         torch.save(result, out)
     torch.distributed.destroy_process_group()

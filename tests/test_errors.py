@@ -93,7 +93,7 @@ def test_config_choice_errors_list_the_choices(field, value):
 
 
 def test_config_min_lr_ratio_needs_the_cosine_schedule_and_sft_target_is_derived():
-    with pytest.raises(ValueError, match="'min_lr_ratio' needs lr_schedule 'cosine'"):
+    with pytest.raises(ValueError, match="'min_lr_ratio' = 0.1 needs lr_schedule 'cosine'"):
         pm.Config(lr_schedule="constant", min_lr_ratio=0.1)
     assert pm.Config(task="sort").sft_target == 0.15 and pm.Config(task="reverse").sft_target == 0.30  # recorded
     assert pm.Config(task="sort", sft_target=0.4).sft_target == 0.4

@@ -166,3 +166,6 @@ def test_a_dump_in_the_earlier_dict_format_still_replays_bit_for_bit(sft_path, t
     torch.save({**saved, "batch": {**batch, "advantage": batch["advantages"]}}, path)  # a field no version has
     with pytest.raises(ValueError, match="'advantage'"):
         pm.replay(str(path))
+    torch.save({**saved, "batch": {k: v for k, v in batch.items() if k != "advantages"}}, path)  # one missing
+    with pytest.raises(ValueError, match=r"lacks the field\(s\) \['advantages'\]"):
+        pm.replay(str(path))
