@@ -293,8 +293,14 @@ def test_dead_trainer_stops_the_workers(tmp_path, default_sft_path):
 def test_ctrl_c_stops_every_process(tmp_path, default_sft_path, when):
     cmd = [sys.executable, "async_loop.py", "--out-dir", str(tmp_path), *SMALL, "--steps", "200"]
     cmd += ["--rollout-workers", "2"]
-    p = subprocess.Popen(
-        cmd, cwd=ROOT, env=ENV, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    p = subprocess.Popen(  # as from a terminal: SIGINT at its default (a background `&` job would ignore it)
+        cmd,
+        cwd=ROOT,
+        env=ENV,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     metrics = tmp_path / "metrics.jsonl"
     deadline = time.time() + (3 if when == "start-up" else 180)  # start-up: processes spawning, models loading
