@@ -142,8 +142,8 @@ class Config(TaskArgs, SampleArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArg
     def __post_init__(self):
         repro.apply_stated_config(self)  # first: an injection's stated config fills fields left at their default
         check_fields(self, RANGES)  # PPO's own fields (a None derived below passes)
-        for args in Config.__bases__:  # then each concept's own checks, in its Args class
-            args.__post_init__(self)
+        for base in Config.__bases__:  # then each concept's own checks, in its Args class
+            base.__post_init__(self)
         if self.ent_coef is None:  # derived once here, printed with the config
             self.ent_coef = 1e-3 if self.critic == "asyppo" and self.adv_estimator == "gae" else 0.0
         if self.sft_target is None:  # derived once here, so config.json and checkpoints record the value used
@@ -205,9 +205,9 @@ def gae(token_rewards, values, mask, gamma: float, lam: float):
         # delta_t = r_t + gamma V_{t+1} - V_t ; A_t = delta_t + gamma lam A_{t+1}   (GAE eq. 16)
         delta = token_rewards[:, t] + gamma * nextvalue - values[:, t]
         gae_t = delta + gamma * lam * lastgae
-        m = mask[:, t].to(values.dtype)
-        nextvalue = m * values[:, t] + (1 - m) * nextvalue  # only valid tokens move the recursion
-        lastgae = m * gae_t + (1 - m) * lastgae
+        valid = mask[:, t].to(values.dtype)  # [B] 1 where token t is a response token
+        nextvalue = valid * values[:, t] + (1 - valid) * nextvalue  # only valid tokens move the recursion
+        lastgae = valid * gae_t + (1 - valid) * lastgae
         adv[:, t] = lastgae
     returns = adv + values  # before whitening
     return adv * mask, returns * mask  # detail 4
@@ -335,8 +335,8 @@ class Batch:
 
 def trainer_logprobs(cfg: Config, model, input_ids, attention_mask, R: int, with_entropy: bool = False):
     """The trainer's logprobs (and entropies) [B, R] with the sampling temperature (detail 1): old, ref, loss."""
-    score, temperature = repro.at_logprobs(cfg.inject, cfg.temperature)  # INJECT no_temperature, logprob_shift
-    return score(model, input_ids, attention_mask, R, temperature=temperature, micro_batch=cfg.micro_batch,
+    logprob_fn, temperature = repro.at_logprobs(cfg.inject, cfg.temperature)  # INJECT no_temperature, logprob_shift
+    return logprob_fn(model, input_ids, attention_mask, R, temperature=temperature, micro_batch=cfg.micro_batch,
                  with_entropy=with_entropy)  # fmt: skip
 
 
@@ -371,8 +371,7 @@ def compute_advantages(cfg: Config, token_scores, response_mask, old_logp, ref_l
 
 
 def shape_advantages(cfg: Config, policy, input_ids, attention_mask, response_mask, advantages, all_values):
-    """Extension point (detail 5), after whitening: token weights (attention credit), pg and entropy masks
-    (AsyPPO). Returns (token_weights, pg_mask, ent_mask) [B, R] each and their metrics."""
+    """After whitening (detail 5): token weights (credit), pg / entropy masks (AsyPPO) [B, R] each; metrics."""
     weights, pg_mask, ent_mask, metrics = torch.ones_like(advantages), response_mask, response_mask, {}
     if cfg.adv_estimator == "gae" and cfg.critic == "asyppo":  # AsyPPO: masks from the critics' disagreement
         pg_mask, ent_mask, metrics = asyppo_masks(all_values, response_mask, cfg.asyppo_k, cfg.asyppo_h)
@@ -482,6 +481,25 @@ def set_learning_rates(cfg: Config, step: int, opt, critics) -> bool:
     return step >= cfg.critic_warmup_steps
 
 
+def sequences_per_rank(cfg: Config, world: int) -> int:
+    """Sequences each rank samples per iteration; the batch split must be exact (and a dump needs one process)."""
+    n_local = cfg.prompts_per_step // world * cfg.group_size
+    if cfg.prompts_per_step % world:
+        raise ValueError(f"config field 'prompts_per_step' = {cfg.prompts_per_step} must divide by world size {world}")
+    if n_local % cfg.minibatches:
+        raise ValueError(f"config field 'minibatches' = {cfg.minibatches} must divide the {n_local} sequences per rank")
+    if cfg.dump_batch and world > 1:
+        raise ValueError(f"config field 'dump_batch' needs world size 1, not {world} (the replay is one process)")
+    return n_local
+
+
+def critic_targets(cfg: Config, token_rewards, all_values, mask, returns):
+    """Each critic's value target R^(m) = GAE(V_m) + V_m [B, M, R]; for M = 1 that is `returns` already."""
+    if len(all_values) == 1:
+        return returns[:, None]  # [B, 1, R]
+    return torch.stack([gae(token_rewards, v * mask, mask, cfg.gamma, cfg.lam)[1] for v in all_values], 1)
+
+
 def build_models(cfg: Config, device, world: int):
     """(policy: the checkpoint's weights on resume, its DDP wrapper, AdamW, the frozen reference, tokenizer, stop ids,
     critics for GAE)."""
@@ -505,7 +523,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     n_local, autocast = sequences_per_rank(cfg, world), make_autocast(cfg.dtype, device)
     sampling = rollout_kw(cfg)  # rollout_env's limits and sampling settings (envs.py)
     policy, policy_train, opt, ref, tokenizer, eos_ids, critics = build_models(cfg, device, world)
-    anchor = repro.stale_anchor(cfg.inject, policy)  # computes old_logprobs: the policy itself; INJECT
+    anchor = repro.stale_anchor(cfg.inject, policy)  # computes old_logprobs: the policy; INJECT stale_old_logprobs
     task = None if multi_turn(cfg) else make_task(cfg.task, cfg.data, cfg.reward)
     kl_ctrl = KLController(cfg.kl_coef, cfg.kl_ctrl)  # veRL's target 0.1 and horizon 10000
     rng = np.random.default_rng(cfg.seed + rank)  # tasks and env seeds: seed + rank
@@ -582,7 +600,9 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         token_rewards, adv, returns, kl, adv_stats = compute_advantages(
             cfg, token_scores, response_mask, old_logprobs, ref_logprobs, kl_ctrl.beta, group_ids, values
         )
-        weights, pg_mask, ent_mask, shaped = shape_advantages(cfg, policy, ids, attn, response_mask, adv, all_values)
+        weights, pg_mask, ent_mask, weight_stats = shape_advantages(
+            cfg, policy, ids, attn, response_mask, adv, all_values
+        )
         batch = Batch(
             input_ids=ids, attention_mask=attn, response_mask=response_mask, old_logprobs=old_logprobs,
             clip_anchor=behav if cfg.off_policy == "behav" else old_logprobs, ref_logprobs=ref_logprobs,  # (a) behav
@@ -594,13 +614,13 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         )  # fmt: skip
 
         # --- 5. update: ppo_epochs x minibatches; --dump-batch saves its inputs first, then its outcome (repro.py)
-        args = dict(cfg=cfg, policy_train=policy_train, opt=opt, critics=critics, batch=batch, world=world)
-        args.update(gen=shuffle_gen, autocast=autocast, update_actor=update_actor)
+        update_args = dict(cfg=cfg, policy_train=policy_train, opt=opt, critics=critics, batch=batch, world=world)
+        update_args.update(gen=shuffle_gen, autocast=autocast, update_actor=update_actor)
         if cfg.dump_batch == step + 1:
             path, extra = out_dir / f"batch-{step + 1}.pt", {"token_rewards": token_rewards, "scores": scores}
-            upd = repro.dump_update(path, tokenizer, rollout, extra, ppo_update, args)
+            upd = repro.dump_update(path, tokenizer, rollout, extra, ppo_update, update_args)
         else:
-            upd = ppo_update(**args)
+            upd = ppo_update(**update_args)
         if cfg.kl_in_reward:  # adaptive controller: batch mean of per-sequence mean KL, n = sequences
             seq_kl = (kl.sum(-1) / mask.sum(-1).clamp(min=1)).mean().item()
             kl_ctrl.update(float(common.reduce_metrics({"kl": seq_kl}, device)["kl"]), n_local * world)
@@ -609,15 +629,15 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         # --- 6. metrics (reduced over ranks), eval, live diagnosis, hooks, checkpoint
         _, group_std, group_n = _group_stats(scores, group_ids)  # [B] per sample; singletons count as not equal
         m = {"rollout/reward_mean": scores.mean().item(), "rollout/reward_std": scores.std().item(), **adv_stats}
-        m.update({"stats/score_std": scores.std().item(), **upd, **shaped, **off_stats, **sampled, **footprint})
+        m.update({"stats/score_std": scores.std().item(), **upd, **weight_stats, **off_stats, **sampled, **footprint})
         m["rollout/zero_std_frac"] = ((group_std < 1e-8) & (group_n > 1)).float().mean().item()
         m.update(rollout_metrics(rollout, episodes, eos_ids, cfg.max_new_tokens))
         m.update(gap_stats(old_logprobs, behav, mask, rollout.policy_version, step))
         m["stats/kl_coef"] = kl_ctrl.beta
         m.update({"stats/lr": opt.param_groups[0]["lr"], "time/rollout": t1 - t0, "time/reward": t2 - t1})
         m.update({"perf/tokens_per_s": mask.sum().item() / (t3 - t0), "time/train": t3 - t2})
-        if "time/credit" in shaped:  # attention credit: its extra forward as a share of the step
-            m["perf/credit_overhead"] = shaped["time/credit"] / (t3 - t0)
+        if "time/credit" in weight_stats:  # attention credit: its extra forward as a share of the step
+            m["perf/credit_overhead"] = weight_stats["time/credit"] / (t3 - t0)
         if device.type == "cuda":
             m["perf/max_mem_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
         if critics is not None:
@@ -644,28 +664,8 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     return result
 
 
-def sequences_per_rank(cfg: Config, world: int) -> int:
-    """Sequences each rank samples per iteration; the batch split must be exact (and a dump needs one process)."""
-    n_local = cfg.prompts_per_step // world * cfg.group_size
-    if cfg.prompts_per_step % world:
-        raise ValueError(f"config field 'prompts_per_step' = {cfg.prompts_per_step} must divide by world size {world}")
-    if n_local % cfg.minibatches:
-        raise ValueError(f"config field 'minibatches' = {cfg.minibatches} must divide the {n_local} sequences per rank")
-    if cfg.dump_batch and world > 1:
-        raise ValueError(f"config field 'dump_batch' needs world size 1, not {world} (the replay is one process)")
-    return n_local
-
-
-def critic_targets(cfg: Config, token_rewards, all_values, mask, returns):
-    """Each critic's value target R^(m) = GAE(V_m) + V_m [B, M, R]; for M = 1 that is `returns` already."""
-    if len(all_values) == 1:
-        return returns[:, None]  # [B, 1, R]
-    return torch.stack([gae(token_rewards, v * mask, mask, cfg.gamma, cfg.lam)[1] for v in all_values], 1)
-
-
 def replay(path: str) -> tuple[dict | None, bool]:
-    """Re-run the update saved by --dump-batch in `path` (set a breakpoint in ppo_update to step through it).
-    Returns its metrics and whether it equals the original: same metrics and state digest, or the same error."""
+    """Re-run a --dump-batch update (break in ppo_update to step through it): (metrics, same metrics and digest?)."""
     d = torch.load(path, weights_only=True, map_location="cpu")
     saved = json.loads(d["config"])  # a subclass's fields (async_loop.AsyncConfig) do not enter the update
     names = {f.name for f in fields(Config)}  # older dumps lack newer fields: those take their defaults

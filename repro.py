@@ -46,7 +46,7 @@ class Injection(NamedTuple):
     bug: str  # what goes wrong
     config: dict  # the stated config where it hurts (detail 2)
     diagnosed_as: str  # the failure-mode id diagnose.py must report (detail 2)
-    point: str  # the function below that plants it
+    points: str  # the functions below that plant it, one per point of the loop
 
 
 INJECTIONS = {
@@ -54,16 +54,16 @@ INJECTIONS = {
         "the task score is multiplied by 0.01", {"kl_in_reward": True, "kl_coef": 0.05}, "reward_scale", "at_scores"
     ),
     "eos_unmasked": Injection(
-        "the loss mask is all ones: the padding after EOS is trained too", {}, "eos_mask", "at_scores"
+        "the loss mask is all ones: padding after EOS is trained too", {}, "eos_mask", "at_scores, at_score_placement"
     ),
     "logprob_shift": Injection(
         "the trainer scores each token with the logits at its own position", {}, "logprob_mismatch", "at_logprobs"
     ),
     "pad_eq_eos": Injection(
-        "pad id == EOS id, the response mask rebuilt from ids: EOS is masked out", {}, "eos_mask", "at_rollout"
+        "pad id == EOS id, the mask rebuilt from ids: EOS masked out", {}, "eos_mask", "at_rollout, at_score_placement"
     ),
     "stale_old_logprobs": Injection(
-        "old logprobs come from a policy copy never re-synced", {}, "logprob_mismatch", "stale_anchor"
+        "old logprobs come from a policy copy never re-synced", {}, "logprob_mismatch", "stale_anchor, resync_anchor"
     ),
     "no_temperature": Injection(
         "the trainer's logprobs skip logits / T", {"temperature": 0.7}, "logprob_mismatch", "at_logprobs"
@@ -289,9 +289,9 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.dump:
         return describe_dump(args.dump)
-    print(f"{'--inject':20s} {'diagnosed as':18s} {'planted by':20s} {'stated config':38s} the bug")
+    print(f"{'--inject':20s} {'diagnosed as':18s} {'planted by':32s} {'stated config':38s} the bug")
     for name, inj in INJECTIONS.items():
-        print(f"{name:20s} {inj.diagnosed_as:18s} {inj.point:20s} {str(inj.config or 'default'):38s} {inj.bug}")
+        print(f"{name:20s} {inj.diagnosed_as:18s} {inj.points:32s} {str(inj.config or 'default'):38s} {inj.bug}")
 
 
 if __name__ == "__main__":

@@ -305,7 +305,7 @@ def rollout_env(
     sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k} if generator else {"temperature": 0.0}
     first = [_checked(env, "reset", i, 0, seed=seed)[0] for i, (env, seed) in enumerate(zip(envs, seeds))]
     prompts = encode_prompts(tokenizer, [format_prompt(tokenizer, o) for o in first], max_prompt_len)
-    ids, am = _left_pad(prompts, tokenizer.pad_token_id)
+    ids, attention_mask = _left_pad(prompts, tokenizer.pad_token_id)
     tracks = [{"ids": [], "action": [], "logp": [], "score": [], "no_stop": False} for _ in envs]  # the responses
     blank = {"return": 0.0, "success": False, "turns": 0, "malformed": 0, "cut": False, "context_cut": False}
     info = [{**blank, "no_stop_actions": 0, "action_spans": [], "env_s": [], "gen_s": []} for _ in envs]
@@ -344,7 +344,7 @@ def rollout_env(
                           eos_ids, room, **step):  # fmt: skip
                 still.append(i)
         live = still
-    return _pack(ids, am, tracks, tokenizer.pad_token_id, dev), info
+    return _pack(ids, attention_mask, tracks, tokenizer.pad_token_id, dev), info
 
 
 def _take_turn(env, tokenizer, track: dict, info: dict, action: list[int], logp: list[float], eos_ids, room: int, *,

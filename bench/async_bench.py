@@ -33,12 +33,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import scheduler  # noqa: E402
-from common import check_range, parse_config  # noqa: E402
+from common import check_fields, check_range, parse_config  # noqa: E402
 from runlog import format_table  # noqa: E402
 
 
 @dataclass
 class BenchConfig:
+    """Which workload, which async ratios and how large a run (defaults: the latency workload, 12 steps)."""
+
     workload: Literal["latency", "compute"] = "latency"
     """latency: calc environment with log-normal env latency; compute: reverse task, no latency."""
     env_latency: float = 0.02
@@ -63,9 +65,10 @@ class BenchConfig:
     """where each run writes."""
 
     def __post_init__(self):
-        for name in ("rollout_workers", "steps", "prompts_per_step", "group_size"):
-            check_range(name, getattr(self, name), 1)
-        check_range("env_latency", self.env_latency, 0.0)
+        positive = ("rollout_workers", "threads", "steps", "prompts_per_step", "group_size")
+        check_fields(self, {"[1, inf)": positive, "[0.0, inf)": ("env_latency",)})
+        for ratio in self.ratios:  # each is compared with the synchronous run (alpha 0)
+            check_range("ratios", ratio, 1)
 
 
 def run_one(cfg: BenchConfig, alpha: int, seed: int, out: Path, extra=("--eval-every", "0")) -> dict:

@@ -101,21 +101,25 @@ def main(argv=None) -> int:
     ap.add_argument("mode", choices=("record", "check"))
     ap.add_argument("--only", nargs="*", default=None, help="run only these configs (default: all)")
     ap.add_argument("--jobs", type=int, default=2, help="configs run at a time (each on one thread)")
+    ap.add_argument("--ref", type=Path, default=REF, help=f"the reference folder (default: {REF.relative_to(ROOT)})")
     args = ap.parse_args(argv)
+    unknown = sorted(set(args.only or ()) - set(RUNS))
+    if unknown:
+        ap.error(f"--only: unknown configs {unknown}; the configs are {list(RUNS)}")
     names = args.only or list(RUNS)
     with tempfile.TemporaryDirectory(prefix="identity-") as tmp:
         with ThreadPoolExecutor(args.jobs) as ex:
             results = dict(zip(names, ex.map(lambda n: run_one(n, Path(tmp)), names)))
     if args.mode == "record":
-        REF.mkdir(parents=True, exist_ok=True)
+        args.ref.mkdir(parents=True, exist_ok=True)
         for name, r in results.items():
-            (REF / f"{name}.json").write_text(json.dumps(r, indent=1) + "\n")
-        print(f"recorded {len(results)} configs in {REF}")
+            (args.ref / f"{name}.json").write_text(json.dumps(r, indent=1) + "\n")
+        print(f"recorded {len(results)} configs in {args.ref}")
     bad = []
     for name, r in results.items():
         problems = [f"{k} {r[k]}" for k in ("replay", "resume") if k in r and r[k] != "identical"]
         if args.mode == "check":
-            ref = json.loads((REF / f"{name}.json").read_text())
+            ref = json.loads((args.ref / f"{name}.json").read_text())
             if r["rows"] != ref["rows"]:
                 first = next((i for i, (a, b) in enumerate(zip(r["rows"], ref["rows"])) if a != b), None)
                 if first is None:

@@ -71,13 +71,13 @@ def test_off_policy_on_policy_is_plain_ppo_and_capped_tokens_get_no_gradient(mod
 
 def _rollout(P: int, R: int, n: int, version: int, pad: int = 0) -> Rollout:
     ids = torch.randint(3, 50, (n, P + R))
-    am = torch.ones(n, P + R, dtype=torch.long)
-    am[0, :1] = 0  # left padding in row 0
+    attention_mask = torch.ones(n, P + R, dtype=torch.long)
+    attention_mask[0, :1] = 0  # left padding in row 0
     ids[0, 0] = pad
     rm = torch.ones(n, R, dtype=torch.long)
     rm[-1, -1] = 0
     return Rollout(
-        prompt_ids=ids[:, :P], response_ids=ids[:, P:], attention_mask=am, response_mask=rm,
+        prompt_ids=ids[:, :P], response_ids=ids[:, P:], attention_mask=attention_mask, response_mask=rm,
         rollout_logprobs=-torch.rand(n, R), truncated=torch.tensor([True] + [False] * (n - 1)),
         token_scores=torch.rand(n, R), policy_version=torch.full((n,), version),
     )  # fmt: skip

@@ -298,10 +298,10 @@ def test_mini_critic_keeps_the_actor_first_layers_and_round_trips(tmp_path):
         assert torch.equal(a, b) and a.data_ptr() != b.data_ptr(), n  # a copy of the actor's first layer
     torch.nn.init.normal_(mini.head.weight, std=0.1)
     ids = torch.randint(4, len(tok), (3, 9))
-    am = torch.ones(3, 9, dtype=torch.long)
+    attention_mask = torch.ones(3, 9, dtype=torch.long)
     mini.save_pretrained(tmp_path / "c")
     again = critics.ValueModel.from_pretrained(tmp_path / "c").eval()
-    assert torch.equal(mini(ids, am, 4), again(ids, am, 4))
+    assert torch.equal(mini(ids, attention_mask, 4), again(ids, attention_mask, 4))
     full = critics.make_value_model(policy)
     assert len(full.backbone.layers) == 2
 
@@ -349,13 +349,13 @@ def test_critic_footprint_counts():
     policy = make_tiny_model(tok).eval()
     minis = [critics.make_value_model(policy, depth=0.5) for _ in range(2)]
     ids = torch.randint(4, len(tok), (8, 12))
-    am = torch.ones(8, 12, dtype=torch.long)
-    f = critics.critic_footprint(minis, policy, ids, am, 5)
+    attention_mask = torch.ones(8, 12, dtype=torch.long)
+    f = critics.critic_footprint(minis, policy, ids, attention_mask, 5)
     n_mini = sum(p.numel() for p in minis[0].parameters())
     n_full = sum(p.numel() for p in policy.model.parameters()) + policy.config.hidden_size + 1  # + head
     assert f["critic/params"] == 2 * n_mini and f["critic/actor_sized_params"] == n_full
-    act_mini = critics.saved_activation_bytes(minis[0], ids, am, 5)
-    act_full = critics.saved_activation_bytes(critics.make_value_model(policy), ids, am, 5)
+    act_mini = critics.saved_activation_bytes(minis[0], ids, attention_mask, 5)
+    act_full = critics.saved_activation_bytes(critics.make_value_model(policy), ids, attention_mask, 5)
     assert 0 < act_mini < act_full
     # 4 bytes per fp32 value: weights + 2 AdamW moments for all critics, gradients + activations of one
     assert f["critic/mem_mb"] * 2**20 == pytest.approx(12 * 2 * n_mini + 4 * n_mini + act_mini)

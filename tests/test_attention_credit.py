@@ -226,14 +226,14 @@ def make_batch(tok, prompts, responses, extra_left=0, extra_right=0):
     P = max(map(len, prompts)) + 1 + extra_left
     R = max(map(len, responses)) + 1 + extra_right
     ids = torch.full((len(prompts), P + R), tok.pad_token_id)
-    am = torch.zeros(len(prompts), P + R, dtype=torch.long)
+    attention_mask = torch.zeros(len(prompts), P + R, dtype=torch.long)
     rm = torch.zeros(len(prompts), R, dtype=torch.long)
     for i, (p, r) in enumerate(zip(prompts, responses)):
         pi = [tok.bos_token_id] + tok(p, add_special_tokens=False).input_ids
         ri = tok(r, add_special_tokens=False).input_ids + [tok.eos_token_id]
         ids[i, P - len(pi) : P], ids[i, P : P + len(ri)] = torch.tensor(pi), torch.tensor(ri)
-        am[i, P - len(pi) : P + len(ri)], rm[i, : len(ri)] = 1, 1
-    return ids, am, rm
+        attention_mask[i, P - len(pi) : P + len(ri)], rm[i, : len(ri)] = 1, 1
+    return ids, attention_mask, rm
 
 
 PROMPTS = ["12+34+56+78+90=", "1+2=", "555>", "s123456>"]
@@ -248,19 +248,19 @@ RESPONSES = [
 def test_hooks_match_output_attentions(tiny):
     """Per-head WAAD / FAI / spans from the hooks equal those from the model's own output_attentions."""
     model, tok = tiny
-    ids, am, rm = make_batch(tok, PROMPTS, RESPONSES)
-    st = ac.attention_stats(model, ids, am, rm, micro_batch=3)
+    ids, attention_mask, rm = make_batch(tok, PROMPTS, RESPONSES)
+    st = ac.attention_stats(model, ids, attention_mask, rm, micro_batch=3)
     assert model.config._attn_implementation == "sdpa"  # restored after the pass
     model.set_attn_implementation("eager")
-    pos = (am.cumsum(-1) - 1).clamp(min=0)
+    pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
-        maps = model(input_ids=ids, attention_mask=am, position_ids=pos, output_attentions=True).attentions
+        maps = model(input_ids=ids, attention_mask=attention_mask, position_ids=pos, output_attentions=True).attentions
     model.set_attn_implementation("sdpa")
     assert len(maps) == model.config.num_hidden_layers
     N, R = ids.shape[1], rm.shape[1]
-    rows = torch.cat([torch.zeros_like(am[:, : N - R]), rm], 1).bool()
+    rows = torch.cat([torch.zeros_like(attention_mask[:, : N - R]), rm], 1).bool()
     A = torch.cat([maps[layer] for layer in st["layers"]], 1).float()  # [B, nH, N, N]
-    A = A.masked_fill(~am.bool()[:, None, None, :], 0).masked_fill(~rows[:, None, :, None], 0)
+    A = A.masked_fill(~attention_mask.bool()[:, None, None, :], 0).masked_fill(~rows[:, None, :, None], 0)
     assert torch.allclose(st["waad"], ac.waad(A)[..., N - R :], atol=1e-5)
     assert torch.allclose(st["fai"], ac.fai(A, rows)[0][..., N - R :], atol=1e-6)
     assert torch.allclose(st["spans"], ac.head_spans(A, rows), atol=1e-5)
@@ -269,8 +269,8 @@ def test_hooks_match_output_attentions(tiny):
 def test_padding_never_enters_maps(tiny):
     """Extra left / right padding and junk ids under the padding leave WAAD, FAI, spans and gamma unchanged."""
     model, tok = tiny
-    ids, am, rm = make_batch(tok, PROMPTS, RESPONSES)
-    ref = ac.compute_credit(model, ids, am, rm, micro_batch=4)
+    ids, attention_mask, rm = make_batch(tok, PROMPTS, RESPONSES)
+    ref = ac.compute_credit(model, ids, attention_mask, rm, micro_batch=4)
     ids2, am2, rm2 = make_batch(tok, PROMPTS, RESPONSES, extra_left=3, extra_right=5)
     ids2 = torch.where(am2.bool(), ids2, torch.randint(4, len(tok), ids2.shape))  # junk tokens under padding
     got = ac.compute_credit(model, ids2, am2, rm2, micro_batch=3)
@@ -284,14 +284,14 @@ def test_padding_never_enters_maps(tiny):
 
 def test_token_weights_metrics_and_bound(tiny):
     model, tok = tiny
-    ids, am, rm = make_batch(tok, PROMPTS, RESPONSES)
+    ids, attention_mask, rm = make_batch(tok, PROMPTS, RESPONSES)
     for mode in ("local", "global", "coupled"):
-        g, m = ac.token_weights(model, ids, am, rm, mode=mode, micro_batch=2)
+        g, m = ac.token_weights(model, ids, attention_mask, rm, mode=mode, micro_batch=2)
         assert g.shape == rm.shape and not g.requires_grad
         assert g.min() >= 1 and g.max() <= 1.75 and torch.equal(g[rm == 0], torch.ones(int((rm == 0).sum())))
         assert abs(m["stats/credit_amplified_frac"] - float((g[rm.bool()] > 1).float().mean())) < 1e-6
         assert m["time/credit"] > 0
-    g1, _ = ac.token_weights(model, ids, am, rm, amp=1.0)
+    g1, _ = ac.token_weights(model, ids, attention_mask, rm, amp=1.0)
     assert torch.equal(g1, torch.ones_like(g1))
 
 
@@ -305,13 +305,13 @@ def test_model_without_maps_names_its_class():
 
 def test_pass_restores_attention_implementation_on_error(tiny):
     model, tok = tiny
-    ids, am, rm = make_batch(tok, PROMPTS, RESPONSES)
+    ids, attention_mask, rm = make_batch(tok, PROMPTS, RESPONSES)
 
     def boom(sl, j, A):
         raise ValueError("boom")
 
     with pytest.raises(ValueError, match="boom"):
-        ac.run_with_maps(model, ids, am, [2, 3], boom)
+        ac.run_with_maps(model, ids, attention_mask, [2, 3], boom)
     assert model.config._attn_implementation == "sdpa"
 
 
@@ -319,9 +319,9 @@ def test_pass_restores_attention_implementation_on_error(tiny):
 # the shaped loss
 
 
-def loss_and_grads(model, ids, am, rm, adv, old, token_weights):
+def loss_and_grads(model, ids, attention_mask, rm, adv, old, token_weights):
     model.zero_grad(set_to_none=True)
-    logp, _ = sequence_logprobs(model, ids, am, rm.shape[1])
+    logp, _ = sequence_logprobs(model, ids, attention_mask, rm.shape[1])
     loss, _ = ppo_minimal.policy_loss(logp, old, adv, rm.float(), token_weights=token_weights)
     loss.backward()
     return loss.detach(), [p.grad.clone() for p in model.parameters()]
@@ -329,25 +329,25 @@ def loss_and_grads(model, ids, am, rm, adv, old, token_weights):
 
 def test_amp_one_reproduces_grpo_exactly(tiny):
     model, tok = tiny
-    ids, am, rm = make_batch(tok, PROMPTS, RESPONSES)
+    ids, attention_mask, rm = make_batch(tok, PROMPTS, RESPONSES)
     adv = torch.tensor([1.0, -0.5, 0.3, -1.2])[:, None] * rm  # [B, R] group advantages
     with torch.no_grad():
-        old = sequence_logprobs(model, ids, am, rm.shape[1])[0] + 0.05 * torch.randn(rm.shape)
-    g, _ = ac.token_weights(model, ids, am, rm, amp=1.0)
-    l0, g0 = loss_and_grads(model, ids, am, rm, adv, old, None)
-    l1, g1 = loss_and_grads(model, ids, am, rm, adv, old, g)
+        old = sequence_logprobs(model, ids, attention_mask, rm.shape[1])[0] + 0.05 * torch.randn(rm.shape)
+    g, _ = ac.token_weights(model, ids, attention_mask, rm, amp=1.0)
+    l0, g0 = loss_and_grads(model, ids, attention_mask, rm, adv, old, None)
+    l1, g1 = loss_and_grads(model, ids, attention_mask, rm, adv, old, g)
     assert torch.equal(l0, l1) and all(torch.equal(a, b) for a, b in zip(g0, g1))
 
 
 def test_constant_gamma_scales_gradient(tiny):
     model, tok = tiny
-    ids, am, rm = make_batch(tok, PROMPTS, RESPONSES)
+    ids, attention_mask, rm = make_batch(tok, PROMPTS, RESPONSES)
     adv = torch.tensor([1.0, -0.5, 0.3, -1.2])[:, None] * rm
     with torch.no_grad():
-        old = sequence_logprobs(model, ids, am, rm.shape[1])[0] + 0.3 * torch.randn(rm.shape)  # clips
+        old = sequence_logprobs(model, ids, attention_mask, rm.shape[1])[0] + 0.3 * torch.randn(rm.shape)  # clips
     c = 1.5
-    l0, g0 = loss_and_grads(model, ids, am, rm, adv, old, None)
-    l1, g1 = loss_and_grads(model, ids, am, rm, adv, old, torch.full(rm.shape, c))
+    l0, g0 = loss_and_grads(model, ids, attention_mask, rm, adv, old, None)
+    l1, g1 = loss_and_grads(model, ids, attention_mask, rm, adv, old, torch.full(rm.shape, c))
     assert torch.allclose(l1, c * l0, rtol=1e-6)
     for a, b in zip(g0, g1):  # equal up to fp32 rounding, relative to each tensor's scale
         assert (b - c * a).abs().max() <= 1e-5 * (c * a).abs().max() + 1e-12

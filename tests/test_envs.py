@@ -145,18 +145,18 @@ def test_single_turn_is_the_one_turn_case_of_the_same_code_path(tiny):
     model, tok = tiny
     task = tasks.make_task("reverse")
     problems = task.sample(8, "train", np.random.default_rng(0))
-    ids, am = tokenize_prompts(tok, [tasks.format_prompt(tok, p["prompt"]) for p in problems], 64)
+    ids, attention_mask = tokenize_prompts(tok, [tasks.format_prompt(tok, p["prompt"]) for p in problems], 64)
     kw = {"eos_token_ids": [tok.eos_token_id], "pad_token_id": tok.pad_token_id}
-    plain = generate(model, ids, am, max_new_tokens=12, generator=torch.Generator().manual_seed(1), **kw)
+    plain = generate(model, ids, attention_mask, max_new_tokens=12, generator=torch.Generator().manual_seed(1), **kw)
     envs = [TaskEnv(task, p) for p in problems]
-    ro, info = rollout_env(
+    rollout, info = rollout_env(
         model, tok, envs, [None] * 8, [tok.eos_token_id], generator=torch.Generator().manual_seed(1), **CFG
     )
     for field in ("prompt_ids", "response_ids", "attention_mask", "response_mask", "rollout_logprobs", "truncated"):
-        assert torch.equal(getattr(plain, field), getattr(ro, field)), field
+        assert torch.equal(getattr(plain, field), getattr(rollout, field)), field
     scores = [task.compute_score(tok.decode(r[m.bool()], skip_special_tokens=True), p["ground_truth"])
               for r, m, p in zip(plain.response_ids, plain.response_mask, problems)]  # fmt: skip
-    assert ro.token_scores.sum(-1).tolist() == pytest.approx(scores)
+    assert rollout.token_scores.sum(-1).tolist() == pytest.approx(scores)
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +164,7 @@ def multi(tiny):
     """A batch of calc episodes from the random tiny model: malformed actions, observations, several turns."""
     model, tok = tiny
     envs = [make_env("calc") for _ in range(6)]
-    ro, info = rollout_env(
+    rollout, info = rollout_env(
         model,
         tok,
         envs,
@@ -174,47 +174,51 @@ def multi(tiny):
         max_turns=3,
         **CFG,
     )
-    return ro, info
+    return rollout, info
 
 
 def test_masks_cover_exactly_the_action_tokens_and_rewards_sit_at_their_ends(multi, tiny):
-    ro, info = multi
+    rollout, info = multi
     _, tok = tiny
     assert all(e["turns"] == 3 for e in info)  # random text is malformed: every episode runs to max_turns
     for i, e in enumerate(info):
-        expected = torch.zeros_like(ro.response_mask[i])
-        ends = torch.zeros_like(ro.token_scores[i])
+        expected = torch.zeros_like(rollout.response_mask[i])
+        ends = torch.zeros_like(rollout.token_scores[i])
         for start, end in e["action_spans"]:
             expected[start:end] = 1
             ends[end - 1] = 1
-        assert torch.equal(ro.response_mask[i], expected)
-        assert torch.equal(ro.token_scores[i] != 0, (ends != 0) & (ro.token_scores[i] != 0))
-        assert ro.token_scores[i].sum().item() == pytest.approx(e["return"])
+        assert torch.equal(rollout.response_mask[i], expected)
+        assert torch.equal(rollout.token_scores[i] != 0, (ends != 0) & (rollout.token_scores[i] != 0))
+        assert rollout.token_scores[i].sum().item() == pytest.approx(e["return"])
         assert len(e["env_s"]) == len(e["gen_s"]) == e["turns"] and min(e["gen_s"]) > 0  # per-turn timing
-        n = int(ro.attention_mask[i, ro.prompt_ids.shape[1] :].sum())  # actions and observations are real tokens
-        text = tok.decode(ro.response_ids[i, :n])
+        n = int(
+            rollout.attention_mask[i, rollout.prompt_ids.shape[1] :].sum()
+        )  # actions and observations are real tokens
+        text = tok.decode(rollout.response_ids[i, :n])
         assert text.count("error:") == 2  # the two observations between three malformed actions
 
 
 def test_recomputed_logprobs_match_the_sampler_on_every_action_token(multi, tiny):
     model, _ = tiny
-    ro, _ = multi
-    lp, _ = sequence_logprobs(model, ro.input_ids, ro.attention_mask, ro.response_ids.shape[1])
-    diff = ((lp - ro.rollout_logprobs).abs() * ro.response_mask).max().item()
+    rollout, _ = multi
+    lp, _ = sequence_logprobs(model, rollout.input_ids, rollout.attention_mask, rollout.response_ids.shape[1])
+    diff = ((lp - rollout.rollout_logprobs).abs() * rollout.response_mask).max().item()
     assert diff < 1e-5  # ratio 1 before the first update, also across observation tokens
 
 
 def test_the_loss_gradient_is_exactly_zero_on_observation_tokens(multi, tiny):
     model, _ = tiny
-    ro, _ = multi
-    R = ro.response_ids.shape[1]
-    logp, _ = sequence_logprobs(model, ro.input_ids, ro.attention_mask, R)
+    rollout, _ = multi
+    R = rollout.response_ids.shape[1]
+    logp, _ = sequence_logprobs(model, rollout.input_ids, rollout.attention_mask, R)
     logp.retain_grad()
     adv = torch.randn(logp.shape)
-    loss, _ = pm.policy_loss(logp, ro.rollout_logprobs, adv, ro.response_mask.float(), clip_low=0.2, clip_high=0.2)
+    loss, _ = pm.policy_loss(
+        logp, rollout.rollout_logprobs, adv, rollout.response_mask.float(), clip_low=0.2, clip_high=0.2
+    )
     loss.backward()
-    obs = (ro.response_mask == 0) & (ro.attention_mask[:, -R:] == 1)
-    assert obs.sum() > 20 and (logp.grad[obs] == 0).all() and (logp.grad[ro.response_mask.bool()] != 0).any()
+    obs = (rollout.response_mask == 0) & (rollout.attention_mask[:, -R:] == 1)
+    assert obs.sum() > 20 and (logp.grad[obs] == 0).all() and (logp.grad[rollout.response_mask.bool()] != 0).any()
 
 
 def test_gae_passes_values_through_observation_tokens():
@@ -229,10 +233,10 @@ def test_gae_passes_values_through_observation_tokens():
 def test_max_context_cuts_an_episode(tiny):
     model, tok = tiny
     envs = [make_env("guess") for _ in range(3)]
-    ro, info = rollout_env(
+    rollout, info = rollout_env(
         model, tok, envs, [0, 1, 2], [tok.eos_token_id], generator=seeded(0), **CFG, max_turns=6, max_context=60
     )
-    assert all(e["cut"] and e["turns"] < 6 for e in info) and int(ro.attention_mask.sum(-1).max()) <= 60
+    assert all(e["cut"] and e["turns"] < 6 for e in info) and int(rollout.attention_mask.sum(-1).max()) <= 60
 
 
 class Exploding:
@@ -300,10 +304,10 @@ def test_gem_adapter_runs_a_gem_game(tiny):
     assert len(won) == 1 and won[0][1] == 1.0 and won[0][2] and not won[0][3]
     envs = [make_env("gem:game:GuessTheNumber-v0-easy") for _ in range(2)]
     cfg = {**CFG, "max_prompt_len": 1000}
-    ro, info = rollout_env(
+    rollout, info = rollout_env(
         model, tok, envs, [0, 1], [tok.eos_token_id], generator=seeded(0), **cfg, max_turns=4, max_context=2000
     )
-    assert all(1 <= e["turns"] <= 4 for e in info) and ro.response_mask.sum() > 0
+    assert all(1 <= e["turns"] <= 4 for e in info) and rollout.response_mask.sum() > 0
 
 
 # ----------------------------------------------------------------------------------------------

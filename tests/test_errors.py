@@ -254,9 +254,9 @@ def test_tokenizer_without_eos_is_an_error(tmp_path):
 
 def test_generate_without_stop_token_is_an_error():
     tok = tasks.make_tokenizer()
-    ids, am = tokenize_prompts(tok, ["1"], 4)
+    ids, attention_mask = tokenize_prompts(tok, ["1"], 4)
     with pytest.raises(ValueError, match="stop token"):
-        generate(tasks.make_tiny_model(tok), ids, am, max_new_tokens=2, eos_token_ids=[], pad_token_id=0)
+        generate(tasks.make_tiny_model(tok), ids, attention_mask, max_new_tokens=2, eos_token_ids=[], pad_token_id=0)
 
 
 @pytest.mark.parametrize("name", ["/no/such/model/dir", "./missing-model", "~/missing-model", "tests/no_such_model"])

@@ -102,3 +102,29 @@ def test_benches_print_a_ratio_measured_in_the_same_run(script, flags, column):
     header, row = out.strip().splitlines()[-2:]
     value = float(row.split()[header.split().index(column)])
     assert row.split()[0] == "tiny" and 0 < value < float("inf"), out
+
+
+def test_async_bench_main_measures_sync_and_async_and_the_prediction(tmp_path):
+    flags = "--workload compute --ratios 1 --steps 2 --prompts-per-step 2 --group-size 2"
+    out = run("bench/async_bench.py", *flags.split(), "--out-dir", str(tmp_path), timeout=600)
+    lines = out.splitlines()
+    header = next(line for line in lines if line.split()[:1] == ["config"]).split()
+    row = next(line for line in lines if line.split()[:3] == ["async", "alpha", "1"]).split()
+    cols = dict(zip(header[1:], row[3:]))  # the config name "async alpha 1" takes three words
+    assert float(cols["speedup"]) > 0 and float(cols["predicted"]) > 0 and cols["dropped"] == "0", out
+
+
+def test_identity_check_main_records_and_catches_a_changed_number(tmp_path):
+    """record, then check against a reference with one number changed: the check must exit 1 and name the row."""
+    args = ["bench/identity_check.py", "record", "--only", "inject_value_not_detached", "--ref", str(tmp_path)]
+    assert "inject_value_not_detached    3 rows  ok" in run(*args, timeout=600)  # its replay matched its dump
+    ref_file = tmp_path / "inject_value_not_detached.json"
+    ref = json.loads(ref_file.read_text())
+    row = json.loads(ref["rows"][1])
+    row["rollout/reward_mean"] += 1e-9
+    ref["rows"][1] = json.dumps(row, sort_keys=True)
+    ref_file.write_text(json.dumps(ref))
+    proc = subprocess.run(
+        [sys.executable, *args[:1], "check", *args[2:]], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 1 and "row 2 differs in ['rollout/reward_mean']" in proc.stdout, proc.stdout + proc.stderr

@@ -41,11 +41,11 @@ def prompts(tok, texts, max_len=64):
 
 
 def sample(model, tok, texts, *, temperature=1.0, max_new_tokens=24, seed=0, pad_token_id=None, **kw):
-    ids, am = prompts(tok, texts)
+    ids, attention_mask = prompts(tok, texts)
     return generate(
         model,
         ids,
-        am,
+        attention_mask,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         eos_token_ids=[tok.eos_token_id],
@@ -55,9 +55,9 @@ def sample(model, tok, texts, *, temperature=1.0, max_new_tokens=24, seed=0, pad
     )
 
 
-def check_mask_invariants(ro, eos_id: int, pad_id: int) -> None:
+def check_mask_invariants(rollout, eos_id: int, pad_id: int) -> None:
     """response_mask is 1 up to and including the first EOS, 0 (and pad ids) after; truncated rows all ones."""
-    for ids, m, trunc in zip(ro.response_ids.tolist(), ro.response_mask.tolist(), ro.truncated.tolist()):
+    for ids, m, trunc in zip(rollout.response_ids.tolist(), rollout.response_mask.tolist(), rollout.truncated.tolist()):
         if eos_id in ids:
             k = ids.index(eos_id)
             assert m == [1] * (k + 1) + [0] * (len(ids) - k - 1), (ids, m)
@@ -182,34 +182,34 @@ def test_generate_masks_with_eos_at_known_steps(tok):
     lm = ChainLM(len(tok), trigger=d["9"], eos=tok.eos_token_id)
     E, P = tok.eos_token_id, tok.pad_token_id
     for temperature in (0.0, 1.0):
-        ro = sample(lm, tok, ["9", "7", "5", "3"], temperature=temperature, max_new_tokens=5)
-        assert ro.response_ids.tolist() == [
+        rollout = sample(lm, tok, ["9", "7", "5", "3"], temperature=temperature, max_new_tokens=5)
+        assert rollout.response_ids.tolist() == [
             [E, P, P, P, P],
             [d["8"], d["9"], E, P, P],
             [d["6"], d["7"], d["8"], d["9"], E],
             [d["4"], d["5"], d["6"], d["7"], d["8"]],
         ]
-        assert ro.response_mask.tolist() == [[1, 0, 0, 0, 0], [1, 1, 1, 0, 0], [1] * 5, [1] * 5]
-        assert ro.truncated.tolist() == [False, False, False, True]
-        assert ro.attention_mask.tolist() == [[1, 1] + m for m in ro.response_mask.tolist()]
+        assert rollout.response_mask.tolist() == [[1, 0, 0, 0, 0], [1, 1, 1, 0, 0], [1] * 5, [1] * 5]
+        assert rollout.truncated.tolist() == [False, False, False, True]
+        assert rollout.attention_mask.tolist() == [[1, 1] + m for m in rollout.response_mask.tolist()]
         # the chosen token has probability 1 - 55 e^-50: logprob ~ 0 on valid tokens, exactly 0 on padding
-        assert ro.rollout_logprobs.abs().max().item() < 1e-12
-        assert decode_responses(tok, ro) == ["", "89", "6789", "45678"]
+        assert rollout.rollout_logprobs.abs().max().item() < 1e-12
+        assert decode_responses(tok, rollout) == ["", "89", "6789", "45678"]
     # generation stops as soon as every row is done: "9" and "7" alone need 3 forward calls, not 5
     lm.calls = 0
-    ro = sample(lm, tok, ["9", "7"], temperature=0.0, max_new_tokens=5)
-    assert ro.response_ids.shape == (2, 3) and lm.calls == 3
+    rollout = sample(lm, tok, ["9", "7"], temperature=0.0, max_new_tokens=5)
+    assert rollout.response_ids.shape == (2, 3) and lm.calls == 3
 
 
 def test_generate_masks_on_sampled_outputs(model, tok):
-    ro = sample(model, tok, ["123456>"] * 24 + ["s98>"] * 24, max_new_tokens=30, seed=1)
-    check_mask_invariants(ro, tok.eos_token_id, tok.pad_token_id)
-    assert 0 < ro.truncated.sum() < 48, "want both ended and truncated rows in this sample"
-    R = ro.response_ids.shape[1]
-    assert ro.attention_mask.shape == (48, ro.prompt_ids.shape[1] + R)
-    assert torch.equal(ro.attention_mask[:, -R:], ro.response_mask)
-    assert (ro.rollout_logprobs[ro.response_mask == 0] == 0).all()
-    assert (ro.rollout_logprobs[ro.response_mask == 1] < 0).all()
+    rollout = sample(model, tok, ["123456>"] * 24 + ["s98>"] * 24, max_new_tokens=30, seed=1)
+    check_mask_invariants(rollout, tok.eos_token_id, tok.pad_token_id)
+    assert 0 < rollout.truncated.sum() < 48, "want both ended and truncated rows in this sample"
+    R = rollout.response_ids.shape[1]
+    assert rollout.attention_mask.shape == (48, rollout.prompt_ids.shape[1] + R)
+    assert torch.equal(rollout.attention_mask[:, -R:], rollout.response_mask)
+    assert (rollout.rollout_logprobs[rollout.response_mask == 0] == 0).all()
+    assert (rollout.rollout_logprobs[rollout.response_mask == 1] < 0).all()
 
 
 def test_generate_is_seeded(model, tok):
@@ -258,28 +258,30 @@ def test_left_padding_gives_same_logprobs_gpt2_absolute_positions(tok):
     m = gpt2(tok)
     assert padded_vs_alone(m, tok, "12>", "s9876543210>") < TOL
     # the check has power: without position ids GPT-2 sees the left padding as positions 0..k-1
-    ids, am = prompts(tok, ["12>", "s9876543210>"])
+    ids, attention_mask = prompts(tok, ["12>", "s9876543210>"])
     with torch.no_grad():
-        naive = m(input_ids=ids, attention_mask=am).logits[0, -1].log_softmax(-1)
+        naive = m(input_ids=ids, attention_mask=attention_mask).logits[0, -1].log_softmax(-1)
         alone_ids, alone_am = prompts(tok, ["12>"])
         ref = m(input_ids=alone_ids, attention_mask=alone_am).logits[0, -1].log_softmax(-1)
     assert (naive - ref).abs().max().item() > 1e-3
 
 
 @torch.no_grad()
-def greedy_without_cache(model, ids, am, steps: int, eos: int, pad: int):
+def greedy_without_cache(model, ids, attention_mask, steps: int, eos: int, pad: int):
     """Reference decode: a full forward over the whole sequence at every step (no KV cache)."""
     done = torch.zeros(ids.shape[0], dtype=torch.bool)
     toks, logps = [], []
     for _ in range(steps):
-        pos = (am.cumsum(-1) - 1).clamp(min=0)
-        logits = model(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=False).logits[:, -1].float()
+        pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        logits = (
+            model(input_ids=ids, attention_mask=attention_mask, position_ids=pos, use_cache=False).logits[:, -1].float()
+        )
         lp = logits.log_softmax(-1)
         nxt = torch.where(done, torch.full_like(logits[:, 0], pad, dtype=torch.long), logits.argmax(-1))
         toks.append(nxt)
         logps.append(lp.gather(-1, nxt[:, None])[:, 0].masked_fill(done, 0.0))
         ids = torch.cat([ids, nxt[:, None]], 1)
-        am = torch.cat([am, (~done).long()[:, None]], 1)
+        attention_mask = torch.cat([attention_mask, (~done).long()[:, None]], 1)
         done = done | (nxt == eos)
         if done.all():
             break
@@ -290,11 +292,11 @@ def greedy_without_cache(model, ids, am, steps: int, eos: int, pad: int):
 def test_kv_cache_generate_equals_no_cache_recompute(model, tok, arch):
     m = model if arch == "qwen2" else gpt2(tok)
     texts = ["12>", "s9876543210>", "5+7=", "000111>"]
-    ro = sample(m, tok, texts, temperature=0.0, max_new_tokens=12)
-    ids, am = prompts(tok, texts)
-    ref_ids, ref_lp = greedy_without_cache(m, ids, am, 12, tok.eos_token_id, tok.pad_token_id)
-    assert torch.equal(ro.response_ids, ref_ids)
-    assert (ro.rollout_logprobs - ref_lp * ro.response_mask).abs().max().item() < TOL
+    rollout = sample(m, tok, texts, temperature=0.0, max_new_tokens=12)
+    ids, attention_mask = prompts(tok, texts)
+    ref_ids, ref_lp = greedy_without_cache(m, ids, attention_mask, 12, tok.eos_token_id, tok.pad_token_id)
+    assert torch.equal(rollout.response_ids, ref_ids)
+    assert (rollout.rollout_logprobs - ref_lp * rollout.response_mask).abs().max().item() < TOL
 
 
 # ----------------------------------------------------------------------------------------------
@@ -303,37 +305,43 @@ def test_kv_cache_generate_equals_no_cache_recompute(model, tok, arch):
 
 def consistency(m, tok, temperature: float, pad_token_id=None, micro_batch: int = 5):
     texts = ["123456>", "s12>", "9+9=", "000000>", "314>", "s271828>"] * 2
-    ro = sample(m, tok, texts, temperature=temperature, max_new_tokens=20, seed=11, pad_token_id=pad_token_id)
-    R = ro.response_ids.shape[1]
+    rollout = sample(m, tok, texts, temperature=temperature, max_new_tokens=20, seed=11, pad_token_id=pad_token_id)
+    R = rollout.response_ids.shape[1]
     with torch.no_grad():
         old, ent = sequence_logprobs(
-            m, ro.input_ids, ro.attention_mask, R, temperature=temperature, micro_batch=micro_batch, with_entropy=True
+            m,
+            rollout.input_ids,
+            rollout.attention_mask,
+            R,
+            temperature=temperature,
+            micro_batch=micro_batch,
+            with_entropy=True,
         )
-    valid = ro.response_mask.bool()
-    diff = (old - ro.rollout_logprobs)[valid].abs().max().item()
+    valid = rollout.response_mask.bool()
+    diff = (old - rollout.rollout_logprobs)[valid].abs().max().item()
     # the entropy is that of the temperature-scaled softmax: positive, at most log V
     assert (ent[valid] > 0).all() and (ent[valid] <= math.log(len(tok)) + 1e-5).all()
-    return ro, old, diff
+    return rollout, old, diff
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_old_logprobs_equal_rollout_logprobs(model, tok, temperature):
-    ro, old, diff = consistency(model, tok, temperature)
+    rollout, old, diff = consistency(model, tok, temperature)
     assert diff < TOL, f"max |old - rollout| = {diff:.2e} at T={temperature}"
     # the check has power: recomputing at the wrong temperature is far off
-    R = ro.response_ids.shape[1]
+    R = rollout.response_ids.shape[1]
     with torch.no_grad():
-        wrong, _ = sequence_logprobs(model, ro.input_ids, ro.attention_mask, R, temperature=1.3)
-    assert (wrong - ro.rollout_logprobs)[ro.response_mask.bool()].abs().max().item() > 1e-2
+        wrong, _ = sequence_logprobs(model, rollout.input_ids, rollout.attention_mask, R, temperature=1.3)
+    assert (wrong - rollout.rollout_logprobs)[rollout.response_mask.bool()].abs().max().item() > 1e-2
 
 
 def test_old_logprobs_equal_rollout_logprobs_pad_equals_eos(model, tok):
     tok2 = tasks.make_tokenizer()
     tok2.pad_token = tok2.eos_token
     assert tok2.pad_token_id == tok2.eos_token_id
-    ro, _, diff = consistency(model, tok2, 0.7, pad_token_id=tok2.pad_token_id)
-    check_mask_invariants(ro, tok2.eos_token_id, tok2.pad_token_id)
-    assert (~ro.truncated).any()  # some rows ended with an EOS followed by pad == eos ids
+    rollout, _, diff = consistency(model, tok2, 0.7, pad_token_id=tok2.pad_token_id)
+    check_mask_invariants(rollout, tok2.eos_token_id, tok2.pad_token_id)
+    assert (~rollout.truncated).any()  # some rows ended with an EOS followed by pad == eos ids
     assert diff < TOL, f"max |old - rollout| = {diff:.2e} with pad == eos"
 
 
@@ -351,10 +359,12 @@ def test_old_logprobs_equal_rollout_logprobs_sft_model(sft_path):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_ratio_is_one_before_first_step(model, tok, temperature):
     """The PPO update's own path (grad enabled, other micro-batching) sees ratio 1 before its first step."""
-    ro, old, _ = consistency(model, tok, temperature)
-    B, R = ro.response_ids.shape
-    mask = ro.response_mask.float()
-    logp, _ = sequence_logprobs(model, ro.input_ids, ro.attention_mask, R, temperature=temperature, micro_batch=3)
+    rollout, old, _ = consistency(model, tok, temperature)
+    B, R = rollout.response_ids.shape
+    mask = rollout.response_mask.float()
+    logp, _ = sequence_logprobs(
+        model, rollout.input_ids, rollout.attention_mask, R, temperature=temperature, micro_batch=3
+    )
     assert logp.requires_grad
     ratio = torch.exp(logp.detach() - old)
     assert (ratio - 1)[mask.bool()].abs().max().item() < TOL
@@ -363,9 +373,9 @@ def test_ratio_is_one_before_first_step(model, tok, temperature):
     # and ppo_update reports it (stats/first_mb_*) on its first minibatch
     cfg = pm.Config(adv_estimator="grpo", temperature=temperature, micro_batch=4, minibatches=2, group_size=2)
     batch = full_batch(
-        input_ids=ro.input_ids,
-        attention_mask=ro.attention_mask,
-        response_mask=ro.response_mask,
+        input_ids=rollout.input_ids,
+        attention_mask=rollout.attention_mask,
+        response_mask=rollout.response_mask,
         old_logprobs=old,
         ref_logprobs=old.clone(),
         advantages=torch.randn(B, R) * mask,
