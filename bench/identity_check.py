@@ -95,6 +95,23 @@ def run_one(name: str, work: Path) -> dict:
     return result
 
 
+def compare(result: dict, ref: dict) -> list[str]:
+    """What differs between one config's result and its reference: the first differing row and its fields, the
+    number of rows, the update digest. Empty when identical."""
+    problems = []
+    if result["rows"] != ref["rows"]:
+        first = next((i for i, (a, b) in enumerate(zip(result["rows"], ref["rows"])) if a != b), None)
+        if first is None:
+            problems.append(f"{len(result['rows'])} rows vs {len(ref['rows'])} in the reference")
+        else:
+            now, was = json.loads(result["rows"][first]), json.loads(ref["rows"][first])
+            keys = sorted(k for k in now.keys() | was.keys() if now.get(k) != was.get(k))
+            problems.append(f"row {first + 1} differs in {keys[:8]}")
+    if result.get("digest") != ref.get("digest"):
+        problems.append("update digest differs from the reference")
+    return problems
+
+
 def main(argv=None) -> int:
     """`python bench/identity_check.py record|check`: write the reference, or compare against it (exit 1 if not)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -119,17 +136,7 @@ def main(argv=None) -> int:
     for name, r in results.items():
         problems = [f"{k} {r[k]}" for k in ("replay", "resume") if k in r and r[k] != "identical"]
         if args.mode == "check":
-            ref = json.loads((args.ref / f"{name}.json").read_text())
-            if r["rows"] != ref["rows"]:
-                first = next((i for i, (a, b) in enumerate(zip(r["rows"], ref["rows"])) if a != b), None)
-                if first is None:
-                    problems.append(f"{len(r['rows'])} rows vs {len(ref['rows'])} in the reference")
-                else:
-                    now, was = json.loads(r["rows"][first]), json.loads(ref["rows"][first])
-                    keys = sorted(k for k in now.keys() | was.keys() if now.get(k) != was.get(k))
-                    problems.append(f"row {first + 1} differs in {keys[:8]}")
-            if r.get("digest") != ref.get("digest"):
-                problems.append("update digest differs from the reference")
+            problems += compare(r, json.loads((args.ref / f"{name}.json").read_text()))
         print(f"{name:28s} {len(r['rows'])} rows  " + ("; ".join(problems) if problems else "ok"))
         bad += problems
     return 1 if bad else 0

@@ -4,6 +4,7 @@ ppo_minimal, async_loop, attention_credit, diagnose and scheduler run their main
 Each test here runs the command in a subprocess, as a user would, and checks what it printed or wrote.
 """
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -114,17 +115,18 @@ def test_async_bench_main_measures_sync_and_async_and_the_prediction(tmp_path):
     assert float(cols["speedup"]) > 0 and float(cols["predicted"]) > 0 and cols["dropped"] == "0", out
 
 
-def test_identity_check_main_records_and_catches_a_changed_number(tmp_path):
-    """record, then check against a reference with one number changed: the check must exit 1 and name the row."""
+def test_identity_check_main_records_and_compare_catches_a_changed_number(tmp_path):
+    """record one config (its replay must match its dump); then compare() names a changed row, field and digest."""
     args = ["bench/identity_check.py", "record", "--only", "inject_value_not_detached", "--ref", str(tmp_path)]
-    assert "inject_value_not_detached    3 rows  ok" in run(*args, timeout=600)  # its replay matched its dump
-    ref_file = tmp_path / "inject_value_not_detached.json"
-    ref = json.loads(ref_file.read_text())
+    assert "inject_value_not_detached    3 rows  ok" in run(*args, timeout=600)
+    spec = importlib.util.spec_from_file_location("identity_check", ROOT / "bench" / "identity_check.py")
+    identity_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(identity_check)
+    ref = json.loads((tmp_path / "inject_value_not_detached.json").read_text())
+    assert identity_check.compare(ref, ref) == [] and len(ref["rows"]) == 3 and ref["digest"]
     row = json.loads(ref["rows"][1])
     row["rollout/reward_mean"] += 1e-9
-    ref["rows"][1] = json.dumps(row, sort_keys=True)
-    ref_file.write_text(json.dumps(ref))
-    proc = subprocess.run(
-        [sys.executable, *args[:1], "check", *args[2:]], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 1 and "row 2 differs in ['rollout/reward_mean']" in proc.stdout, proc.stdout + proc.stderr
+    changed = {"rows": [ref["rows"][0], json.dumps(row, sort_keys=True), ref["rows"][2]], "digest": "0" * 64}
+    problems = identity_check.compare(changed, ref)
+    assert problems == ["row 2 differs in ['rollout/reward_mean']", "update digest differs from the reference"]
+    assert identity_check.compare({**ref, "rows": ref["rows"][:2]}, ref) == ["2 rows vs 3 in the reference"]
