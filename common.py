@@ -68,8 +68,8 @@ def parse_config(cls, argv: list[str] | None = None, description: str | None = N
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     fields, seen = [f for f in dataclasses.fields(cls) if f.init], set()
     for klass in [k for k in cls.__mro__ if dataclasses.is_dataclass(k)]:  # a group per class: the class itself first
-        about = inspect.getdoc(klass)
-        about = None if about.startswith(f"{klass.__name__}(") else about  # @dataclass's signature: no docstring
+        about = inspect.getdoc(klass)  # @dataclass writes its signature there when a class has no docstring
+        about = None if about == klass.__name__ + str(inspect.signature(klass)).replace(" -> None", "") else about
         group = p.add_argument_group(f"{klass.__name__} ({Path(inspect.getfile(klass)).name})", about)
         for f in [f for f in fields if f.name in vars(klass).get("__annotations__", {}) and f.name not in seen]:
             default, seen = f.default if f.default is not dataclasses.MISSING else f.default_factory(), seen | {f.name}

@@ -205,7 +205,7 @@ def gae(token_rewards, values, mask, gamma: float, lam: float):
         # delta_t = r_t + gamma V_{t+1} - V_t ; A_t = delta_t + gamma lam A_{t+1}   (GAE eq. 16)
         delta = token_rewards[:, t] + gamma * nextvalue - values[:, t]
         gae_t = delta + gamma * lam * lastgae
-        valid = mask[:, t].to(values.dtype)  # [B] 1 where token t is a response token
+        valid = mask[:, t].to(values.dtype)  # [B] 1 where token t is an action (response) token
         nextvalue = valid * values[:, t] + (1 - valid) * nextvalue  # only valid tokens move the recursion
         lastgae = valid * gae_t + (1 - valid) * lastgae
         adv[:, t] = lastgae
@@ -337,7 +337,7 @@ def trainer_logprobs(cfg: Config, model, input_ids, attention_mask, R: int, with
     """The trainer's logprobs (and entropies) [B, R] with the sampling temperature (detail 1): old, ref, loss."""
     logprob_fn, temperature = repro.at_logprobs(cfg.inject, cfg.temperature)  # INJECT no_temperature, logprob_shift
     return logprob_fn(model, input_ids, attention_mask, R, temperature=temperature, micro_batch=cfg.micro_batch,
-                 with_entropy=with_entropy)  # fmt: skip
+                      with_entropy=with_entropy)  # fmt: skip
 
 
 def compute_advantages(cfg: Config, token_scores, response_mask, old_logp, ref_logp, kl_beta, group_ids, values):
@@ -371,7 +371,7 @@ def compute_advantages(cfg: Config, token_scores, response_mask, old_logp, ref_l
 
 
 def shape_advantages(cfg: Config, policy, input_ids, attention_mask, response_mask, advantages, all_values):
-    """After whitening (detail 5): token weights (credit), pg / entropy masks (AsyPPO) [B, R] each; metrics."""
+    """After whitening (detail 5): (token_weights (credit), pg_mask, ent_mask (AsyPPO)) [B, R] each, metrics."""
     weights, pg_mask, ent_mask, metrics = torch.ones_like(advantages), response_mask, response_mask, {}
     if cfg.adv_estimator == "gae" and cfg.critic == "asyppo":  # AsyPPO: masks from the critics' disagreement
         pg_mask, ent_mask, metrics = asyppo_masks(all_values, response_mask, cfg.asyppo_k, cfg.asyppo_h)
@@ -665,7 +665,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
 
 
 def replay(path: str) -> tuple[dict | None, bool]:
-    """Re-run a --dump-batch update (break in ppo_update to step through it): (metrics, same metrics and digest?)."""
+    """Re-run a --dump-batch update (break in ppo_update to step in): (metrics, same metrics + digest or error?)."""
     d = torch.load(path, weights_only=True, map_location="cpu")
     saved = json.loads(d["config"])  # a subclass's fields (async_loop.AsyncConfig) do not enter the update
     names = {f.name for f in fields(Config)}  # older dumps lack newer fields: those take their defaults

@@ -1,6 +1,6 @@
 """Bug hunting: seven classic RL-for-LLM bugs to plant on purpose, and one update saved to disk to replay.
 
-    python repro.py                                            # the injections: bug, point, config, diagnosis
+    python repro.py                                            # the injections: bug, planted by, config, diagnosis
     python repro.py runs/ppo/batch-7.pt                        # what a --dump-batch file holds
     python ppo_minimal.py --inject reward_scale --steps 40     # plant one; the live diagnosis must name it
     python ppo_minimal.py --dump-batch 7 --steps 7             # save everything update 7 needs (batch-7.pt)

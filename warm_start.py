@@ -18,6 +18,8 @@ Implementation details (our choices)
    with labels on action tokens (+ EOS) only and observations tokenised exactly as rollout_env does; the check
    is greedy success on 256 episodes.
 4. Targets per task (SFT_TARGETS): `sort` stops at 0.15, the others at 0.30 (README "Learning").
+5. Under torch.distributed only rank 0 builds (transformers' save_pretrained writes no model on another rank);
+   the other ranks wait for the folder. A cached folder without a model is an error that names it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import argparse
 import fcntl
 import hashlib
 import json
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -123,19 +126,32 @@ def sft_cache_key(cfg: SFTConfig) -> str:
 
 
 def sft_warm_start(
-    cfg: SFTConfig | None = None, cache_dir: Path = CACHE_DIR, verbose: bool = True, device: str = "cpu"
+    cfg: SFTConfig | None = None,
+    cache_dir: Path = CACHE_DIR,
+    verbose: bool = True,
+    device: str = "cpu",
+    wait_s: float = 3600.0,
 ) -> Path:
     """Path of a saved (model + tokenizer) folder: the tiny model after a short SFT on `cfg.task`.
 
-    Built once per key; concurrent callers wait on a file lock and then load the cached folder.
+    Built once per key; concurrent callers wait on a file lock and then load the cached folder. Under
+    torch.distributed a rank other than 0 waits up to `wait_s` for rank 0 to build it (detail 5).
     `device` only says where to train (e.g. "cuda"); it is not part of the key.
     """
     cfg = cfg or SFTConfig()
     out = Path(cache_dir) / f"sft-{cfg.task}-{sft_cache_key(cfg)}"
     out.parent.mkdir(parents=True, exist_ok=True)
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    deadline = time.monotonic() + wait_s
+    while rank != 0 and not (out / "sft.json").exists():  # the folder appears whole (renamed): rank 0 builds it
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank}: no SFT warm start at {out} after {wait_s:.0f} s; rank 0 builds it")
+        time.sleep(0.5)
     with open(str(out) + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if (out / "sft.json").exists():
+            if not (out / "config.json").exists():  # e.g. saved by a rank other than 0 before detail 5
+                raise RuntimeError(f"the cached SFT warm start {out} holds no model: delete that folder to rebuild it")
             return out
         torch.manual_seed(cfg.seed)
         rng = np.random.default_rng(cfg.seed)
@@ -190,6 +206,8 @@ def sft_warm_start(
         tmp = out.with_name(out.name + ".tmp")
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        if not (tmp / "config.json").exists():  # never cache a folder that has no model in it
+            raise RuntimeError(f"save_pretrained wrote no model to {tmp} (rank {rank}); nothing was cached")
         (tmp / "sft.json").write_text(json.dumps({**asdict(cfg), "steps": step, "val_acc": acc}))
         tmp.rename(out)  # atomic: a half-written folder is never seen as the cache
         return out

@@ -67,6 +67,8 @@ class BenchConfig:
     def __post_init__(self):
         positive = ("rollout_workers", "threads", "steps", "prompts_per_step", "group_size")
         check_fields(self, {"[1, inf)": positive, "[0.0, inf)": ("env_latency",)})
+        if not self.ratios:
+            raise ValueError("config field 'ratios' is empty: give at least one async ratio, e.g. --ratios 1 2")
         for ratio in self.ratios:  # each is compared with the synchronous run (alpha 0)
             check_range("ratios", ratio, 1)
 

@@ -271,9 +271,9 @@ def test_padding_never_enters_maps(tiny):
     model, tok = tiny
     ids, attention_mask, rm = make_batch(tok, PROMPTS, RESPONSES)
     ref = ac.compute_credit(model, ids, attention_mask, rm, micro_batch=4)
-    ids2, am2, rm2 = make_batch(tok, PROMPTS, RESPONSES, extra_left=3, extra_right=5)
-    ids2 = torch.where(am2.bool(), ids2, torch.randint(4, len(tok), ids2.shape))  # junk tokens under padding
-    got = ac.compute_credit(model, ids2, am2, rm2, micro_batch=3)
+    ids2, attention_mask2, rm2 = make_batch(tok, PROMPTS, RESPONSES, extra_left=3, extra_right=5)
+    ids2 = torch.where(attention_mask2.bool(), ids2, torch.randint(4, len(tok), ids2.shape))  # junk under padding
+    got = ac.compute_credit(model, ids2, attention_mask2, rm2, micro_batch=3)
     R = rm.shape[1]
     assert torch.allclose(got["spans"], ref["spans"], atol=1e-5)
     for key in ("waad", "fai", "delta"):

@@ -14,6 +14,7 @@ import torch
 from calibrated import REVERSE_T1
 
 import ppo_minimal as pm
+import repro
 from diagnose import LiveDiagnoser
 from repro import INJECTIONS
 from rollout import eos_mask_errors
@@ -60,6 +61,9 @@ def test_every_injection_has_a_bound_and_a_known_failure_id():
 
     assert set(FIRES_BY) == set(INJECTIONS)
     assert {inj.diagnosed_as for inj in INJECTIONS.values()} <= {cid for cid, _, _ in CHECKS}
+    for name, inj in INJECTIONS.items():  # each planting function exists in repro.py and names the bug it plants
+        for point in inj.points.split(", "):
+            assert name in getattr(repro, point).__doc__, f"repro.{point} does not name {name} in its docstring"
 
 
 @pytest.mark.parametrize("name", list(INJECTIONS))

@@ -46,7 +46,7 @@ def test_embedded_default_raises_held_out_greedy_accuracy(tmp_path, default_sft_
 
 def test_calc_environment_greedy_success_rises_against_lr0_control(tmp_path):
     """Multi-turn tool use: GRPO (temperature 0.6) on `calc` from its SFT warm start raises greedy success on 200
-    held-out episodes above its start and above an lr = 0 control (README: 60 iterations, 3 seeds)."""
+    held-out episodes above its start and above an lr = 0 control (RESULTS.md: 60 iterations, 3 seeds)."""
     import warm_start
 
     sft = warm_start.sft_warm_start(warm_start.sft_config_for("calc"), verbose=False)
@@ -56,7 +56,7 @@ def test_calc_environment_greedy_success_rises_against_lr0_control(tmp_path):
         cfg = pm.Config(
             model=str(sft), task="calc", adv_estimator="grpo", temperature=0.6, lr=lr, warmup_steps=5, steps=40,
             prompts_per_step=16, group_size=8, eval_every=40, eval_n=200, out_dir=str(tmp_path / name),
-            lr_schedule="constant", ppo_epochs=1, minibatches=1,  # the README's calc recipe
+            lr_schedule="constant", ppo_epochs=1, minibatches=1,  # RESULTS.md's calc recipe, shorter
         )  # fmt: skip
         out = pm.train(cfg, hooks=[lambda step, m: rows.append(m)])
         (_, start), (_, end) = out["eval_history"]  # before the first update, after the last

@@ -105,28 +105,38 @@ def test_benches_print_a_ratio_measured_in_the_same_run(script, flags, column):
     assert row.split()[0] == "tiny" and 0 < value < float("inf"), out
 
 
-def test_async_bench_main_measures_sync_and_async_and_the_prediction(tmp_path):
+def test_async_bench_main_measures_sync_and_async_and_the_prediction(tmp_path, sft_path):
+    """The compute workload runs on `reverse` (sft_path's warm start): one sync and one alpha-1 run, 2 x 2 x 2 each."""
     flags = "--workload compute --ratios 1 --steps 2 --prompts-per-step 2 --group-size 2"
     out = run("bench/async_bench.py", *flags.split(), "--out-dir", str(tmp_path), timeout=600)
-    lines = out.splitlines()
-    header = next(line for line in lines if line.split()[:1] == ["config"]).split()
-    row = next(line for line in lines if line.split()[:3] == ["async", "alpha", "1"]).split()
-    cols = dict(zip(header[1:], row[3:]))  # the config name "async alpha 1" takes three words
-    assert float(cols["speedup"]) > 0 and float(cols["predicted"]) > 0 and cols["dropped"] == "0", out
+    headers = [line.split() for line in out.splitlines() if line.split()[:1] == ["config"]]
+    rows = [line.split() for line in out.splitlines() if line.split()[:3] == ["async", "alpha", "1"]]
+    assert len(headers) == 1 and len(rows) == 1, out
+    cols = dict(zip(headers[0][1:], rows[0][3:]))  # the config name "async alpha 1" takes three words
+    staleness = [int(n) for n in cols["staleness"].split("/")]  # samples trained at staleness 0, 1, ...
+    assert len(staleness) <= 2 and sum(staleness) == 2 * 2 * 2 and cols["dropped"] == "0", out  # alpha 1 bound
+    assert float(cols["speedup"]) > 0 and 0 < float(cols["meas_over_pred"]) < float("inf"), out
 
 
-def test_identity_check_main_records_and_compare_catches_a_changed_number(tmp_path):
-    """record one config (its replay must match its dump); then compare() names a changed row, field and digest."""
-    args = ["bench/identity_check.py", "record", "--only", "inject_value_not_detached", "--ref", str(tmp_path)]
-    assert "inject_value_not_detached    3 rows  ok" in run(*args, timeout=600)
+def test_identity_check_main_records_and_checks(tmp_path, capsys, default_sft_path):
+    """record one config (its replay must match its dump); check exits 1 and names what changed; --only is checked."""
+    name = "inject_value_not_detached"  # the embedded default (default_sft_path's warm start), with a dump
+    assert f"{name}    3 rows  ok" in run("bench/identity_check.py", "record", "--only", name, "--ref", str(tmp_path))
     spec = importlib.util.spec_from_file_location("identity_check", ROOT / "bench" / "identity_check.py")
     identity_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(identity_check)
-    ref = json.loads((tmp_path / "inject_value_not_detached.json").read_text())
-    assert identity_check.compare(ref, ref) == [] and len(ref["rows"]) == 3 and ref["digest"]
+    ref = json.loads((tmp_path / f"{name}.json").read_text())
     row = json.loads(ref["rows"][1])
     row["rollout/reward_mean"] += 1e-9
-    changed = {"rows": [ref["rows"][0], json.dumps(row, sort_keys=True), ref["rows"][2]], "digest": "0" * 64}
-    problems = identity_check.compare(changed, ref)
-    assert problems == ["row 2 differs in ['rollout/reward_mean']", "update digest differs from the reference"]
-    assert identity_check.compare({**ref, "rows": ref["rows"][:2]}, ref) == ["2 rows vs 3 in the reference"]
+    changed = {**ref, "rows": [ref["rows"][0], json.dumps(row, sort_keys=True), ref["rows"][2]], "digest": "0" * 64}
+    check = ["check", "--only", name, "--ref", str(tmp_path)]
+    for result, rc, printed in [
+        (ref, 0, "ok"),
+        (changed, 1, "row 2 differs in ['rollout/reward_mean']; update digest differs from the reference"),
+        ({**ref, "rows": ref["rows"][:2]}, 1, "2 rows vs 3 in the reference"),
+    ]:
+        identity_check.run_one = lambda n, work, result=result: result  # main() runs no trainer: the result is given
+        assert identity_check.main(check) == rc and printed in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        identity_check.main(["check", "--only", "nope"])
+    assert "unknown configs ['nope']" in capsys.readouterr().err

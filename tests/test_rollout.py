@@ -261,8 +261,8 @@ def test_left_padding_gives_same_logprobs_gpt2_absolute_positions(tok):
     ids, attention_mask = prompts(tok, ["12>", "s9876543210>"])
     with torch.no_grad():
         naive = m(input_ids=ids, attention_mask=attention_mask).logits[0, -1].log_softmax(-1)
-        alone_ids, alone_am = prompts(tok, ["12>"])
-        ref = m(input_ids=alone_ids, attention_mask=alone_am).logits[0, -1].log_softmax(-1)
+        alone_ids, alone_attention_mask = prompts(tok, ["12>"])
+        ref = m(input_ids=alone_ids, attention_mask=alone_attention_mask).logits[0, -1].log_softmax(-1)
     assert (naive - ref).abs().max().item() > 1e-3
 
 
