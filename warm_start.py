@@ -125,12 +125,17 @@ def sft_cache_key(cfg: SFTConfig) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def wait_for_folder(out: Path, rank: int, wait_s: float) -> None:
+    """Detail 5: a rank other than 0 waits for rank 0's folder (it appears whole: renamed); a TimeoutError after."""
+    deadline = time.monotonic() + wait_s
+    while not (out / "sft.json").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank}: no SFT warm start at {out} after {wait_s:.0f} s; rank 0 builds it")
+        time.sleep(0.5)
+
+
 def sft_warm_start(
-    cfg: SFTConfig | None = None,
-    cache_dir: Path = CACHE_DIR,
-    verbose: bool = True,
-    device: str = "cpu",
-    wait_s: float = 3600.0,
+    cfg: SFTConfig | None = None, cache_dir: Path = CACHE_DIR, verbose: bool = True, device: str = "cpu", wait_s=3600.0
 ) -> Path:
     """Path of a saved (model + tokenizer) folder: the tiny model after a short SFT on `cfg.task`.
 
@@ -142,11 +147,8 @@ def sft_warm_start(
     out = Path(cache_dir) / f"sft-{cfg.task}-{sft_cache_key(cfg)}"
     out.parent.mkdir(parents=True, exist_ok=True)
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-    deadline = time.monotonic() + wait_s
-    while rank != 0 and not (out / "sft.json").exists():  # the folder appears whole (renamed): rank 0 builds it
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"rank {rank}: no SFT warm start at {out} after {wait_s:.0f} s; rank 0 builds it")
-        time.sleep(0.5)
+    if rank != 0:
+        wait_for_folder(out, rank, wait_s)
     with open(str(out) + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if (out / "sft.json").exists():
