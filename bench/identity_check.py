@@ -124,6 +124,9 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"--only: unknown configs {unknown}; the configs are {list(RUNS)}")
     names = args.only or list(RUNS)
+    missing = [n for n in names if args.mode == "check" and not (args.ref / f"{n}.json").exists()]
+    if missing:  # before ten minutes of runs, not after
+        ap.error(f"no reference for {missing} in {args.ref}: record it first (python bench/identity_check.py record)")
     with tempfile.TemporaryDirectory(prefix="identity-") as tmp:
         with ThreadPoolExecutor(args.jobs) as ex:
             results = dict(zip(names, ex.map(lambda n: run_one(n, Path(tmp)), names)))

@@ -140,3 +140,6 @@ def test_identity_check_main_records_and_checks(tmp_path, capsys, default_sft_pa
     with pytest.raises(SystemExit):
         identity_check.main(["check", "--only", "nope"])
     assert "unknown configs ['nope']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a check without its reference stops before running anything
+        identity_check.main(["check", "--only", "ppo", "--ref", str(tmp_path)])
+    assert "no reference for ['ppo']" in capsys.readouterr().err
