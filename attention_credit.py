@@ -363,12 +363,12 @@ def token_weights(model, input_ids, attention_mask, response_mask, **credit_kw):
     t0 = time.perf_counter()
     c = compute_credit(model, input_ids, attention_mask, response_mask, **credit_kw)
     mask, gamma = response_mask.float(), c["gamma"].detach()
-    dominated = float(c["dominated"].sum() / c["anchor"].sum().clamp(min=1)) if "anchor" in c else 0.0
+    mean = lambda x, m=mask: float(masked_mean(x.float(), m.float(), global_=True))  # noqa: E731  (of all ranks)
     return gamma, {
-        "stats/credit_amplified_frac": float(masked_mean((gamma > 1).float(), mask)),
-        "stats/credit_gamma_mean": float(masked_mean(gamma, mask)),
-        "stats/fai_pos_frac": float(masked_mean((c["fai"] > 0).float(), mask)),
-        "stats/credit_dominated_frac": dominated,
+        "stats/credit_amplified_frac": mean(gamma > 1),
+        "stats/credit_gamma_mean": mean(gamma),
+        "stats/fai_pos_frac": mean(c["fai"] > 0),
+        "stats/credit_dominated_frac": mean(c["dominated"], c["anchor"]) if "anchor" in c else 0.0,
         "stats/credit_span_local": float(c["spans"][c["local"]].mean()),
         "stats/credit_span_global": float(c["spans"][c["global"]].mean()),
         "time/credit": time.perf_counter() - t0,

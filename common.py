@@ -225,7 +225,9 @@ def all_reduce_sum(t):
 
 
 def reduce_metrics(metrics: dict[str, float], device=None) -> dict[str, float]:
-    """Mean of every metric over ranks (keys ending in '_max' take the max). Identity for world size 1."""
+    """Mean of every metric over ranks (keys ending in '_max' take the max). Identity for world size 1. Exact only
+    for a metric that is global already (token statistics: masked_mean(global_=True)) or a mean over as many items
+    on every rank (sequences, micro-batches); a std must be computed global at its source (masked_var)."""
     if world_size() == 1 or not metrics:
         return metrics
     import torch
@@ -252,7 +254,7 @@ def masked_mean(x, mask, dim=None, global_: bool = False):
     if global_ and dim is not None:
         raise ValueError("masked_mean: global_=True reduces over everything; it takes no dim")
     if global_:
-        s = all_reduce_sum(x.new_tensor([masked_sum(x, mask), mask.sum()], dtype=x.dtype))
+        s = all_reduce_sum(x.new_tensor([masked_sum(x.detach(), mask), mask.sum()], dtype=x.dtype))
         return s[0] / (s[1] + 1e-8)
     return masked_sum(x, mask, dim) / (mask.sum() if dim is None else mask.sum(dim)).add(1e-8)
 

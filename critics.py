@@ -24,10 +24,11 @@ Implementation details (our choices where the paper is silent)
 3. Value loss: the clipped loss of DESIGN.md 7.1 per critic (ppo_minimal.value_loss, in critic_update).
 4. Partition (1a): per prompt group, a seeded shuffle split into M equal shares, with its own generator
    (seed + rank), so M = 1 draws nothing; G % M != 0 is a config error (pitfall 3).
-5. sigma is the population std over critics (correction 0: M = 1 gives 0, not NaN), detached (pitfall 5).
-6. Quantiles over the batch's valid tokens, gathered over ranks (pitfall 1): the round(k n) lowest sigma lose
-   the PPO term, the n - round((1 - h) n) highest the entropy bonus. One ascending order (ties by index), so
-   the sets never overlap if k + h <= 1, even when identical critics tie (sigma = 0 before their first step).
+5. sigma is the population std over critics (correction 0: M = 1 gives 0, not NaN), detached (pitfall 5), of
+   fp32 values: the head runs outside bf16 autocast (bf16-rounded values would tie often). Critics are fp32.
+6. Quantiles over the batch's valid tokens, gathered over ranks (pitfall 1): at most round(k n) lowest sigma lose
+   the PPO term, at most round(h n) highest the entropy bonus, chosen by value: a tie at the cut is taken whole or
+   not at all, never by position. Identical critics (sigma = 0 before their first step) therefore mask nothing.
 7. Normaliser (DESIGN.md 7.2, pitfall 4): the masks multiply the per-token losses and the denominator
    still counts every valid token, so masking shrinks the step (by about 1 - k) instead of re-weighting.
 8. Critic warm-up (pitfall 7): `--critic-warmup-steps` iterations train the critics only; the actor's
@@ -119,8 +120,9 @@ class ValueModel(nn.Module):
         """Values [B, R]: V(s_t) from the hidden state at position P + t - 1."""
         pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [B, P+R] left padding aware
         h = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False)
-        h = h.last_hidden_state  # [B, P+R, H]
-        return self.head(h[:, -response_len - 1 : -1]).squeeze(-1).float()  # [B, R]
+        h = h.last_hidden_state[:, -response_len - 1 : -1]  # [B, R, H]
+        with torch.autocast(h.device.type, enabled=False):  # the head in fp32 also under bf16 autocast (detail 5)
+            return self.head(h.float()).squeeze(-1)  # [B, R]
 
     def save_pretrained(self, path):
         """The backbone as save_pretrained writes it, the value head beside it (value_head.safetensors)."""
@@ -131,8 +133,9 @@ class ValueModel(nn.Module):
         save_file({k: v.contiguous() for k, v in self.head.state_dict().items()}, str(path / "value_head.safetensors"))
 
     @staticmethod
-    def from_pretrained(path, dtype=None):
-        """A critic from a folder: a saved critic, or a plain LM folder with a fresh zero head."""
+    def from_pretrained(path, dtype=torch.float32):
+        """A critic from a folder: a saved critic, or a plain LM folder with a fresh zero head. fp32 whatever the
+        folder's dtype (dtype None would mean "as stored": a bf16 backbone under AdamW loses its 1e-5 steps)."""
         from safetensors.torch import load_file
         from transformers import AutoModel
 
@@ -217,21 +220,20 @@ def all_gather_cat(t):
 
 
 def masked_extreme_frac(x, mask, frac: float, largest: bool, global_: bool = False):
-    """Bool mask of the `round(frac * n)` largest (or smallest) valid entries of x, n = valid count.
+    """Bool mask of at most `round(frac * n)` largest (or smallest) valid entries of x, n = valid count.
 
-    Ties are broken by flat index (earlier first), so identical values select a deterministic set.
-    With global_ the selection is over the valid entries of all ranks (gathered), and each rank gets
-    its own part of the result. frac = 0 selects nothing.
+    Chosen by value alone (detail 6): entries equal to the cut value are all in, or, if that would exceed the
+    count, all out. So the set never depends on positions, and values without spread select nothing. With global_
+    the selection is over the valid entries of all ranks (gathered), and each rank gets its own part of it.
     """
     flat_mask = mask.reshape(-1).bool()
     vals = x.reshape(-1)[flat_mask].detach().double()
     all_vals, offset = all_gather_cat(vals) if global_ else (vals, 0)
-    n_sel = int(round(frac * all_vals.numel()))
+    n_sel, key = int(round(frac * all_vals.numel())), -all_vals if largest else all_vals
     chosen = torch.zeros(all_vals.numel(), dtype=torch.bool, device=x.device)
     if n_sel > 0:
-        # stable sort keeps index order among equal keys: ties break towards the earlier entry
-        order = torch.sort(-all_vals if largest else all_vals, stable=True).indices
-        chosen[order[:n_sel]] = True
+        cut = key.kthvalue(n_sel).values  # the n_sel-th smallest key
+        chosen = key <= cut if int((key <= cut).sum()) <= n_sel else key < cut  # a tie at the cut: whole or none
     out = torch.zeros_like(flat_mask)
     out[flat_mask] = chosen[offset : offset + vals.numel()]
     return out.reshape(mask.shape)
@@ -248,8 +250,8 @@ def asyppo_masks(all_values, response_mask, k: float, h: float):
     sigma = all_values.detach().float().std(0, correction=0) * mask  # [B, R]
     # I^A_t = 0 if sigma_t in Low_k(sigma)  (advantage masking; detail 6)
     low = masked_extreme_frac(sigma, mask, k, largest=False, global_=True)  # [B, R]
-    # I^H_t = 0 if sigma_t in Top_h(sigma) = not among the (1 - h) fraction of smallest (entropy filtering)
-    top = mask & ~masked_extreme_frac(sigma, mask, 1.0 - h, largest=False, global_=True)  # [B, R]
+    # I^H_t = 0 if sigma_t in Top_h(sigma) (entropy filtering); disjoint from Low_k when k + h <= 1 (rounding aside)
+    top = masked_extreme_frac(sigma, mask, h, largest=True, global_=True) & ~low  # [B, R]
     pg_mask, ent_mask = (mask & ~low).to(response_mask.dtype), (mask & ~top).to(response_mask.dtype)  # [B, R] each
     fmask, sigma_mean = mask.float(), masked_mean(sigma, mask.float(), global_=True)
     v_std = masked_var(all_values.detach().float().mean(0), fmask, global_=True).sqrt()  # spread of V̄ over tokens

@@ -115,11 +115,12 @@ NAME_MAP = (
     ("completions/clipped_ratio", "rollout/truncated_frac"), ("completions/mean_length", "rollout/response_len"),
     ("grad_norm", "stats/grad_norm"), ("loss", "loss/policy"),
     ("sampling/sampling_logp_difference/mean", "stats/rollout_vs_old_logp_diff"),
+    ("stats/score_std", "rollout/reward_std"),  # our own name for it up to 2026-12 (one name per quantity now)
 )  # fmt: skip
 # what logprob_mismatch reads; the threshold of stats/<x> is logprob_mismatch.<x>
 MISMATCH = ("stats/first_mb_clipfrac", "stats/first_mb_ratio_dev", "stats/rollout_vs_old_logp_diff")
 MISMATCH += ("stats/rollout_vs_old_prob_diff",)
-ONLY_OURS = ("rollout/acc", "stats/score_std", "stats/token_reward_kl_abs", "stats/adv_abs_mean", "stats/return_std")
+ONLY_OURS = ("rollout/acc", "stats/token_reward_kl_abs", "stats/adv_abs_mean", "stats/return_std")
 ONLY_OURS += ("critic/grad_norm_0", "stats/eos_mask_err_frac")
 KNOWN = frozenset(ONLY_OURS + MISMATCH) | {ours for _, ours in NAME_MAP}  # every name a check reads, and more
 FOREIGN = frozenset(theirs for theirs, _ in NAME_MAP)
@@ -201,6 +202,17 @@ class LiveDiagnoser:
                 new.append(Finding(cid, s[0], evidence, cause, fix))
         return new
 
+    def state(self) -> str:
+        """What update() carries from step to step, as JSON (deques and sets as lists), for a checkpoint."""
+        return json.dumps({k: v for k, v in vars(self).items() if k not in ("cur", "nonfinite")}, default=list)
+
+    def load_state(self, text: str) -> None:
+        """Continue from state(): the baselines, windows and streaks of the run so far ("{}": from the start)."""
+        for k, v in json.loads(text).items():
+            setattr(self, k, v)
+        self.hist = {k: deque(map(tuple, v), maxlen=int(TH["window"]) + 1) for k, v in self.hist.items()}
+        self.evaluated = set(self.evaluated)
+
     def skipped(self) -> dict[str, str]:
         """Check id -> why it never ran (none of its metrics logged, or too few steps for its window)."""
         seen = lambda needs: any(n in self.count for n in needs)
@@ -253,7 +265,7 @@ def _reward_scale(d: LiveDiagnoser):
     """The task reward is on the wrong scale for the KL term or the value head (e.g. a score times 0.01).
     Try: rescale the reward to O(1), lower the in-reward KL coefficient, or normalise advantages per group."""
     c, msgs = d.cur, []
-    sig = c.get("stats/score_std", c.get("rollout/reward_std"))
+    sig = c.get("rollout/reward_std")
     if sig is None and "rollout/score_max" in c and "rollout/score_min" in c:
         sig = (c["rollout/score_max"] - c["rollout/score_min"]) / 2  # veRL: an upper bound of the std
     kl_seq = None  # what the in-reward KL penalty adds to a sequence's return
@@ -345,7 +357,7 @@ def _value_divergence(d: LiveDiagnoser):
         return None
     if ev is not None and ev < TH["value_divergence.ev_min"] and d.count[name] > TH["value_divergence.ev_warmup"]:
         msgs.append(f"explained variance {ev:.3g}")
-    spread = d.cur.get("stats/return_std", d.cur.get("stats/score_std", d.cur.get("rollout/reward_std", 0.0)))
+    spread = d.cur.get("stats/return_std", d.cur.get("rollout/reward_std", 0.0))
     ref = max(base or 0.0, 0.5 * spread**2)  # a constant critic's loss: return variance grows with learning
     if vl is not None and base is not None and vl > TH["value_divergence.loss_factor"] * ref:
         msgs.append(f"value loss {vl:.3g} vs {ref:.3g} (start, or 0.5 return variance)")

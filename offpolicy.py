@@ -51,7 +51,8 @@ def off_policy_weights(old_logprobs, behav_logprobs, mask, mode: str, cap: float
     w = torch.where(mask.bool(), w, torch.ones_like(w))  # masked tokens (observations, padding): neutral
     cut = w > (cap if mode == "tis" else mask_cap)  # [B, R] truncated (tis) or masked out (decoupled)
     out = w.clamp(max=cap) if mode == "tis" else w * (~cut)
-    stats = {"stats/is_weight_mean": float(masked_mean(w, mask)), "stats/is_cut_frac": float(masked_mean(cut, mask))}
+    mean = lambda x: float(masked_mean(x.float(), mask, global_=True))  # noqa: E731  (over the tokens of all ranks)
+    stats = {"stats/is_weight_mean": mean(w), "stats/is_cut_frac": mean(cut)}
     return out, stats
 
 
@@ -61,9 +62,11 @@ def gap_stats(old_logprobs, behav_logprobs, mask, policy_version=None, step: int
     stats/behav_vs_old_logp_diff over every sample, staleness included. All inputs [B, R]; policy_version [B]."""
     gap = (behav_logprobs - old_logprobs).abs()  # [B, R]
     fresh = mask if policy_version is None else mask * (policy_version == step)[:, None]  # [B, R] same weights
-    stats = {"stats/rollout_vs_old_logp_diff": float(masked_mean(gap, fresh))} if fresh.any() else {}
+    mean = lambda m: float(masked_mean(gap, m, global_=True))  # noqa: E731  (over the tokens of all ranks)
+    # policy versions come from async_loop.py, whose trainer is one process: the branch is the same on every rank
+    stats = {"stats/rollout_vs_old_logp_diff": mean(fresh)} if policy_version is None or fresh.any() else {}
     if policy_version is not None:
-        stats["stats/behav_vs_old_logp_diff"] = float(masked_mean(gap, mask))
+        stats["stats/behav_vs_old_logp_diff"] = mean(mask)
     return stats
 
 

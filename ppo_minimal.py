@@ -65,7 +65,7 @@ from runlog import MetricsLogger, RunArgs, resume_checkpoint, save_checkpoint, w
 from tasks import TASKS, TaskArgs, load_policy, make_task, stop_token_ids
 from warm_start import sft_config_for, sft_target_for, sft_warm_start
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")  # the choices of Config.loss_agg
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")  # Config.loss_agg
 
 
 @dataclass
@@ -109,9 +109,11 @@ class Config(TaskArgs, SampleArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArg
     lam: float = 1.0
     """GAE lambda."""
     grpo_norm_std: bool = True
-    """GRPO: divide by the group std (False = Dr. GRPO)."""
+    """GRPO: divide by the group std (Dr. GRPO: --no-grpo-norm-std --loss-agg seq-mean-token-sum-norm)."""
     loss_agg: Literal[AGG_MODES] = "token-mean"
-    """How per-token losses are averaged."""
+    """How per-token losses are averaged (veRL's modes; seq-mean-token-sum-norm: token sums / loss_scale_factor)."""
+    loss_scale_factor: int | None = None
+    """seq-mean-token-sum-norm: the constant C dividing token sums (None = max_new_tokens; multi-turn max_context)."""
     kl_in_reward: bool = False
     """Subtract beta * KL(old || ref) (k1) from every token's reward."""
     kl_coef: float = 0.001
@@ -164,12 +166,14 @@ class Config(TaskArgs, SampleArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArg
                 raise ValueError(f"config field {why}")
         if multi_turn(self):  # single-turn runs use max_prompt_len + max_new_tokens
             check_range("max_context", self.max_context, self.max_prompt_len + 1)
+        if self.loss_agg == "seq-mean-token-sum-norm" and self.loss_scale_factor is None:  # derived, as above
+            self.loss_scale_factor = self.max_context if multi_turn(self) else self.max_new_tokens
 
 
 RANGES = {  # allowed interval -> fields, checked at construction (common.check_fields)
     "[0, inf)": ("steps", "eval_every", "warmup_steps", "lr", "kl_coef", "kl_loss_coef", "ent_coef"),
     "[1, inf)": ("prompts_per_step", "group_size", "ppo_epochs", "minibatches", "micro_batch", "eval_n"),
-    "(0, inf)": ("clip_high", "value_clip", "adam_eps", "grad_clip"),
+    "(0, inf)": ("clip_high", "value_clip", "adam_eps", "grad_clip", "loss_scale_factor"),
     "[0, 1]": ("gamma", "lam", "min_lr_ratio"),
     "(0, 1]": ("sft_target",), "(0, 1)": ("clip_low",), "(1, inf)": ("dual_clip",), "(-inf, inf)": ("no_eos_penalty",),
 }  # fmt: skip
@@ -178,7 +182,8 @@ SCHEDULE_FIELDS = ("steps", "lr", "critic_lr", "warmup_steps", "lr_schedule", "m
 
 def aggregate(loss_mat, mask, mode: str = "token-mean", denom=None, world: int = 1):
     """Scalar loss from a [B, R] per-token loss; denom: the global normaliser (detail 2), else local. token-mean:
-    sum(mask l) / n_tokens; seq-mean-token-mean / -sum: sum over non-empty seqs of (sum_t mask l [/ n_t]) / n_seqs."""
+    sum(mask l) / n_tokens; seq-mean-token-mean / -sum: sum over non-empty seqs of (sum_t mask l [/ n_t]) / n_seqs;
+    seq-mean-token-sum-norm: that sum / (n_seqs C), C a constant (Dr. GRPO's; agg_denominator's scale)."""
     if mode == "token-mean":
         total = (loss_mat * mask).sum()
     else:
@@ -190,10 +195,12 @@ def aggregate(loss_mat, mask, mode: str = "token-mean", denom=None, world: int =
     return total / denom.clamp(min=1) * world  # detail 4
 
 
-def agg_denominator(mask, mode: str, global_: bool = True):
-    """Number of valid tokens (token-mean) or non-empty sequences (seq-mean modes), summed over ranks."""
+def agg_denominator(mask, mode: str, global_: bool = True, scale: int | None = None):
+    """Number of valid tokens (token-mean) or non-empty sequences (seq-mean modes), summed over ranks; times the
+    constant `scale` for seq-mean-token-sum-norm (None: the padded width R, veRL's default loss_scale_factor)."""
     n = (mask.sum() if mode == "token-mean" else (mask.sum(-1) > 0).sum()).double().reshape(1)
-    return (common.all_reduce_sum(n) if global_ else n)[0]
+    n = (common.all_reduce_sum(n) if global_ else n)[0]
+    return n * (scale or mask.shape[-1]) if mode == "seq-mean-token-sum-norm" else n
 
 
 def gae(token_rewards, values, mask, gamma: float, lam: float):
@@ -222,6 +229,14 @@ def _group_stats(scores, group_ids):
     std = (sq / (n - 1).clamp(min=1)).sqrt()  # [G] unbiased (N - 1)
     mean, std = mean.masked_fill(n == 1, 0.0), std.masked_fill(n == 1, 1.0)
     return mean[inv], std[inv], n[inv]
+
+
+def score_stats(scores, group_ids) -> dict:
+    """Returns [B] -> rollout/reward_mean, reward_std (all ranks' samples), zero_std_frac (in groups of >= 2, equal)."""
+    _, group_std, group_n = _group_stats(scores, group_ids)  # [B] per sample
+    std = common.masked_var(scores, torch.ones_like(scores), global_=True).sqrt().item()
+    zero = ((group_std < 1e-8) & (group_n > 1)).float().mean().item()
+    return {"rollout/reward_mean": scores.mean().item(), "rollout/reward_std": std, "rollout/zero_std_frac": zero}
 
 
 def group_advantages(rewards, group_ids, *, norm_std: bool = True, eps: float = 1e-6):
@@ -363,9 +378,9 @@ def compute_advantages(cfg: Config, token_scores, response_mask, old_logp, ref_l
         else:
             seq_adv = rloo_advantages(seq_score, group_ids)
         adv = returns = seq_adv[:, None] * mask  # [B, R] broadcast over valid tokens
-    mean = lambda x: float(masked_mean(x, mask))  # noqa: E731
+    mean = lambda x: float(masked_mean(x, mask, global_=True))  # noqa: E731  (token statistics of all ranks)
     metrics = {"stats/kl": mean(kl), "stats/adv_abs_mean": mean(adv.abs()), "stats/return_mean": mean(returns)}
-    metrics["stats/return_std"] = float(common.masked_var(returns, mask).sqrt())
+    metrics["stats/return_std"] = float(common.masked_var(returns, mask, global_=True).sqrt())
     metrics["stats/token_reward_kl_abs"] = mean((kl_beta * kl).abs()) if cfg.kl_in_reward else 0.0
     return token_rewards, adv, returns, kl, metrics
 
@@ -397,7 +412,7 @@ def ppo_update(cfg, policy_train, opt, critics, batch: Batch, world: int, gen, a
                 first["stats/first_mb_clipfrac"] = max([0.0, *(r["stats/clipfrac"] for r in rows)])
                 first["stats/first_mb_ratio_dev"] = max([0.0, *ratio_devs])
             if critics is not None:
-                row.update(critic_update(cfg, critics, mb, world))
+                row.update(critic_update(cfg, critics, mb, world, autocast))
             micro_rows += rows
             step_rows.append(row)
     keys = {k for r in micro_rows + step_rows for k in r}
@@ -409,7 +424,7 @@ def policy_step(cfg: Config, policy_train, opt, mb: Batch, world: int, autocast,
     """One optimizer step of the policy on a minibatch, gradients accumulated over its micro-batches. Returns
     each micro-batch's stats, the step's losses and gradient norm, and each micro-batch's max |ratio - 1|."""
     mask, R = mb.response_mask.float(), mb.response_mask.shape[1]
-    denom = agg_denominator(mask, cfg.loss_agg)  # all valid tokens, also under pg/ent masks (detail 5)
+    denom = agg_denominator(mask, cfg.loss_agg, scale=cfg.loss_scale_factor)  # every valid token, masks or not
     agg = {"mode": cfg.loss_agg, "denom": denom, "world": world}
     clip = {"clip_low": cfg.clip_low, "clip_high": cfg.clip_high, "dual_clip": cfg.dual_clip, "agg": cfg.loss_agg}
     starts, losses, rows, ratio_devs = list(range(0, mask.shape[0], cfg.micro_batch)), {}, [], []
@@ -449,26 +464,26 @@ def clipped_step(model, opt, max_norm: float, where: str, step: bool = True):
     return gn
 
 
-def critic_update(cfg: Config, critics: Critics, mb: Batch, world: int) -> dict:
-    """One optimizer step per critic on a minibatch: critic m on the rows of its share, each micro-batch's
-    clipped value loss (7.1) against its own target R^(m), the denominator over its share's valid tokens."""
-    metrics, R = {}, mb.response_mask.shape[1]
+def critic_update(cfg: Config, critics: Critics, mb: Batch, world: int, autocast) -> dict:
+    """One optimizer step per critic on a minibatch: critic m on its share's rows, the clipped value loss (7.1) to its
+    own target R^(m) over its share's tokens, in old_values' precision (autocast: the clip is centred there)."""
+    metrics, R, clipfracs = {}, mb.response_mask.shape[1], []
     for k, (model, opt) in enumerate(zip(critics.train_models, critics.opts)):
         mask = mb.response_mask.float() * mb.shares[:, k, None]  # [b, R] critic k's rows only
-        denom = agg_denominator(mask, cfg.loss_agg)  # critic k's valid tokens over all ranks
-        loss_args = {"clip": cfg.value_clip, "agg": cfg.loss_agg, "denom": denom, "world": world}
-        losses = []
+        denom = agg_denominator(mask, cfg.loss_agg, scale=cfg.loss_scale_factor)  # critic k's tokens, all ranks
+        loss_args, losses = {"clip": cfg.value_clip, "agg": cfg.loss_agg, "denom": denom, "world": world}, []
         for i in range(0, mask.shape[0], cfg.micro_batch):
             sl = slice(i, i + cfg.micro_batch)
-            values, old = model(mb.input_ids[sl], mb.attention_mask[sl], R), mb.old_values[sl, k]  # [mb, R] each
+            with autocast():
+                values, old = model(mb.input_ids[sl], mb.attention_mask[sl], R), mb.old_values[sl, k]  # [mb, R]
             target = repro.at_value_target(cfg.inject, mb.critic_returns[sl, k], old, values)  # INJECT
             loss, m = value_loss(values, old, target, mask[sl], **loss_args)
             loss.backward()
             losses.append(loss.detach())
+            clipfracs += [float(m["vf_clipfrac"])] if mask[sl].any() else []  # of the micro-batches with a share
         gn = clipped_step(model, opt, cfg.grad_clip, f"critic {k}")
         metrics.update({f"critic/loss_{k}": float(sum(losses)), f"critic/grad_norm_{k}": float(gn)})
-        metrics["critic/vf_clipfrac"] = float(m["vf_clipfrac"])  # the last micro-batch of the last critic
-    return metrics
+    return {**metrics, "critic/vf_clipfrac": float(np.mean(clipfracs or [0.0]))}  # micro-batches of every critic
 
 
 def set_learning_rates(cfg: Config, step: int, opt, critics) -> bool:
@@ -532,12 +547,13 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     part_gen = torch.Generator().manual_seed(cfg.seed + rank)  # AsyPPO's partition: its own stream
     gens = {"sample_gen": sample_gen, "shuffle_gen": shuffle_gen, "part_gen": part_gen}  # (checkpointed)
     eval_set = sample_episodes(task, cfg.task, "eval", cfg.eval_n, np.random.default_rng(12345))  # every seed's
-    start, history = 0, {"eval": []}
+    start, history, diag = 0, {"eval": []}, LiveDiagnoser()
     if cfg.resume:  # the lr is recomputed every iteration from the config: a changed schedule field is printed
         why = "the lr schedule continues on the new values"
         state = resume_checkpoint(cfg.resume, rank, cfg, opt, critics, rng, gens, watch=SCHEDULE_FIELDS, why=why)
         start, history, kl_ctrl.beta = state["step"], json.loads(state["history"]), state["kl_beta"]
-    out_dir, metrics, footprint, diag = Path(cfg.out_dir), {}, {}, LiveDiagnoser()
+        diag.load_state(state.get("diag", "{}"))  # the live diagnosis goes on from its baselines (older: anew)
+    out_dir, metrics, footprint = Path(cfg.out_dir), {}, {}
     table = "step rollout/reward_mean rollout/acc eval/acc rollout/response_len stats/kl stats/entropy stats/clipfrac"
     table += " loss/policy loss/value critic/explained_var stats/grad_norm perf/tokens_per_s"  # the printed columns
     logger = MetricsLogger(out_dir, table.split(), enabled=rank == 0, tensorboard=cfg.tensorboard, start_step=start)
@@ -627,10 +643,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         t3 = time.perf_counter()
 
         # --- 6. metrics (reduced over ranks), eval, live diagnosis, hooks, checkpoint
-        _, group_std, group_n = _group_stats(scores, group_ids)  # [B] per sample; singletons count as not equal
-        m = {"rollout/reward_mean": scores.mean().item(), "rollout/reward_std": scores.std().item(), **adv_stats}
-        m.update({"stats/score_std": scores.std().item(), **upd, **weight_stats, **off_stats, **sampled, **footprint})
-        m["rollout/zero_std_frac"] = ((group_std < 1e-8) & (group_n > 1)).float().mean().item()
+        m = {**score_stats(scores, group_ids), **adv_stats, **upd, **weight_stats, **off_stats, **sampled, **footprint}
         m.update(rollout_metrics(rollout, episodes, eos_ids, cfg.max_new_tokens))
         m.update(gap_stats(old_logprobs, behav, mask, rollout.policy_version, step))
         m["stats/kl_coef"] = kl_ctrl.beta
@@ -643,24 +656,25 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         if critics is not None:
             m.update(value_stats(values, returns, mask, all_values, batch.critic_returns))
             m["loss/value"] = float(np.mean([v for k, v in upd.items() if k.startswith("critic/loss_")]))
-        metrics = m = common.reduce_metrics(m, device)  # the last iteration's row is the result
+        metrics = m = common.reduce_metrics(m, device)  # pooled over ranks; the last iteration's row is the result
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
             with autocast():
                 m["eval/acc"] = evaluate(policy, tokenizer, eval_set, eos_ids, rank, world, **sampling)
             history["eval"].append((step + 1, m["eval/acc"]))
         logger.log(step + 1, m)
-        for finding in diag.update(step + 1, m) if rank == 0 else []:  # the checks of diagnose.py, live
+        findings = diag.update(step + 1, m)  # diagnose.py, on every rank: one reduced row, so the same findings
+        for finding in findings if rank == 0 else []:
             print(f"[minrl] WARNING {finding}", flush=True)
-            if cfg.strict:
-                raise RuntimeError(f"--strict: stopping at step {step + 1} on {finding}")
+        if cfg.strict and findings:  # every rank stops at this step: none waits in a collective for the others
+            raise RuntimeError(f"--strict: stopping at step {step + 1} on {findings[0]}")
         for h in hooks:
             h(step + 1, m)
         if cfg.save_every and (step + 1) % cfg.save_every == 0:  # models as safetensors, the rest in state.pt
-            state = {"step": step + 1, "kl_beta": kl_ctrl.beta, "history": json.dumps(history)}
+            state = {"step": step + 1, "kl_beta": kl_ctrl.beta, "history": json.dumps(history), "diag": diag.state()}
             save_checkpoint(out_dir / f"ckpt-{step + 1}", rank, cfg, state, policy, tokenizer, opt, critics, rng, gens)
     result = {**metrics, "eval_history": history["eval"]}
-    if rank == 0:
-        write_result(out_dir, result, curves=cfg.steps > start)  # result.json, curves.png
+    if rank == 0:  # result.json, curves.png and, unless --no-save-final, the policy as a save_pretrained folder
+        write_result(out_dir, result, curves=cfg.steps > start, model=(policy, tokenizer) if cfg.save_final else None)
     return result
 
 

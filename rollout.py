@@ -6,9 +6,10 @@
 task being the one-turn case; `sequence_logprobs` is the trainer's recompute; `evaluate` is greedy success on held-out
 episodes. Tensors (DESIGN.md 3): B sequences, P prompt length (left-padded), R response length (right-padded).
 - `response_mask` [B, R] is 1 on generated tokens up to AND including the first stop token, 0 after.
-- `rollout_logprobs` [B, R]: the sampled tokens' logprobs under the behaviour policy, the full softmax of logits / T
-  before any top-p / top-k truncation; with top_p = 1 and top_k = 0 (the training default) that is the policy
-  the trainer differentiates, anything else makes PPO's ratio off-policy. Token t's logprob comes from the
+- `rollout_logprobs` [B, R]: the sampled tokens' logprobs under the behaviour policy, the distribution they were
+  drawn from: softmax(logits / T) after top-p / top-k truncation, renormalised. With top_p = 1 and top_k = 0 (the
+  training default) that is the policy the trainer differentiates; anything else makes PPO's ratio off-policy,
+  and the gap metrics and corrections (offpolicy.py) see the truncation. Token t's logprob comes from the
   logits at position P + t - 1. A row that reaches max_new_tokens without a stop token keeps an all-ones mask;
   `truncated` flags it.
 
@@ -36,7 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import all_reduce_sum, check_fields
+from common import all_reduce_sum, check_fields, masked_mean
 from tasks import format_prompt, make_task, make_tiny_model, make_tokenizer, observation_ids
 
 
@@ -187,12 +188,12 @@ def generate(
         out = model(input_ids=inp, attention_mask=mask, position_ids=pos, use_cache=True, **{kw: cache}, **last1)
         cache = getattr(out, kw)
         logits = out.logits[:, -1, :].float()  # [B, V]
-        logp_full = F.log_softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)  # [B, V]
-        if temperature > 0:
-            probs = truncate_logits(logits / temperature, top_p, top_k).softmax(-1)  # [B, V]
-            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # [B]
+        if temperature > 0:  # the behaviour distribution: truncated, renormalised; its logprobs are recorded
+            scaled = truncate_logits(logits / temperature, top_p, top_k)  # [B, V]
+            nxt = torch.multinomial(scaled.softmax(-1), 1, generator=generator).squeeze(1)  # [B]
         else:
-            nxt = logits.argmax(-1)  # [B]
+            scaled, nxt = logits, logits.argmax(-1)  # [B, V], [B]
+        logp_full = F.log_softmax(scaled, dim=-1)  # [B, V]
         nxt = torch.where(done, torch.full_like(nxt, pad_token_id), nxt)  # pad after the stop token
         tokens.append(nxt)
         logps.append(logp_full.gather(-1, nxt[:, None]).squeeze(1).masked_fill(done, 0.0))  # [B]
@@ -418,12 +419,11 @@ def _pack(prompt_ids, prompt_mask, tracks: list[dict], pad_id: int, dev) -> Roll
     )
 
 
-def eos_mask_errors(response_ids, response_mask, eos_ids, max_len: int) -> float:
-    """Share of responses whose mask breaks the stop-token rule (DESIGN.md 3): every run of mask-1 tokens (an
-    action) ends at its first stop token, unless it is max_len tokens long (cut by the length limit).
-    Catches EOS masked out (pad == eos with masks rebuilt from ids) and padding trained after EOS."""
-    if response_mask.shape[0] == 0:
-        return 0.0
+def eos_mask_errors(response_ids, response_mask, eos_ids, max_len: int, rows=None, global_: bool = False) -> float:
+    """Share of responses (of `rows` [B] bool, default all; of every rank's with global_) whose mask breaks the
+    stop-token rule (DESIGN.md 3): every run of mask-1 tokens (an action) ends at its first stop token, unless it
+    is max_len tokens long (cut by the length limit). Catches EOS masked out (pad == eos with masks rebuilt from
+    ids) and padding trained after EOS."""
     m = response_mask.bool()  # [B, R]
     stop = torch.isin(response_ids, torch.tensor(eos_ids, device=response_ids.device))  # [B, R]
     after_stop = (m[:, 1:] & m[:, :-1] & stop[:, :-1]).any(-1)  # [B] a trained token right after a stop token
@@ -432,7 +432,8 @@ def eos_mask_errors(response_ids, response_mask, eos_ids, max_len: int) -> float
     run_len = idx - torch.where(starts, idx, -1).cummax(-1).values + 1  # [B, R] length of the run so far
     ends = m & ~torch.cat([m[:, 1:], torch.zeros_like(m[:, :1])], 1)  # [B, R] last token of each run
     open_end = (ends & ~stop & (run_len < max_len)).any(-1)  # [B] an action ends early without a stop token
-    return (after_stop | open_end).float().mean().item()
+    rows = torch.ones_like(open_end) if rows is None else rows
+    return masked_mean((after_stop | open_end).float(), rows.float(), global_=global_).item()
 
 
 def rollout_metrics(rollout: Rollout, episodes: list[dict], eos_ids, max_new_tokens: int) -> dict:
@@ -448,8 +449,8 @@ def rollout_metrics(rollout: Rollout, episodes: list[dict], eos_ids, max_new_tok
         "rollout/turns": mean("turns"),
         "rollout/episode_cut_frac": mean("cut"),  # ended without the environment terminating them
         "rollout/malformed": mean("malformed"),  # malformed actions per episode
-        "stats/eos_mask_err_frac": eos_mask_errors(
-            rollout.response_ids[full], rollout.response_mask[full], eos_ids, max_new_tokens
+        "stats/eos_mask_err_frac": eos_mask_errors(  # of the episodes of all ranks without an action cut short
+            rollout.response_ids, rollout.response_mask, eos_ids, max_new_tokens, rows=full, global_=True
         ),
         "time/env": float(sum(sum(e["env_s"]) for e in episodes)),  # inside env.step (part of time/rollout)
     }

@@ -43,6 +43,8 @@ class RunArgs:
     """Checkpoint folder to resume from."""
     tensorboard: bool = False
     """Also log to TensorBoard (needs the tensorboard package)."""
+    save_final: bool = True
+    """Save the final policy and tokenizer in out_dir/policy (save_pretrained: AutoModelForCausalLM loads it)."""
 
     def __post_init__(self):
         check_range("save_every", self.save_every, 0)
@@ -144,8 +146,9 @@ def read_jsonl(path: str | Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def plot_metrics(metrics_file, keys: list[str], png) -> None:
-    """One panel per metric over steps from a metrics.jsonl -> png (Agg backend)."""
+def plot_metrics(metrics_file, keys: list[str], png, points: dict | None = None) -> dict[str, list]:
+    """One panel per metric over steps from a metrics.jsonl -> png (Agg backend); `points` {key: [(step, value)]}
+    replaces a key's rows (the eval history, which has step 0). Returns what each panel plots."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -153,14 +156,15 @@ def plot_metrics(metrics_file, keys: list[str], png) -> None:
 
     rows = read_jsonl(metrics_file)
     fig, axes = plt.subplots(1, len(keys), figsize=(4.3 * len(keys), 3.5), squeeze=False)
+    series = {k: (points or {}).get(k) or [(r["step"], r[k]) for r in rows if k in r] for k in keys}
     for ax, key in zip(axes[0], keys):
-        pts = [(r["step"], r[key]) for r in rows if key in r]
-        if pts:
-            ax.plot(*zip(*pts), marker="." if len(pts) < 50 else None)
+        if series[key]:
+            ax.plot(*zip(*series[key]), marker="." if len(series[key]) < 50 else None)
         ax.set(title=key, xlabel="step")
     fig.tight_layout()
     fig.savefig(png, dpi=80)
     plt.close(fig)
+    return series
 
 
 # ----------------------------------------------------------------------------------------------
@@ -213,15 +217,20 @@ def run_trainers(runs: list[tuple[list[str], str]], jobs: int = 1) -> list[tuple
         return list(ex.map(lambda run: run_trainer(*run, threads=threads), runs))
 
 
-def write_result(out_dir, result: dict, curves: bool = True) -> None:
-    """A run's result.json (its last metrics row and eval history: what experiments read back) and curves.png."""
-    (Path(out_dir) / "result.json").write_text(json.dumps(result))
+def write_result(out_dir, result: dict, curves: bool = True, model=None) -> None:
+    """A run's result.json (its last metrics row and eval history: what experiments read back), curves.png (the
+    eval curve from the history, step 0 included) and, given model = (policy, tokenizer), out_dir/policy."""
+    out_dir = Path(out_dir)
+    (out_dir / "result.json").write_text(json.dumps(result))
     if curves:
+        points = {"eval/acc": [tuple(e) for e in result.get("eval_history", [])]}
         plot_metrics(
-            Path(out_dir) / "metrics.jsonl",
-            ["rollout/reward_mean", "eval/acc", "stats/kl"],
-            Path(out_dir) / "curves.png",
+            out_dir / "metrics.jsonl", ["rollout/reward_mean", "eval/acc", "stats/kl"], out_dir / "curves.png", points
         )
+    if model is not None:
+        for part in model:  # the policy unwrapped (never DDP's wrapper), then its tokenizer, in one folder
+            part.save_pretrained(out_dir / "policy")
+        print(f"[minrl] final policy: {out_dir / 'policy'} (AutoModelForCausalLM.from_pretrained loads it)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -277,9 +286,12 @@ def main(argv=None) -> None:
     ap.add_argument("run_dir", help="a run's folder (with metrics.jsonl)")
     ap.add_argument("--keys", nargs="*", default=["rollout/reward_mean", "eval/acc", "stats/kl"], help="metrics")
     args = ap.parse_args(argv)
-    rows = read_jsonl(Path(args.run_dir) / "metrics.jsonl")
+    run, rows = Path(args.run_dir), read_jsonl(Path(args.run_dir) / "metrics.jsonl")
     print(format_table(rows, ["step", *args.keys]))
-    plot_metrics(Path(args.run_dir) / "metrics.jsonl", args.keys, Path(args.run_dir) / "curves.png")
+    history = (
+        json.loads((run / "result.json").read_text()).get("eval_history", []) if (run / "result.json").exists() else []
+    )
+    plot_metrics(run / "metrics.jsonl", args.keys, run / "curves.png", {"eval/acc": [tuple(e) for e in history]})
     print(f"[minrl] {Path(args.run_dir) / 'curves.png'}")
 
 

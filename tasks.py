@@ -349,12 +349,14 @@ def _as_saved(tokenizer, path: str):
     transformers 5 rebuilds the tokenizer of some model types from their class (for qwen2: Qwen's byte-level
     pre-tokenizer) instead of the folder's tokenizer.json; a custom tokenizer saved next to such a model
     (the embedded char tokenizer) would then silently drop spaces and newlines. If tokenizer.json encodes
-    a probe differently from what AutoTokenizer built, the folder's own file wins (logged).
+    a probe differently from what AutoTokenizer built, the folder's own file wins. That is logged only where the
+    folder itself declares the class AutoTokenizer built (tokenizer_config.json): otherwise transformers overrode
+    the declared class by model type, and loading the file as saved is what the folder asked for.
     """
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    saved = Path(path) / "tokenizer.json"
+    saved, declared = Path(path) / "tokenizer.json", Path(path) / "tokenizer_config.json"
     probe = "Ab 12+3 = x,\n  y?"
     if not saved.is_file():
         return tokenizer
@@ -363,8 +365,9 @@ def _as_saved(tokenizer, path: str):
         == tokenizer(probe, add_special_tokens=False).input_ids
     ):
         return tokenizer
-    print(f"[minrl] {path}: AutoTokenizer built {type(tokenizer).__name__}, which encodes differently from the saved "
-          "tokenizer.json; loading tokenizer.json as saved")  # fmt: skip
+    built = type(tokenizer).__name__
+    if declared.is_file() and json.loads(declared.read_text()).get("tokenizer_class") in (built, built + "Fast"):
+        print(f"[minrl] {path}: its {built} encodes differently from its tokenizer.json; loading tokenizer.json")
     return PreTrainedTokenizerFast.from_pretrained(path)
 
 

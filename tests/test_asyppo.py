@@ -90,8 +90,8 @@ def test_partition_group_size_not_divisible_is_an_error():
 
 def test_masks_known_answer_two_critics():
     # V_1 = 0, V_2 = (2, 4, 6, 8, 10, pad): sigma = |V_1 - V_2| / 2 (population std) = (1, 2, 3, 4, 5)
-    # n = 5, k = h = 0.2: round(0.2 * 5) = 1 lowest (token 0) loses the PPO term; the complement of the
-    # round(0.8 * 5) = 4 lowest, i.e. token 4, loses the entropy bonus; the pad column is never selected
+    # n = 5, k = h = 0.2: the round(0.2 * 5) = 1 lowest (token 0) loses the PPO term, the round(0.2 * 5) = 1
+    # highest (token 4) the entropy bonus; the pad column is never selected
     values = torch.tensor([[[0.0, 0, 0, 0, 0, 0]], [[2.0, 4, 6, 8, 10, 99]]])  # [2, 1, 6]
     mask = torch.tensor([[1, 1, 1, 1, 1, 0]])
     pg, ent, m = critics.asyppo_masks(values, mask, 0.2, 0.2)
@@ -116,7 +116,7 @@ def test_masked_fractions_equal_quantiles_on_distinct_sigma(k, h):
     low, top = valid & (pg == 0), valid & (ent == 0)
     assert not ((pg | ent).bool() & ~valid).any()  # padding is never kept, selected or counted
     assert int(low.sum()) == round(k * n)  # count rule of critics.py detail 7
-    assert int(top.sum()) == n - round((1 - h) * n)
+    assert int(top.sum()) == min(round(h * n), n - round(k * n))  # the highest, minus a rounding overlap
     if low.any() and (valid & ~low).any():  # the masked tokens are the lowest-sigma ones
         assert sigma[low].max() < sigma[valid & ~low].min()
     if top.any() and (valid & ~top).any():  # the filtered tokens are the highest-sigma ones
@@ -127,21 +127,95 @@ def test_masked_fractions_equal_quantiles_on_distinct_sigma(k, h):
     assert m["stats/sigma_mean"] == pytest.approx(float(sigma[valid].mean()), rel=1e-6)
 
 
-def test_identical_critics_give_zero_sigma_and_deterministic_disjoint_masks():
+def test_identical_critics_mask_nothing():
+    # before their first step both critics are one backbone with a zero head: sigma = 0 everywhere, no spread,
+    # so no token is "lowest" and none loses a term (the old index tie-break dropped the first 20 % by position)
     v = torch.randn(1, 4, 10, generator=torch.Generator().manual_seed(5))
     values = v.expand(2, 4, 10).clone()  # [2, B, R] two identical critics
     mask = ragged_mask(4, 10, 6).long()
-    n = int(mask.sum())
     pg, ent, m = critics.asyppo_masks(values, mask, 0.2, 0.2)
-    pg2, ent2, _ = critics.asyppo_masks(values, mask, 0.2, 0.2)
     assert m["stats/sigma_mean"] == 0.0 and m["stats/sigma_max"] == 0.0
-    assert torch.equal(pg, pg2) and torch.equal(ent, ent2)
-    # all sigma tie at 0: ties break by flat index, so the first round(0.2 n) valid tokens lose the PPO term
-    # and the last n - round(0.8 n) valid tokens lose the entropy bonus
-    flat_valid = mask.reshape(-1).nonzero().squeeze(1)
-    n_low, n_top = round(0.2 * n), n - round(0.8 * n)
-    assert (pg.reshape(-1)[flat_valid[:n_low]] == 0).all() and int((mask - pg).sum()) == n_low
-    assert (ent.reshape(-1)[flat_valid[n - n_top :]] == 0).all() and int((mask - ent).sum()) == n_top
+    assert torch.equal(pg, mask) and torch.equal(ent, mask)
+    assert m["stats/asyppo_pg_masked_frac"] == 0.0 and m["stats/asyppo_ent_filtered_frac"] == 0.0
+
+
+def test_a_tie_at_the_cut_is_taken_whole_or_not_at_all():
+    x = torch.tensor([[3.0, 0.0, 5.0, 0.0, 1.0, 0.0, 4.0, 2.0]])  # three 0s tie; 1 and 2 are single
+    mask = torch.ones_like(x)
+    pick = lambda frac, largest=False: critics.masked_extreme_frac(x, mask, frac, largest)[0].tolist()  # noqa: E731
+    assert pick(2 / 8) == [False] * 8  # round(2) cuts through the three 0s: none of them
+    assert pick(3 / 8) == [False, True, False, True, False, True, False, False]  # exactly the tie: all of it
+    assert pick(4 / 8) == [False, True, False, True, True, True, False, False]
+    assert pick(2 / 8, largest=True) == [False, False, True, False, False, False, True, False]  # 5 and 4
+
+
+def test_masks_do_not_depend_on_row_order_under_ties():
+    # coarse values (as bf16 rounding makes them) tie often; a row permutation must permute the masks, nothing else
+    g = torch.Generator().manual_seed(11)
+    values = torch.randint(0, 5, (2, 16, 12), generator=g) * 0.25  # [M, B, R]: sigma takes 5 values
+    mask = ragged_mask(16, 12, 12).long()
+    sigma = values.std(0, correction=0)[mask.bool()]
+    assert sigma.unique().numel() <= 5 < sigma.numel()  # ties everywhere: the check is not vacuous
+    perm = torch.randperm(16, generator=g)
+    pg, ent, _ = critics.asyppo_masks(values, mask, 0.2, 0.2)
+    pg_p, ent_p, _ = critics.asyppo_masks(values[:, perm], mask[perm], 0.2, 0.2)
+    assert torch.equal(pg[perm], pg_p) and torch.equal(ent[perm], ent_p)
+    assert int((mask - pg).sum()) <= round(0.2 * int(mask.sum())) and int((mask - ent).sum()) > 0
+
+
+def test_value_head_is_fp32_under_bf16_autocast():
+    # sigma from fp32 values: the head runs outside autocast, so values are not rounded to bf16 (ties)
+    torch.manual_seed(0)
+    tok = make_tokenizer()
+    vm = critics.make_value_model(make_tiny_model(tok).eval())
+    torch.nn.init.normal_(vm.head.weight, std=0.1)
+    ids, attention_mask = torch.randint(4, len(tok), (3, 9)), torch.ones(3, 9, dtype=torch.long)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        v = vm(ids, attention_mask, 5)
+    assert v.dtype == torch.float32
+    assert (v.bfloat16().float() != v).float().mean() > 0.5  # not bf16 values in an fp32 tensor
+
+
+def test_a_bf16_critic_checkpoint_loads_and_trains_in_fp32(tmp_path):
+    # --critic-model with a checkpoint stored in bf16: loaded as stored, the fp32 head met bf16 activations
+    # (a crash), and a bf16 backbone under AdamW would lose its small steps
+    tok = make_tokenizer()
+    model = make_tiny_model(tok).to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "bf16")
+    tok.save_pretrained(tmp_path / "bf16")
+    vm = critics.make_value_model(make_tiny_model(tok), str(tmp_path / "bf16"), tok)
+    assert {p.dtype for p in vm.parameters()} == {torch.float32}
+    ids, attention_mask = torch.randint(4, len(tok), (2, 7)), torch.ones(2, 7, dtype=torch.long)
+    assert vm(ids, attention_mask, 3).dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # as critic_footprint and the trainer under --dtype bfloat16
+        assert vm(ids, attention_mask, 3).shape == (2, 3)
+
+
+def test_critic_trains_in_the_precision_of_its_old_values(monkeypatch):
+    # old_values come from critics.values under the trainer's autocast; the critic's own forward in
+    # critic_update must run in the same precision, or the clip is centred off at the very first micro-batch
+    torch.manual_seed(0)
+    tok = make_tokenizer()
+    policy = make_tiny_model(tok).eval()
+    vm = critics.make_value_model(policy)
+    torch.nn.init.normal_(vm.head.weight, std=0.1)
+    crit = critics.Critics([vm], lr=1e-3, adam_eps=1e-8, ddp=False)
+    B, P, R = 4, 5, 6
+    ids, attention_mask = torch.randint(4, len(tok), (B, P + R)), torch.ones(B, P + R, dtype=torch.long)
+    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    with autocast():
+        old = crit.values(ids, attention_mask, R, micro_batch=B)  # [1, B, R]
+    seen = []
+    real = pm.value_loss
+    monkeypatch.setattr(
+        pm, "value_loss", lambda v, o, *a, **k: (seen.append((v - o).abs().max()), real(v, o, *a, **k))[1]
+    )
+    mask = torch.ones(B, R)
+    batch = full_batch(input_ids=ids, attention_mask=attention_mask, response_mask=mask, old_logprobs=torch.zeros(B, R),
+                       ref_logprobs=torch.zeros(B, R), advantages=torch.zeros(B, R), old_values=old.transpose(0, 1),
+                       critic_returns=old.transpose(0, 1) + 1.0, shares=torch.ones(B, 1, dtype=torch.bool))  # fmt: skip
+    pm.critic_update(pm.Config(micro_batch=B), crit, batch, 1, autocast)
+    assert float(seen[0]) < 1e-6, f"the critic's first forward is {float(seen[0]):.2e} away from its old values"
 
 
 def test_single_critic_sigma_is_zero_not_nan():

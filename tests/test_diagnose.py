@@ -33,7 +33,6 @@ def healthy(n=N, seed=0, beta=0.05, kl_abs=0.05, resp_len=8.0):
                 "rollout/reward_mean": p,
                 "rollout/acc": p,
                 "rollout/reward_std": float(np.sqrt(p * (1 - p))),
-                "stats/score_std": float(np.sqrt(p * (1 - p))),
                 "rollout/response_len": resp_len + rng.normal(0, 0.3),
                 "rollout/truncated_frac": abs(rng.normal(0, 0.01)),
                 "rollout/zero_std_frac": 0.2 + abs(rng.normal(0, 0.05)),
@@ -113,7 +112,7 @@ def test_slow_start_during_lr_warmup_is_not_flat_but_a_stuck_run_is(stuck):
     assert found[:1] == ([("flat_reward", 0)] if stuck else []) and {f for f, _ in found} <= {"flat_reward"}
 
 
-@pytest.mark.parametrize("spread", ["stats/return_std", "stats/score_std"])
+@pytest.mark.parametrize("spread", ["stats/return_std", "rollout/reward_std"])
 def test_healthy_growth_of_kl_and_value_loss_is_not_a_failure(spread):
     rows = healthy()
     for r in rows:  # KL grows linearly to 0.6 nat/token; value loss tracks the returns' growing variance
@@ -137,7 +136,7 @@ CASES = {
     "zero_variance_groups": (30, dict(rollout__zero_std_frac=0.8)),
     "reward_scale": (  # score x 0.01 with KL in the reward (beta 0.05): KL per sequence >> score std
         1,
-        dict(stats__score_std=0.0045, rollout__reward_std=0.0045, rollout__reward_mean=lambda t: 0.003 + 1e-4 * t),
+        dict(rollout__reward_std=0.0045, rollout__reward_mean=lambda t: 0.003 + 1e-4 * t),
     ),
     "kl_blowup": (40, dict(stats__kl=3.0)),
     "entropy_collapse": (35, dict(stats__entropy=0.004)),
@@ -161,7 +160,7 @@ def test_each_failure_mode_is_named_with_its_start_step(fid):
         for r in rows:
             r["stats/token_reward_kl_abs"] = 0.0 if r["step"] == 0 else 0.05 * 0.2
             r["stats/return_mean"] = r["rollout/reward_mean"]
-            r["stats/return_std"] = r["stats/score_std"]
+            r["stats/return_std"] = r["rollout/reward_std"]
     assert ids_and_steps(run_diagnose(rows)) == [(fid, start)]
 
 
@@ -183,7 +182,7 @@ def test_dr_grpo_tiny_advantages_and_huge_returns_are_reward_scale():
 
 
 def test_tiny_score_under_critic_noise_is_reward_scale():
-    rows = edit(healthy(), 0, stats__score_std=0.0045, stats__token_reward_kl_abs=0.0)  # no KL term at all
+    rows = edit(healthy(), 0, rollout__reward_std=0.0045, stats__token_reward_kl_abs=0.0)  # no KL term at all
     assert ids_and_steps(run_diagnose(rows)) == [("reward_scale", 0)]  # sqrt(2 * value loss) ~ 0.5 >> 0.0045
 
 
@@ -436,3 +435,18 @@ def test_nan_written_as_text_is_read_and_flagged(tmp_path):
     text = "\n".join(json.dumps(r) for r in rows).replace('"loss/policy": ', '"loss/policy": "nan", "x": ', 1)
     (tmp_path / "m.jsonl").write_text(text)
     assert ids_and_steps(run_diagnose(diagnose.load_metrics(tmp_path / "m.jsonl"))) == [("nan_inf", 0)]
+
+
+def test_a_restored_diagnoser_goes_on_as_the_uninterrupted_one():
+    # a resumed run keeps the live diagnosis' baselines, windows and streaks (its checkpoint holds state())
+    rows = edit(edit(healthy(), 30, stats__entropy=0.05), 44, stats__grad_norm=lambda t: 20.0 if t == 44 else 0.5)
+    whole = LiveDiagnoser()
+    expected = [f for r in rows for f in whole.update(r["step"], r)]
+    first, later = LiveDiagnoser(), LiveDiagnoser()
+    before = [f for r in rows[:31] for f in first.update(r["step"], r)]  # stopped right after the collapse began
+    later.load_state(json.loads(json.dumps(first.state())))  # through a file, as the checkpoint stores it
+    after = [f for r in rows[31:] for f in later.update(r["step"], r)]
+    assert ids_and_steps(expected) == [("entropy_collapse", 30), ("grad_spike", 44)]  # not vacuous
+    assert before + after == expected
+    fresh = LiveDiagnoser()  # without the state: no baseline, the collapse goes unseen
+    assert "entropy_collapse" not in [f.id for r in rows[31:] for f in fresh.update(r["step"], r)]

@@ -44,7 +44,9 @@ def ddp_deltas(tmp_path_factory) -> dict:
     return torch.load(out, weights_only=True)
 
 
-@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize(
+    "loss_agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+)
 def test_ddp_update_equals_single_process(ddp_deltas, loss_agg):
     """2 ranks x half the batch == 1 process x the whole batch: policy and both critics, SGD lr 1 (delta = -grad)."""
     check = load_grad_check()
@@ -118,3 +120,90 @@ def test_dead_rank_is_named(tmp_path, fate):
     assert "rank(s) [1] never reached it" in message, message
     assert "rank 0: collective #2 (all_reduce)" in message, message
     assert float(elapsed) < 2 * COLLECTIVE_TIMEOUT, f"the failed collective took {elapsed} s"
+
+
+def metric_rows(rank: int, world: int) -> dict:
+    """The trainer's batch metrics (stanza 4 and 6) of this rank's rows of one fixed ragged batch, reduced."""
+    import common
+    import ppo_minimal as pm
+    from offpolicy import gap_stats, off_policy_weights
+    from rollout import eos_mask_errors
+
+    g = torch.Generator().manual_seed(0)
+    B, R = 8, 9
+    lengths = torch.tensor([9, 1, 2, 9, 7, 3, 8, 9])  # rank 0 holds 21 tokens, rank 1 holds 27
+    mask = (torch.arange(R) < lengths[:, None]).float()  # [B, R]
+    scores = torch.tensor([0.0, 1.0, 1.0, 1.0, 0.2, 0.9, 0.3, 0.4])  # rank halves: very different spreads
+    old, ref, behav = (torch.randn(B, R, generator=g) * 0.3 - 1.0 for _ in range(3))
+    values = torch.randn(B, R, generator=g) * mask
+    group_ids = torch.arange(B) // 2
+    ids = torch.randint(4, 20, (B, R), generator=g)
+    rows = slice(rank * B // world, (rank + 1) * B // world)
+    cfg = pm.Config(kl_in_reward=True, kl_coef=0.1)
+    m = pm.score_stats(scores[rows], group_ids[rows])
+    m.update(pm.compute_advantages(cfg, scores[rows], mask[rows], old[rows], ref[rows], 0.1, group_ids[rows],
+                                   values[rows])[-1])  # fmt: skip
+    m.update(off_policy_weights(old[rows], behav[rows], mask[rows], "tis")[1])
+    m.update(gap_stats(old[rows], behav[rows], mask[rows]))
+    m["stats/eos_mask_err_frac"] = eos_mask_errors(ids[rows], mask[rows].long(), [3], R, global_=True)
+    return common.reduce_metrics(m)
+
+
+def _metrics_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    import common
+
+    common.setup_dist(timeout_s=60, device="cpu", init_method=f"file://{init_file}")
+    torch.save(metric_rows(rank, world), Path(out_dir, f"rank{rank}.pt"))
+    torch.distributed.destroy_process_group()
+
+
+def test_metrics_under_ddp_pool_every_sample_and_token(tmp_path):
+    """2 ranks x half the batch log the metrics of 1 process x the whole batch: the reward std over all samples,
+    token means over all tokens (the halves hold 21 and 27 tokens), not per-rank values averaged."""
+    mp.spawn(_metrics_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2)
+    parts = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    single = metric_rows(0, 1)
+    assert parts[0] == parts[1] and parts[0].keys() == single.keys()
+    for key in (
+        "rollout/reward_std",
+        "stats/kl",
+        "stats/return_std",
+        "stats/is_weight_mean",
+        "stats/eos_mask_err_frac",
+    ):
+        assert key in single
+    assert single["stats/eos_mask_err_frac"] > 0  # rows without the stop token 3 are errors: not vacuous
+    bad = {k: (parts[0][k], v) for k, v in single.items() if abs(parts[0][k] - v) > 1e-6 * max(1.0, abs(v))}
+    assert not bad, f"pooled over ranks != single process: {bad}"
+
+
+def _strict_worker(rank: int, world: int, port: int, model: str, out_dir: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # train() rendezvous as under torchrun
+    import ppo_minimal as pm
+
+    torch.set_num_threads(1)
+    flags = dict(prompts_per_step=4, group_size=2, minibatches=1, eval_every=0, steps=6, dist_timeout=60)
+    cfg = pm.Config(model=model, task="reverse", inject="logprob_shift", strict=True, out_dir=out_dir, **flags)
+    t0 = time.perf_counter()
+    try:  # the shifted recompute trips logprob_mismatch on the second step; the rows are reduced over ranks
+        pm.train(cfg)
+        Path(out_dir, f"rank{rank}.txt").write_text("went on")
+    except RuntimeError as e:
+        Path(out_dir, f"rank{rank}.txt").write_text(f"{time.perf_counter() - t0:.3f}\n{e}")
+
+
+def test_strict_stops_every_rank_at_the_same_step(tmp_path, sft_path):
+    """--strict under DDP: a finding stops every rank at once (each diagnoses the same reduced row), not rank 0
+    alone while the others wait for the collective timeout (60 s here)."""
+    import socket
+
+    with socket.socket() as sock:  # a free port for the rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(_strict_worker, args=(2, port, str(sft_path), str(tmp_path)), nprocs=2)
+    messages = [(tmp_path / f"rank{r}.txt").read_text().split("\n", 1) for r in range(2)]
+    for rank, (_, message) in enumerate(messages):
+        assert message.startswith("--strict: stopping at step 2 on logprob_mismatch"), (rank, message)
+    assert messages[0][1] == messages[1][1]

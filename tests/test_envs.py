@@ -286,7 +286,7 @@ def test_chat_template_observations_continue_the_conversation():
 
 
 def test_gem_adapter_runs_a_gem_game(tiny):
-    """gem-llm (requirements-gem.txt) is optional for users; CI installs it, so this test never skips."""
+    """gem-llm (in requirements.txt) is optional for users; the install command brings it, so this test never skips."""
     model, tok = tiny
     name = "gem:game:GuessTheNumber-v0-easy"  # a number in 1..10
 

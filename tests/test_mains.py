@@ -68,6 +68,31 @@ def test_common_main_under_torchrun_reduces_over_two_ranks():
     assert out.count("all-reduce of the ranks 1, 1 expected") == 2  # ranks 0 + 1, printed by each rank
 
 
+def test_ci_installs_with_the_readme_install_command_and_runs_its_test_command():
+    """One install command, the README's, for everything the tests need: CI (.ci/run) installs exactly the
+    README's requirement files, every requirements*.txt of the repository among them, and runs its test command."""
+    import re
+
+    readme, ci = (ROOT / "README.md").read_text(), (ROOT / ".ci" / "run").read_text()
+    install = next(line for line in readme.splitlines() if line.startswith("pip install"))
+    ci_install = next(line for line in ci.splitlines() if "pip install" in line and not line.startswith("#"))
+    files = set(re.findall(r"-r (\S+)", install))
+    assert files == set(re.findall(r"-r (\S+)", ci_install)) == {p.name for p in ROOT.glob("requirements*.txt")}
+    test_cmd = next(line for line in readme.splitlines() if "-m pytest" in line).split("#")[0].strip()
+    assert test_cmd in ci.splitlines()
+
+
+def test_curves_plot_the_eval_history_from_step_0(tmp_path, monkeypatch):
+    import runlog
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "rollout/reward_mean": 0.1}\n{"step": 2, "eval/acc": 0.5}\n')
+    plotted, real = {}, runlog.plot_metrics
+    monkeypatch.setattr(runlog, "plot_metrics", lambda *a: plotted.update(real(*a)))
+    runlog.write_result(tmp_path, {"eval_history": [(0, 0.25), (2, 0.5)]})
+    assert plotted["eval/acc"] == [(0, 0.25), (2, 0.5)]  # the rows alone start at step 2
+    assert plotted["rollout/reward_mean"] == [(1, 0.1)] and (tmp_path / "curves.png").stat().st_size > 0
+
+
 def test_repro_and_runlog_mains_read_a_run(tmp_path, tiny_model):
     run_dir = tmp_path / "run"
     flags = f"--model {tiny_model} --task reverse --steps 2 --prompts-per-step 2 --group-size 2 --eval-every 0"
@@ -81,6 +106,12 @@ def test_repro_and_runlog_mains_read_a_run(tmp_path, tiny_model):
     assert (run_dir / "curves.png").stat().st_size > 0
     result = json.loads((run_dir / "result.json").read_text())
     assert result["eval_history"] == [] and "rollout/reward_mean" in result
+    # the final policy by default, as a save_pretrained folder that AutoModelForCausalLM and the trainer load
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(run_dir / "policy").config.vocab_size == len(tasks.make_tokenizer())
+    _, tok = tasks.load_policy(str(run_dir / "policy"), "cpu")
+    assert tok("ab c", add_special_tokens=False).input_ids == tasks.make_tokenizer()("ab c").input_ids
 
 
 def test_critics_main_runs_its_experiment_as_trainer_subprocesses(tmp_path, sft_path):

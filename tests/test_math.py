@@ -4,6 +4,7 @@ Every expected number is derived by hand in a comment next to it (never by calli
 Everything runs in fp64 unless a test is about fp32 behaviour.
 """
 
+import contextlib
 import math
 
 import pytest
@@ -329,6 +330,39 @@ def test_aggregate_modes_2x3_by_hand():
     assert pm.aggregate(L, M, "seq-mean-token-sum").item() == pytest.approx(3.5, abs=1e-12)
 
 
+def test_seq_mean_token_sum_norm_divides_by_a_constant():
+    # Dr. GRPO: (3 + 4) / (2 sequences x C); C defaults to the padded width R = 3 (veRL), else the given constant
+    L, M = t(L23), t(M23)
+    assert pm.aggregate(L, M, "seq-mean-token-sum-norm").item() == pytest.approx(7 / 6, abs=1e-12)
+    denom = pm.agg_denominator(M, "seq-mean-token-sum-norm", global_=False, scale=10)
+    assert denom.item() == 20 and pm.aggregate(L, M, "seq-mean-token-sum-norm", denom).item() == pytest.approx(0.35)
+    cfg = pm.Config(adv_estimator="grpo", grpo_norm_std=False, loss_agg="seq-mean-token-sum-norm", max_new_tokens=24)
+    assert cfg.loss_scale_factor == 24  # derived: the generation budget, the same for every batch
+
+
+def test_critic_vf_clipfrac_averages_every_micro_batch_of_every_critic(monkeypatch):
+    # two critics x two micro-batches, clip fractions 0.1, 0.2 (critic 0) and 0.3, 0.4 (critic 1): mean 0.25
+    # (it used to be the last micro-batch of the last critic, 0.4)
+    from batches import full_batch
+
+    from tasks import make_tiny_model, make_tokenizer
+
+    torch.manual_seed(0)
+    tok = make_tokenizer()
+    vms = [critics.make_value_model(make_tiny_model(tok).eval()) for _ in range(2)]
+    crit = critics.Critics(vms, lr=1e-3, adam_eps=1e-8, ddp=False)
+    fracs, real = iter([0.1, 0.2, 0.3, 0.4]), pm.value_loss
+    monkeypatch.setattr(pm, "value_loss", lambda *a, **k: (real(*a, **k)[0], {"vf_clipfrac": next(fracs)}))
+    B, R = 4, 3
+    ids = torch.randint(4, len(tok), (B, 5 + R))
+    z = torch.zeros(B, R)
+    batch = full_batch(input_ids=ids, attention_mask=torch.ones_like(ids), response_mask=torch.ones(B, R),
+                       old_logprobs=z, ref_logprobs=z, advantages=z, old_values=torch.zeros(B, 2, R),
+                       critic_returns=torch.ones(B, 2, R), shares=torch.ones(B, 2, dtype=torch.bool))  # fmt: skip
+    out = pm.critic_update(pm.Config(micro_batch=2), crit, batch, 1, contextlib.nullcontext)
+    assert out["critic/vf_clipfrac"] == pytest.approx(0.25)
+
+
 def test_aggregate_seq_mean_token_mean_differs_from_token_mean():
     # one sequence with 1 valid token (loss 4), one with 3 (loss 1 each)
     # token-mean = (4 + 3) / 4 = 1.75 ; seq-mean-token-mean = (4 + 1) / 2 = 2.5
@@ -423,17 +457,18 @@ def test_masked_whiten_known_answers():
     )
 
 
-def test_masked_extreme_frac_ties_by_index():
+def test_masked_extreme_frac_ties_by_value():
     # valid entries in flat order: 3 (0), 1 (1), 3 (2), 2 (3), 3 (4); entry (1, 2) is masked (value 0)
     # n = 5, frac 0.4 -> round(2.0) = 2 entries
-    # largest two: the three 3s tie -> the two earliest, flat 0 and 2
+    # largest two: the three 3s tie across the cut -> none of them (never "the earliest": no position bias)
     # smallest two: 1 (flat 1) and 2 (flat 3); the masked 0 is never selected
     x, m = t([[3.0, 1.0, 3.0], [2.0, 3.0, 0.0]]), t([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     top = critics.masked_extreme_frac(x, m, 0.4, largest=True)
     bot = critics.masked_extreme_frac(x, m, 0.4, largest=False)
-    assert top.tolist() == [[True, False, True], [False, False, False]]
+    assert top.tolist() == [[False, False, False], [False, False, False]]
     assert bot.tolist() == [[False, True, False], [True, False, False]]
-    # frac 0 selects nothing; frac 1 selects every valid entry and no masked one
+    # frac 0.6 -> 3: exactly the three tied 3s; frac 0 selects nothing; frac 1 every valid entry, no masked one
+    assert critics.masked_extreme_frac(x, m, 0.6, largest=True).tolist() == [[True, False, True], [False, True, False]]
     assert not critics.masked_extreme_frac(x, m, 0.0, largest=True).any()
     assert critics.masked_extreme_frac(x, m, 1.0, largest=False).tolist() == m.bool().tolist()
 
@@ -517,9 +552,12 @@ def random_batch(seed: int, B: int = 5, R: int = 7):
 
 
 def all_losses(b, mode: str) -> list[float]:
-    pg, pm_ = pm.policy_loss(b["logp"], b["old"], b["adv"], b["mask"], agg=mode)
-    vl, vm = pm.value_loss(b["v"], b["old_v"], b["ret"], b["mask"], agg=mode)
-    kl = pm.aggregate(pm.kl_estimate(b["logp"], b["ref"], "k3"), b["mask"], mode)
+    # the trainer's denominator: seq-mean-token-sum-norm divides by a constant (loss_scale_factor), not by the
+    # padded width (veRL's default, which padding changes by design)
+    d = pm.agg_denominator(b["mask"], mode, global_=False, scale=8)
+    pg, pm_ = pm.policy_loss(b["logp"], b["old"], b["adv"], b["mask"], agg=mode, denom=d)
+    vl, vm = pm.value_loss(b["v"], b["old_v"], b["ret"], b["mask"], agg=mode, denom=d)
+    kl = pm.aggregate(pm.kl_estimate(b["logp"], b["ref"], "k3"), b["mask"], mode, d)
     return [
         pg.item(),
         vl.item(),

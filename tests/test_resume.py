@@ -86,6 +86,14 @@ def test_checkpoint_is_safetensors_and_weights_only(run):
         assert (ckpt / name / "model.safetensors").is_file()
     assert (ckpt / "critic_0" / "value_head.safetensors").is_file()
     torch.load(ckpt / "rank0.pt", weights_only=True)  # this rank's random streams
+    diag = pm.LiveDiagnoser()  # the live diagnosis' state: a resumed run keeps its baselines
+    diag.load_state(state["diag"])
+    assert diag.count["stats/kl"] == 3
+    # the final policy (out_dir/policy, saved by default) is the step-3 policy of the checkpoint, loadable as is
+    from safetensors.torch import load_file
+
+    final, saved = (load_file(str(d / "model.safetensors")) for d in (part_dir / "policy", ckpt / "policy"))
+    assert final.keys() == saved.keys() and all(torch.equal(final[k], saved[k]) for k in final)
     allowed = ("state.pt", "rank0.pt")
     pickled = [p for p in ckpt.rglob("*") if p.suffix in (".bin", ".pt", ".pth", ".pkl") and p.name not in allowed]
     assert not pickled, pickled

@@ -101,6 +101,28 @@ def test_a_model_folder_keeps_its_char_tokenizer_spaces_and_newlines_included(to
     assert back.decode(back(text, add_special_tokens=False).input_ids) == text
 
 
+def test_loading_the_embedded_tokenizer_says_nothing_unless_the_folder_disagrees_with_itself(tok, tmp_path, capsys):
+    """The folder declares its own class (tokenizer_config.json) and transformers overrides it by model type:
+    loading tokenizer.json as saved is what the folder asked for, so nothing is printed. A folder that itself
+    declares the class that encodes differently from its tokenizer.json gets one line."""
+    import json
+
+    from tasks import load_policy
+
+    tasks.make_tiny_model(tok).save_pretrained(tmp_path / "ours")
+    tok.save_pretrained(tmp_path / "ours")
+    load_policy(str(tmp_path / "ours"), "cpu")
+    assert "encodes differently" not in capsys.readouterr().out
+    (tmp_path / "odd").mkdir()
+    for f in (tmp_path / "ours").iterdir():
+        (tmp_path / "odd" / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((tmp_path / "odd" / "tokenizer_config.json").read_text())
+    (tmp_path / "odd" / "tokenizer_config.json").write_text(json.dumps({**cfg, "tokenizer_class": "Qwen2Tokenizer"}))
+    _, back = load_policy(str(tmp_path / "odd"), "cpu")
+    assert "its Qwen2Tokenizer encodes differently from its tokenizer.json" in capsys.readouterr().out
+    assert back("a b\n", add_special_tokens=False).input_ids == tok("a b\n", add_special_tokens=False).input_ids
+
+
 def test_tokenize_prompts_left_pads(tok):
     ids, mask = tokenize_prompts(tok, ["ab", "abcd", "c"], max_prompt_len=4)
     a, b, c, d = (tok.convert_tokens_to_ids(x) for x in "abcd")
@@ -145,8 +167,25 @@ def test_top_k_one_sampling_is_greedy(model, tok):
     greedy = sample(model, tok, texts, temperature=0.0, max_new_tokens=8)
     topk1 = sample(model, tok, texts, temperature=1.0, max_new_tokens=8, top_k=1, seed=3)
     assert torch.equal(greedy.response_ids, topk1.response_ids)
-    # rollout_logprobs are those of the FULL softmax (before truncation): < 0, not log(1) = 0
-    assert (topk1.rollout_logprobs[topk1.response_mask.bool()] < -1e-3).all()
+    # rollout_logprobs are those of the distribution sampled from (truncated, renormalised): log 1 = 0
+    assert (topk1.rollout_logprobs[topk1.response_mask.bool()] == 0).all()
+
+
+def test_top_p_behaviour_logprobs_are_the_truncated_distribution_and_corrections_see_it(model, tok):
+    # top-p keeps the nucleus and renormalises: log pi_behav = log pi - log Z >= log pi, > where tokens were cut;
+    # the trainer's recompute is the untruncated pi, so the gap metric and the tis weights pi / pi_behav see it
+    from offpolicy import gap_stats, off_policy_weights
+
+    texts = ["123456>", "9876>", "s314159>", "r2718>"]
+    s = sample(model, tok, texts, temperature=1.0, max_new_tokens=12, top_p=0.7, seed=1)
+    full = sequence_logprobs(model, s.input_ids, s.attention_mask, s.response_ids.shape[1], temperature=1.0)[0]
+    valid = s.response_mask.bool()
+    assert (s.rollout_logprobs[valid] >= full[valid] - TOL).all()
+    assert (s.rollout_logprobs[valid] > full[valid] + 1e-3).float().mean() > 0.5  # the random model's tails cut
+    mask = s.response_mask.float()
+    assert gap_stats(full, s.rollout_logprobs, mask)["stats/rollout_vs_old_logp_diff"] > 1e-2
+    w, _ = off_policy_weights(full, s.rollout_logprobs, mask, "tis")
+    assert (w[valid] <= 1 + TOL).all() and w[valid].min() < 0.9  # pi_old / pi_behav = Z <= 1
 
 
 # ----------------------------------------------------------------------------------------------

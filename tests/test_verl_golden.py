@@ -143,7 +143,7 @@ def test_rloo_advantages_match_verl(case, _s, _k):
 # core_algos: losses
 
 
-AGG_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+AGG_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
 
 @pytest.mark.parametrize("case,setting,mode", cases("policy_loss", "settings", AGG_MODES))

@@ -37,7 +37,8 @@ rounded to 6 decimals to keep the file small, outputs are not rounded):
 5. `value_loss`: compute_value_loss (loss and vf_clipfrac) per aggregation mode and clip range.
 6. `kl_penalty`: kl_penalty with "kl", "mse", "low_var_kl" (k1, k2, k3; the aliases are checked to
    agree), with log-ratios that hit the +-20 input clamp and the +-10 output clamp of k3.
-7. `agg_loss`: agg_loss for token-mean, seq-mean-token-mean, seq-mean-token-sum.
+7. `agg_loss`: agg_loss for token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm (its
+   default loss_scale_factor, the padded width T).
 
 Masks are 0/1 floats, right-padded with ragged lengths, with fully masked rows and rows whose middle
 positions are masked (multi-turn observation tokens). At masked positions veRL's outputs hold
@@ -54,7 +55,7 @@ import torch
 
 SEED = 20261129
 OUT = Path(__file__).with_name("verl_core_algos.json")
-AGG_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+AGG_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
 
 def rounded(a: np.ndarray) -> np.ndarray:
