@@ -242,15 +242,15 @@ def masked_extreme_frac(x, mask, frac: float, largest: bool, global_: bool = Fal
 def asyppo_masks(all_values, response_mask, k: float, h: float):
     """AsyPPO token masks from critic disagreement. all_values [M, B, R], response_mask [B, R] (0/1).
 
-    Returns pg_mask [B, R] (0 where the PPO term is dropped: the lowest-k fraction of sigma), ent_mask
-    [B, R] (0 where the entropy bonus is dropped: the highest-h fraction) and a metrics dict.
+    Returns pg_mask [B, R] (0 where the PPO term is dropped: at most the lowest-k fraction of sigma), ent_mask
+    [B, R] (0 where the entropy bonus is dropped: at most the highest-h fraction; detail 6) and a metrics dict.
     """
     mask = response_mask.bool()
     # sigma_t = std_m V_m(s_t), population std (papers.md 1a; detail 5)
     sigma = all_values.detach().float().std(0, correction=0) * mask  # [B, R]
     # I^A_t = 0 if sigma_t in Low_k(sigma)  (advantage masking; detail 6)
     low = masked_extreme_frac(sigma, mask, k, largest=False, global_=True)  # [B, R]
-    # I^H_t = 0 if sigma_t in Top_h(sigma) (entropy filtering); disjoint from Low_k when k + h <= 1 (rounding aside)
+    # I^H_t = 0 if sigma_t in Top_h(sigma) (entropy filtering); never on a Low_k token (rounding could overlap them)
     top = masked_extreme_frac(sigma, mask, h, largest=True, global_=True) & ~low  # [B, R]
     pg_mask, ent_mask = (mask & ~low).to(response_mask.dtype), (mask & ~top).to(response_mask.dtype)  # [B, R] each
     fmask, sigma_mean = mask.float(), masked_mean(sigma, mask.float(), global_=True)

@@ -24,11 +24,11 @@ import csv
 import io
 import json
 import math
-import statistics
 import sys
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median  # stdlib: faster than numpy on a window of ~20 values
 from typing import NamedTuple
 
 import numpy as np
@@ -147,11 +147,6 @@ class Finding:
         return f"{self.id} @ step {self.step}: {self.evidence} | likely cause: {self.cause} | try: {self.fix}"
 
 
-def _med(xs) -> float:
-    """Median of a non-empty list."""
-    return float(statistics.median(xs))  # stdlib: faster than numpy on a window of ~20 values
-
-
 class LiveDiagnoser:
     """Feed one metrics row per step (any supported names); `update` returns the findings new at this step."""
 
@@ -204,12 +199,15 @@ class LiveDiagnoser:
 
     def state(self) -> str:
         """What update() carries from step to step, as JSON (deques and sets as lists), for a checkpoint."""
-        return json.dumps({k: v for k, v in vars(self).items() if k not in ("cur", "nonfinite")}, default=list)
+        d = {k: v for k, v in vars(self).items() if k not in ("cur", "nonfinite")}
+        return json.dumps({**d, "evaluated": sorted(self.evaluated)}, default=list)  # sorted: the same bytes every run
 
     def load_state(self, text: str) -> None:
         """Continue from state(): the baselines, windows and streaks of the run so far ("{}": from the start)."""
-        for k, v in json.loads(text).items():
-            setattr(self, k, v)
+        d = json.loads(text)
+        if unknown := sorted(set(d) - set(vars(self))):
+            raise ValueError(f"LiveDiagnoser.load_state: unknown field(s) {unknown}: not a state() of this version")
+        vars(self).update(d)
         self.hist = {k: deque(map(tuple, v), maxlen=int(TH["window"]) + 1) for k, v in self.hist.items()}
         self.evaluated = set(self.evaluated)
 
@@ -234,13 +232,13 @@ class LiveDiagnoser:
     def base(self, name: str) -> float | None:
         """The starting level of a metric (median of its first values), None before there are enough."""
         f = self.first.get(name, [])
-        return _med(f) if len(f) >= TH["baseline_n"] else None
+        return median(f) if len(f) >= TH["baseline_n"] else None
 
     def saturated(self) -> bool:
         """Recent accuracy (or reward) at the ceiling: median of the last baseline_n values."""
         n, f = int(TH["baseline_n"]), TH["saturated_frac"]
         acc, r = self.vals("rollout/acc")[-n:], self.vals("rollout/reward_mean")[-n:]
-        return (bool(acc) and _med(acc) >= f) or (bool(r) and _med(r) >= f * self.reward_max)
+        return (bool(acc) and median(acc) >= f) or (bool(r) and median(r) >= f * self.reward_max)
 
 
 # Checks return None (cannot run on this row) or (hit, evidence, start step | None); docstring: "<cause> Try: <fix>"
@@ -306,9 +304,9 @@ def _flat_reward(d: LiveDiagnoser):
     slope = float(x @ (r - r.mean()) / (x @ x))  # least-squares trend over the window, per step
     se = float(np.sqrt(np.sum((r - r.mean() - slope * x) ** 2) / (w - 2) / (x @ x)))
     t = slope / se if se > 0 else (math.inf if slope > 0 else 0.0)
-    std = _med(d.vals("rollout/reward_std")) if "rollout/reward_std" in d.hist else 0.0
+    std = median(d.vals("rollout/reward_std")) if "rollout/reward_std" in d.hist else 0.0
     tol = TH["flat_reward.min_gain"] * (std if std > 0 else 0.5 * d.reward_max)
-    base, now = d.base("rollout/reward_mean"), _med(r[-n:])
+    base, now = d.base("rollout/reward_mean"), median(r[-n:])
     hit = now - base < tol and t < TH["flat_reward.t_stat"] and not d.saturated()
     ev = f"reward {base:.4g} at the start, {now:.4g} now (rise < {tol:.3g}); trend {slope:+.2g}/step, t = {t:.2g}"
     return hit, ev, win[0][0]
@@ -320,7 +318,7 @@ def _kl_blowup(d: LiveDiagnoser):
     k, prev = d.cur.get("stats/kl"), d.prev("stats/kl")
     if k is None:
         return None
-    ref = _med(prev) if len(prev) >= TH["baseline_n"] else math.inf
+    ref = median(prev) if len(prev) >= TH["baseline_n"] else math.inf
     hit = k > TH["kl_blowup.max"] or (k > TH["kl_blowup.jump_floor"] and k > TH["kl_blowup.jump"] * ref)
     return hit, f"KL to reference {k:.3g} nat/token, median of the previous {len(prev)} steps {ref:.3g}", None
 
@@ -372,7 +370,7 @@ def _grad_spike(d: LiveDiagnoser):
     g, prev = d.cur.get("stats/grad_norm"), d.prev("stats/grad_norm")
     if g is None or len(prev) < TH["baseline_n"]:
         return None
-    ref = _med(prev)
+    ref = median(prev)
     return ref > 0 and g > TH["grad_spike.factor"] * ref, f"grad norm {g:.3g} vs median {ref:.3g} before", None
 
 
@@ -476,8 +474,7 @@ def load_metrics(path: str | Path) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     """`python diagnose.py PATH`: print the findings and the checks; exit 1 if any, 2 on unreadable input."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    pos = [i for i, a in enumerate(argv) if not a.startswith("-") and (i == 0 or not argv[i - 1].startswith("--"))]
-    if pos:
+    if pos := [i for i, a in enumerate(argv) if not a.startswith("-") and (i == 0 or not argv[i - 1].startswith("--"))]:
         argv.insert(pos[0], "--path")  # the metrics path as a positional argument
     try:
         cfg = parse_config(Config, argv)
@@ -500,8 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     print("checks run: " + ", ".join(cid for cid, _, _ in CHECKS if cid not in skipped))
     for cid, why in skipped.items():
         print(f"check skipped: {cid}: {why}")
-    unused = sorted({k for r in rows for k in r} - KNOWN - {"step"})
-    if unused:
+    if unused := sorted({k for r in rows for k in r} - KNOWN - {"step"}):
         print(f"columns not used ({len(unused)}): {', '.join(unused[:8])}{' ...' if len(unused) > 8 else ''}")
     n = len({f.id for f in findings})
     print(f"{n} failure mode(s) flagged" if n else "no failure mode flagged")

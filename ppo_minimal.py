@@ -15,6 +15,7 @@ clipped policy loss (+ value loss), gradients accumulated over micro-batches -> 
 Equations (PPO eq. 7; GAE eq. 16; GRPO sec. 4.1; Dr. GRPO; RLOO; Schulman's k1-k3; veRL 0.9.1 core_algos):
   GAE      delta_t = r_t + gamma V_{t+1} - V_t,  A_t = delta_t + gamma lam A_{t+1}   (masked t pass through)
   GRPO     A_i = (s_i - mean_g) / (std_g + eps), std unbiased, singleton mean 0, std 1;  RLOO  s_i - mean_{j!=i}
+  Dr. GRPO A_i = s_i - mean_g;  L = sum_i sum_t l_it / (n_seqs C), C a constant (loss_agg seq-mean-token-sum-norm)
   clip     L = max(-A r, -A clip(r, 1 - eps_lo, 1 + eps_hi)); dual clip (A < 0): L = min(L, -c A)
   value    L_V = 0.5 max((V - R)^2, (clip(V, V_old +- eps_v) - R)^2)
   KL       x = logp - ref: k1 = x, k2 = x^2 / 2, k3 = exp(-x) + x - 1
@@ -23,7 +24,8 @@ Implementation details (deviations from veRL marked "ours")
 1. Models run with dropout off (`.eval()`). old_logprobs are the trainer's recompute before the update, with the
    sampling temperature; `stats/rollout_vs_old_logp_diff` is their mean gap to the sampler's.
 2. Under DDP the loss denominator is global (`sum_local(mask l) / all_reduce(sum mask) * W`): DDP's average is the
-   single-process gradient of the global minibatch. Whitening (GAE only) is global; GRPO groups are rank-local.
+   single-process gradient of the global minibatch. Whitening (GAE only) and the logged metrics are global (pooled
+   over every rank's samples and tokens); GRPO groups are rank-local.
 3. A truncated response (no EOS within max_new_tokens) keeps its mask and score, unless no_eos_penalty is set.
 4. ours: the aggregation denominator is clamped at 1 (an empty minibatch gives 0, not NaN); advantages, returns
    are 0 at masked positions (veRL leaves pass-through values there).
@@ -139,7 +141,7 @@ class Config(TaskArgs, SampleArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArg
     seed: int = 0
     """Seed (sampling uses seed + rank)."""
     strict: bool = False
-    """Stop the run when the live diagnosis (diagnose.py) flags a failure mode."""
+    """Stop the run (every rank) when the live diagnosis (diagnose.py) flags a failure mode."""
 
     def __post_init__(self):
         repro.apply_stated_config(self)  # first: an injection's stated config fills fields left at their default
@@ -148,8 +150,7 @@ class Config(TaskArgs, SampleArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArg
             base.__post_init__(self)
         if self.ent_coef is None:  # derived once here, printed with the config
             self.ent_coef = 1e-3 if self.critic == "asyppo" and self.adv_estimator == "gae" else 0.0
-        if self.sft_target is None:  # derived once here, so config.json and checkpoints record the value used
-            self.sft_target = sft_target_for(self.task)
+        self.sft_target = sft_target_for(self.task) if self.sft_target is None else self.sft_target  # derived, too
         if self.data is None and not self.task.startswith("gem:") and self.task not in TASKS + tuple(ENVS):
             raise ValueError(f"config field 'task' = {self.task!r}: must be one of {[*TASKS, *ENVS]} or gem:<id>")
         for bad, why in (
@@ -161,6 +162,8 @@ class Config(TaskArgs, SampleArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArg
              f"{self.critic_warmup_steps} needs adv_estimator 'gae', not {self.adv_estimator!r} (it has no critic)"),
             (self.adv_estimator != "gae" and self.group_size < 2,
              f"'group_size' = {self.group_size}: {self.adv_estimator} needs >= 2"),
+            (self.prompts_per_step * self.group_size < 2, f"'prompts_per_step' x 'group_size' = "
+             f"{self.prompts_per_step * self.group_size}: a batch needs >= 2 samples (reward std, whitening)"),
         ):  # fmt: skip
             if bad:
                 raise ValueError(f"config field {why}")
@@ -311,17 +314,11 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str = "constant", mi
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-class KLController:
-    """beta for KL in the reward: fixed, or adaptive (Ziegler et al. 2019): e = clip(KL/target - 1, +-0.2)."""
-
-    def __init__(self, beta: float, kind: str, target: float = 0.1, horizon: int = 10000):
-        self.beta, self.kind, self.target, self.horizon = beta, kind, target, horizon
-
-    def update(self, kl: float, n: int) -> None:
-        """beta *= 1 + e n / horizon after n sequences whose mean per-sequence KL is kl (adaptive only)."""
-        if self.kind == "adaptive":
-            e = min(max(kl / self.target - 1, -0.2), 0.2)
-            self.beta *= 1 + e * n / self.horizon
+def kl_controller(beta: float, kl: float, n: int, kind: str, target: float = 0.1, horizon: int = 10000) -> float:
+    """beta of KL in the reward after n sequences of mean per-sequence KL kl: fixed, or adaptive (Ziegler et al.
+    2019; veRL's target and horizon): beta (1 + e n / horizon), e = clip(kl / target - 1, +-0.2)."""
+    e = min(max(kl / target - 1, -0.2), 0.2)
+    return beta * (1 + e * n / horizon) if kind == "adaptive" else beta
 
 
 @dataclass
@@ -399,9 +396,8 @@ def shape_advantages(cfg: Config, policy, input_ids, attention_mask, response_ma
 def ppo_update(cfg, policy_train, opt, critics, batch: Batch, world: int, gen, autocast, update_actor=True) -> dict:
     """ppo_epochs x minibatches optimizer steps of the policy (and critics) on one batch; the mean metrics.
     update_actor=False (critic warm-up): the policy loss is computed for its metrics only, without grad or step."""
-    B = batch.input_ids.shape[0]
+    B, micro_rows, step_rows, first = batch.input_ids.shape[0], [], [], {}
     mb_size = B // cfg.minibatches
-    micro_rows, step_rows, first = [], [], {}
     for epoch in range(cfg.ppo_epochs):
         perm = torch.randperm(B, generator=gen) if cfg.minibatches > 1 else torch.arange(B)
         for j in range(cfg.minibatches):
@@ -467,7 +463,7 @@ def clipped_step(model, opt, max_norm: float, where: str, step: bool = True):
 def critic_update(cfg: Config, critics: Critics, mb: Batch, world: int, autocast) -> dict:
     """One optimizer step per critic on a minibatch: critic m on its share's rows, the clipped value loss (7.1) to its
     own target R^(m) over its share's tokens, in old_values' precision (autocast: the clip is centred there)."""
-    metrics, R, clipfracs = {}, mb.response_mask.shape[1], []
+    metrics, R, clipped = {}, mb.response_mask.shape[1], torch.zeros(2, dtype=torch.float64)  # [clipped, valid]
     for k, (model, opt) in enumerate(zip(critics.train_models, critics.opts)):
         mask = mb.response_mask.float() * mb.shares[:, k, None]  # [b, R] critic k's rows only
         denom = agg_denominator(mask, cfg.loss_agg, scale=cfg.loss_scale_factor)  # critic k's tokens, all ranks
@@ -480,10 +476,12 @@ def critic_update(cfg: Config, critics: Critics, mb: Batch, world: int, autocast
             loss, m = value_loss(values, old, target, mask[sl], **loss_args)
             loss.backward()
             losses.append(loss.detach())
-            clipfracs += [float(m["vf_clipfrac"])] if mask[sl].any() else []  # of the micro-batches with a share
+            n = float(mask[sl].sum())
+            clipped += torch.tensor([float(m["vf_clipfrac"]) * (n + 1e-8), n], dtype=torch.float64)  # masked_mean^-1
         gn = clipped_step(model, opt, cfg.grad_clip, f"critic {k}")
         metrics.update({f"critic/loss_{k}": float(sum(losses)), f"critic/grad_norm_{k}": float(gn)})
-    return {**metrics, "critic/vf_clipfrac": float(np.mean(clipfracs or [0.0]))}  # micro-batches of every critic
+    clipped = common.all_reduce_sum(clipped.to(mb.response_mask.device))  # the tokens of every critic and rank
+    return {**metrics, "critic/vf_clipfrac": float(clipped[0] / clipped[1].clamp(min=1))}
 
 
 def set_learning_rates(cfg: Config, step: int, opt, critics) -> bool:
@@ -516,8 +514,7 @@ def critic_targets(cfg: Config, token_rewards, all_values, mask, returns):
 
 
 def build_models(cfg: Config, device, world: int):
-    """(policy: the checkpoint's weights on resume, its DDP wrapper, AdamW, the frozen reference, tokenizer, stop ids,
-    critics for GAE)."""
+    """(policy (the checkpoint's on resume), its DDP wrapper, AdamW, frozen reference, tokenizer, stop ids, critics)."""
     torch.manual_seed(cfg.seed)  # identical init on every rank
     source = cfg.model or str(sft_warm_start(sft_config_for(cfg.task, cfg.sft_target)))
     policy, tokenizer = load_policy(cfg.resume + "/policy" if cfg.resume else source, device)
@@ -540,7 +537,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     policy, policy_train, opt, ref, tokenizer, eos_ids, critics = build_models(cfg, device, world)
     anchor = repro.stale_anchor(cfg.inject, policy)  # computes old_logprobs: the policy; INJECT stale_old_logprobs
     task = None if multi_turn(cfg) else make_task(cfg.task, cfg.data, cfg.reward)
-    kl_ctrl = KLController(cfg.kl_coef, cfg.kl_ctrl)  # veRL's target 0.1 and horizon 10000
+    kl_beta = cfg.kl_coef  # beta of KL in the reward (kl_controller)
     rng = np.random.default_rng(cfg.seed + rank)  # tasks and env seeds: seed + rank
     sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + rank)  # the sampler: seed + rank
     shuffle_gen = torch.Generator().manual_seed(cfg.seed)  # minibatches: the same on every rank
@@ -551,7 +548,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     if cfg.resume:  # the lr is recomputed every iteration from the config: a changed schedule field is printed
         why = "the lr schedule continues on the new values"
         state = resume_checkpoint(cfg.resume, rank, cfg, opt, critics, rng, gens, watch=SCHEDULE_FIELDS, why=why)
-        start, history, kl_ctrl.beta = state["step"], json.loads(state["history"]), state["kl_beta"]
+        start, history, kl_beta = state["step"], json.loads(state["history"]), state["kl_beta"]
         diag.load_state(state.get("diag", "{}"))  # the live diagnosis goes on from its baselines (older: anew)
     out_dir, metrics, footprint = Path(cfg.out_dir), {}, {}
     table = "step rollout/reward_mean rollout/acc eval/acc rollout/response_len stats/kl stats/entropy stats/clipfrac"
@@ -614,7 +611,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
             old_logprobs, behav, mask, cfg.off_policy, cfg.is_cap, cfg.is_mask_cap
         )
         token_rewards, adv, returns, kl, adv_stats = compute_advantages(
-            cfg, token_scores, response_mask, old_logprobs, ref_logprobs, kl_ctrl.beta, group_ids, values
+            cfg, token_scores, response_mask, old_logprobs, ref_logprobs, kl_beta, group_ids, values
         )
         weights, pg_mask, ent_mask, weight_stats = shape_advantages(
             cfg, policy, ids, attn, response_mask, adv, all_values
@@ -638,15 +635,15 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         else:
             upd = ppo_update(**update_args)
         if cfg.kl_in_reward:  # adaptive controller: batch mean of per-sequence mean KL, n = sequences
-            seq_kl = (kl.sum(-1) / mask.sum(-1).clamp(min=1)).mean().item()
-            kl_ctrl.update(float(common.reduce_metrics({"kl": seq_kl}, device)["kl"]), n_local * world)
+            seq_kl = common.reduce_metrics({"kl": (kl.sum(-1) / mask.sum(-1).clamp(min=1)).mean().item()}, device)
+            kl_beta = kl_controller(kl_beta, seq_kl["kl"], n_local * world, cfg.kl_ctrl)
         t3 = time.perf_counter()
 
         # --- 6. metrics (reduced over ranks), eval, live diagnosis, hooks, checkpoint
         m = {**score_stats(scores, group_ids), **adv_stats, **upd, **weight_stats, **off_stats, **sampled, **footprint}
         m.update(rollout_metrics(rollout, episodes, eos_ids, cfg.max_new_tokens))
         m.update(gap_stats(old_logprobs, behav, mask, rollout.policy_version, step))
-        m["stats/kl_coef"] = kl_ctrl.beta
+        m["stats/kl_coef"] = kl_beta
         m.update({"stats/lr": opt.param_groups[0]["lr"], "time/rollout": t1 - t0, "time/reward": t2 - t1})
         m.update({"perf/tokens_per_s": mask.sum().item() / (t3 - t0), "time/train": t3 - t2})
         if "time/credit" in weight_stats:  # attention credit: its extra forward as a share of the step
@@ -670,7 +667,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         for h in hooks:
             h(step + 1, m)
         if cfg.save_every and (step + 1) % cfg.save_every == 0:  # models as safetensors, the rest in state.pt
-            state = {"step": step + 1, "kl_beta": kl_ctrl.beta, "history": json.dumps(history), "diag": diag.state()}
+            state = {"step": step + 1, "kl_beta": kl_beta, "history": json.dumps(history), "diag": diag.state()}
             save_checkpoint(out_dir / f"ckpt-{step + 1}", rank, cfg, state, policy, tokenizer, opt, critics, rng, gens)
     result = {**metrics, "eval_history": history["eval"]}
     if rank == 0:  # result.json, curves.png and, unless --no-save-final, the policy as a save_pretrained folder

@@ -193,10 +193,10 @@ def generate(
             nxt = torch.multinomial(scaled.softmax(-1), 1, generator=generator).squeeze(1)  # [B]
         else:
             scaled, nxt = logits, logits.argmax(-1)  # [B, V], [B]
-        logp_full = F.log_softmax(scaled, dim=-1)  # [B, V]
+        logp_behav = F.log_softmax(scaled, dim=-1)  # [B, V]
         nxt = torch.where(done, torch.full_like(nxt, pad_token_id), nxt)  # pad after the stop token
         tokens.append(nxt)
-        logps.append(logp_full.gather(-1, nxt[:, None]).squeeze(1).masked_fill(done, 0.0))  # [B]
+        logps.append(logp_behav.gather(-1, nxt[:, None]).squeeze(1).masked_fill(done, 0.0))  # [B]
         mask = torch.cat([mask, (~done).long()[:, None]], dim=1)  # the new token is real iff row not done
         done = done | torch.isin(nxt, stop)
         if done.all():

@@ -194,11 +194,12 @@ def parallel_map(fn, calls: list[tuple], jobs: int = 1) -> list:
 def run_trainer(argv: list[str], out_dir, threads: int | None = None) -> tuple[dict, list[dict]]:
     """`python ppo_minimal.py ARGV --out-dir OUT_DIR`, its output in OUT_DIR/log.txt. Returns (its result.json:
     the last metrics row, "eval_history" and "wall_s" of the whole command; its metrics rows). threads sets
-    OMP_NUM_THREADS (None: inherited). A failed run raises with the tail of its log."""
+    OMP_NUM_THREADS (None: inherited). No final policy folder unless ARGV asks (--save-final). A failed run raises."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
-    cmd = [sys.executable, str(Path(__file__).resolve().parent / "ppo_minimal.py"), *argv, "--out-dir", str(out)]
+    trainer = str(Path(__file__).resolve().parent / "ppo_minimal.py")
+    cmd = [sys.executable, trainer, "--no-save-final", *argv, "--out-dir", str(out)]  # experiments read metrics
     t0 = time.perf_counter()
     with open(out / "log.txt", "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -365,8 +365,11 @@ def _as_saved(tokenizer, path: str):
         == tokenizer(probe, add_special_tokens=False).input_ids
     ):
         return tokenizer
-    built = type(tokenizer).__name__
-    if declared.is_file() and json.loads(declared.read_text()).get("tokenizer_class") in (built, built + "Fast"):
+    built = type(tokenizer).__name__.removesuffix("Fast")
+    if (
+        declared.is_file()
+        and (json.loads(declared.read_text()).get("tokenizer_class") or "").removesuffix("Fast") == built
+    ):
         print(f"[minrl] {path}: its {built} encodes differently from its tokenizer.json; loading tokenizer.json")
     return PreTrainedTokenizerFast.from_pretrained(path)
 

@@ -517,18 +517,14 @@ def test_lr_factor_warmup_constant_and_cosine_by_hand():
 def test_kl_controller_adaptive_by_hand():
     # e = clip(kl / target - 1, -0.2, 0.2); beta *= 1 + e * n / horizon
     # kl 0.15, target 0.1: e = 0.5 -> 0.2 ; n = 256, horizon 10000: beta = 0.1 * (1 + 0.2 * 0.0256) = 0.100512
-    c = pm.KLController(0.1, "adaptive", 0.1, 10000)
-    c.update(0.15, 256)
-    assert c.beta == pytest.approx(0.100512, abs=1e-12)
+    beta = pm.kl_controller(0.1, 0.15, 256, "adaptive", 0.1, 10000)
+    assert beta == pytest.approx(0.100512, abs=1e-12)
     # kl 0.09: e = -0.1 ; n = 100: beta = 0.100512 * (1 - 0.1 * 0.01) = 0.100512 * 0.999 = 0.100411488
-    c.update(0.09, 100)
-    assert c.beta == pytest.approx(0.100411488, abs=1e-12)
+    beta = pm.kl_controller(beta, 0.09, 100, "adaptive")
+    assert beta == pytest.approx(0.100411488, abs=1e-12)
     # kl 0: e = -1 -> -0.2 ; n = 10000: beta * 0.8
-    c.update(0.0, 10000)
-    assert c.beta == pytest.approx(0.100411488 * 0.8, abs=1e-12)
-    fixed = pm.KLController(0.1, "fixed", 0.1, 10000)
-    fixed.update(5.0, 256)
-    assert fixed.beta == 0.1
+    assert pm.kl_controller(beta, 0.0, 10000, "adaptive") == pytest.approx(0.100411488 * 0.8, abs=1e-12)
+    assert pm.kl_controller(0.1, 5.0, 256, "fixed") == 0.1
 
 
 # ----------------------------------------------------------------------------------------------
