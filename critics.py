@@ -26,9 +26,11 @@ Implementation details (our choices where the paper is silent)
    (seed + rank), so M = 1 draws nothing; G % M != 0 is a config error (pitfall 3).
 5. sigma is the population std over critics (correction 0: M = 1 gives 0, not NaN), detached (pitfall 5), of
    fp32 values: the head runs outside bf16 autocast (bf16-rounded values would tie often). Critics are fp32.
-6. Quantiles over the batch's valid tokens, gathered over ranks (pitfall 1): at most round(k n) lowest sigma lose
-   the PPO term, at most round(h n) highest the entropy bonus, chosen by value: a tie at the cut is taken whole or
-   not at all, never by position. Identical critics (sigma = 0 before their first step) therefore mask nothing.
+6. Quantiles over the batch's valid tokens, gathered over ranks (pitfall 1): the round(k n) lowest sigma lose the
+   PPO term, the round(h n) highest (at most n - round(k n)) the entropy bonus, from one ascending order whose ties
+   (the samples of a group share their prompt's states) are in random order (the trainer's minibatch stream, the
+   same on every rank), never by position. Sigma without spread (identical critics before their first step)
+   masks nothing.
 7. Normaliser (DESIGN.md 7.2, pitfall 4): the masks multiply the per-token losses and the denominator
    still counts every valid token, so masking shrinks the step (by about 1 - k) instead of re-weighting.
 8. Critic warm-up (pitfall 7): `--critic-warmup-steps` iterations train the critics only; the actor's
@@ -219,39 +221,39 @@ def all_gather_cat(t):
     return torch.cat([p[:s] for p, s in zip(parts, sizes)]), sum(sizes[: dist.get_rank()])
 
 
-def masked_extreme_frac(x, mask, frac: float, largest: bool, global_: bool = False):
-    """Bool mask of at most `round(frac * n)` largest (or smallest) valid entries of x, n = valid count.
-
-    Chosen by value alone (detail 6): entries equal to the cut value are all in, or, if that would exceed the
-    count, all out. So the set never depends on positions, and values without spread select nothing. With global_
-    the selection is over the valid entries of all ranks (gathered), and each rank gets its own part of it.
-    """
+def masked_ranks(x, mask, global_: bool = False, generator: torch.Generator | None = None):
+    """(rank, n, spread): the ascending rank [like mask, long] of each valid entry of x among the n valid entries
+    (every rank's, gathered, with global_), -1 where masked; whether the values differ at all. Ties are ordered at
+    random (`generator`: the same stream on every rank under DDP), never by position (detail 6)."""
     flat_mask = mask.reshape(-1).bool()
     vals = x.reshape(-1)[flat_mask].detach().double()
     all_vals, offset = all_gather_cat(vals) if global_ else (vals, 0)
-    n_sel, key = int(round(frac * all_vals.numel())), -all_vals if largest else all_vals
-    chosen = torch.zeros(all_vals.numel(), dtype=torch.bool, device=x.device)
-    if n_sel > 0:
-        cut = key.kthvalue(n_sel).values  # the n_sel-th smallest key
-        chosen = key <= cut if int((key <= cut).sum()) <= n_sel else key < cut  # a tie at the cut: whole or none
-    out = torch.zeros_like(flat_mask)
-    out[flat_mask] = chosen[offset : offset + vals.numel()]
-    return out.reshape(mask.shape)
+    n = all_vals.numel()
+    shuffle = torch.randperm(n, generator=generator).to(x.device)  # a random order, then a stable sort by value
+    order = shuffle[torch.sort(all_vals[shuffle], stable=True).indices]
+    ranks = torch.empty(n, dtype=torch.long, device=x.device)
+    ranks[order] = torch.arange(n, device=x.device)
+    out = torch.full(flat_mask.shape, -1, dtype=torch.long, device=x.device)
+    out[flat_mask] = ranks[offset : offset + vals.numel()]
+    return out.reshape(mask.shape), n, bool(n and all_vals.max() > all_vals.min())
 
 
-def asyppo_masks(all_values, response_mask, k: float, h: float):
-    """AsyPPO token masks from critic disagreement. all_values [M, B, R], response_mask [B, R] (0/1).
+def asyppo_masks(all_values, response_mask, k: float, h: float, generator: torch.Generator | None = None):
+    """AsyPPO token masks from critic disagreement. all_values [M, B, R], response_mask [B, R] (0/1); generator
+    orders ties (the same on every rank).
 
-    Returns pg_mask [B, R] (0 where the PPO term is dropped: at most the lowest-k fraction of sigma), ent_mask
-    [B, R] (0 where the entropy bonus is dropped: at most the highest-h fraction; detail 6) and a metrics dict.
+    Returns pg_mask [B, R] (0 where the PPO term is dropped: the lowest-k fraction of sigma), ent_mask
+    [B, R] (0 where the entropy bonus is dropped: the highest-h fraction; none where sigma has no spread) and a
+    metrics dict.
     """
     mask = response_mask.bool()
     # sigma_t = std_m V_m(s_t), population std (papers.md 1a; detail 5)
     sigma = all_values.detach().float().std(0, correction=0) * mask  # [B, R]
-    # I^A_t = 0 if sigma_t in Low_k(sigma)  (advantage masking; detail 6)
-    low = masked_extreme_frac(sigma, mask, k, largest=False, global_=True)  # [B, R]
-    # I^H_t = 0 if sigma_t in Top_h(sigma) (entropy filtering); never on a Low_k token (rounding could overlap them)
-    top = masked_extreme_frac(sigma, mask, h, largest=True, global_=True) & ~low  # [B, R]
+    rank, n, spread = masked_ranks(sigma, mask, global_=True, generator=generator)  # [B, R] over all ranks' tokens
+    n_low = round(k * n) if spread else 0  # identical critics (sigma = 0, before their first step): no mask
+    n_top = min(round(h * n), n - n_low) if spread else 0  # disjoint from Low_k also when rounding would overlap
+    low = (rank >= 0) & (rank < n_low)  # I^A_t = 0 if sigma_t in Low_k(sigma)  (advantage masking; detail 6)
+    top = rank >= n - n_top  # I^H_t = 0 if sigma_t in Top_h(sigma)  (entropy filtering)
     pg_mask, ent_mask = (mask & ~low).to(response_mask.dtype), (mask & ~top).to(response_mask.dtype)  # [B, R] each
     fmask, sigma_mean = mask.float(), masked_mean(sigma, mask.float(), global_=True)
     v_std = masked_var(all_values.detach().float().mean(0), fmask, global_=True).sqrt()  # spread of V̄ over tokens

@@ -382,11 +382,11 @@ def compute_advantages(cfg: Config, token_scores, response_mask, old_logp, ref_l
     return token_rewards, adv, returns, kl, metrics
 
 
-def shape_advantages(cfg: Config, policy, input_ids, attention_mask, response_mask, advantages, all_values):
-    """After whitening (detail 5): (token_weights (credit), pg_mask, ent_mask (AsyPPO)) [B, R] each, metrics."""
+def shape_advantages(cfg: Config, policy, input_ids, attention_mask, response_mask, advantages, all_values, gen):
+    """After whitening (detail 5): (token_weights (credit), pg_mask, ent_mask (AsyPPO; gen: ties)) [B, R], metrics."""
     weights, pg_mask, ent_mask, metrics = torch.ones_like(advantages), response_mask, response_mask, {}
     if cfg.adv_estimator == "gae" and cfg.critic == "asyppo":  # AsyPPO: masks from the critics' disagreement
-        pg_mask, ent_mask, metrics = asyppo_masks(all_values, response_mask, cfg.asyppo_k, cfg.asyppo_h)
+        pg_mask, ent_mask, metrics = asyppo_masks(all_values, response_mask, cfg.asyppo_k, cfg.asyppo_h, gen)
     if cfg.credit == "attention":  # attention-based token credit: gamma_t multiplies A_t in the loss
         weights, m = credit_weights(cfg, policy, input_ids, attention_mask, response_mask, advantages, cfg.micro_batch)
         metrics.update(m)
@@ -614,7 +614,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
             cfg, token_scores, response_mask, old_logprobs, ref_logprobs, kl_beta, group_ids, values
         )
         weights, pg_mask, ent_mask, weight_stats = shape_advantages(
-            cfg, policy, ids, attn, response_mask, adv, all_values
+            cfg, policy, ids, attn, response_mask, adv, all_values, shuffle_gen
         )
         batch = Batch(
             input_ids=ids, attention_mask=attn, response_mask=response_mask, old_logprobs=old_logprobs,

@@ -457,32 +457,31 @@ def test_masked_whiten_known_answers():
     )
 
 
-def test_masked_extreme_frac_ties_by_value():
-    # valid entries in flat order: 3 (0), 1 (1), 3 (2), 2 (3), 3 (4); entry (1, 2) is masked (value 0)
-    # n = 5, frac 0.4 -> round(2.0) = 2 entries
-    # largest two: the three 3s tie across the cut -> none of them (never "the earliest": no position bias)
-    # smallest two: 1 (flat 1) and 2 (flat 3); the masked 0 is never selected
+def test_masked_ranks_known_answer_and_random_ties():
+    # valid entries in flat order: 3 (0), 1 (1), 3 (2), 2 (3), 3 (4); entry (1, 2) is masked (value 0, rank -1)
+    # ascending: 1 -> rank 0, 2 -> rank 1, the three 3s -> ranks 2, 3, 4 in a random order (never "earliest first")
     x, m = t([[3.0, 1.0, 3.0], [2.0, 3.0, 0.0]]), t([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    top = critics.masked_extreme_frac(x, m, 0.4, largest=True)
-    bot = critics.masked_extreme_frac(x, m, 0.4, largest=False)
-    assert top.tolist() == [[False, False, False], [False, False, False]]
-    assert bot.tolist() == [[False, True, False], [True, False, False]]
-    # frac 0.6 -> 3: exactly the three tied 3s; frac 0 selects nothing; frac 1 every valid entry, no masked one
-    assert critics.masked_extreme_frac(x, m, 0.6, largest=True).tolist() == [[True, False, True], [False, True, False]]
-    assert not critics.masked_extreme_frac(x, m, 0.0, largest=True).any()
-    assert critics.masked_extreme_frac(x, m, 1.0, largest=False).tolist() == m.bool().tolist()
+    first_of_ties = set()
+    for seed in range(30):
+        rank, n, spread = critics.masked_ranks(x, m, generator=torch.Generator().manual_seed(seed))
+        assert n == 5 and spread and rank[0, 1] == 0 and rank[1, 0] == 1 and rank[1, 2] == -1
+        tied = [int(rank[0, 0]), int(rank[0, 2]), int(rank[1, 1])]
+        assert sorted(tied) == [2, 3, 4]
+        first_of_ties.add(tied.index(2))
+    assert first_of_ties == {0, 1, 2}  # each tied position comes first for some seed
+    assert critics.masked_ranks(torch.ones(2, 3), torch.ones(2, 3))[2] is False  # no spread
 
 
 @pytest.mark.parametrize("frac,n_valid,want", [(0.25, 8, 2), (0.3, 10, 3), (0.6, 5, 3), (0.1, 20, 2), (0.05, 8, 0)])
-def test_masked_extreme_frac_count(frac, n_valid, want):
-    # count = round(frac * n): 0.25*8 = 2, 0.3*10 = 3, 0.6*5 = 3, 0.1*20 = 2, 0.05*8 = 0.4 -> 0
+def test_masked_ranks_select_round_frac_n(frac, n_valid, want):
+    # the AsyPPO count: round(frac * n): 0.25*8 = 2, 0.3*10 = 3, 0.6*5 = 3, 0.1*20 = 2, 0.05*8 = 0.4 -> 0
     g = torch.Generator().manual_seed(n_valid)
     x = torch.randn(3, 12, generator=g, dtype=F64)
     m = torch.zeros(3, 12, dtype=F64)
     m.view(-1)[torch.randperm(36, generator=g)[:n_valid]] = 1.0
-    sel = critics.masked_extreme_frac(x, m, frac, largest=True)
-    assert int(sel.sum()) == want
-    assert not (sel & ~m.bool()).any()
+    rank, n, _ = critics.masked_ranks(x, m)
+    sel = rank >= n - round(frac * n)  # the largest
+    assert n == n_valid and int(sel.sum()) == want and not (sel & ~m.bool()).any()
     if want:  # the selected entries are the largest valid ones
         assert x[sel].min() >= x[m.bool() & ~sel].max()
 
