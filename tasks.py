@@ -22,7 +22,8 @@ Implementation details (our choices)
    rejects eval problems and vice versa, so no held-out prompt ever appears in training, whatever the
    size of the problem space (2-digit addition has only 10,000 problems).
 2. Reward parsing is string comparison and a regular expression for numbers; nothing from a model
-   reaches eval/exec. `math_exact` compares the last number in the output with the ground truth.
+   reaches eval/exec. `math_exact` compares the last number in the output with the ground truth exactly
+   (fractions.Fraction: no float rounding); a ground truth a reward cannot score is an error at load (file:line).
 3. Prompts for the tiny model are `<bos>` + text; the answer ends with `<eos>`. Models with a chat
    template get the prompt as one user message (see `format_prompt`).
 4. Loaded models run with dropout off (`.eval()`) in fp32; a tokenizer without a pad token gets its eos as
@@ -38,6 +39,7 @@ import os
 import re
 import zlib
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Protocol
 
@@ -113,12 +115,17 @@ def exact_score(solution_str: str, ground_truth: str) -> float:
     return float(solution_str.strip() == ground_truth.strip())
 
 
+def exact_number(text: str) -> Fraction:
+    """An integer or decimal (an exponent allowed: "1e-12") as an exact Fraction: no float rounding, no size limit.
+    ValueError for anything else ("nan", "inf", "1,000")."""
+    return Fraction(text.strip())
+
+
 def math_exact_score(solution_str: str, ground_truth: str) -> float:
-    """1.0 iff the last number in the solution equals the ground-truth number."""
+    """1.0 iff the last number in the solution equals the ground-truth number exactly ("0.50" equals "0.5"; "0" is
+    not "1e-12"; 20-digit integers compare digit for digit)."""
     found = _NUMBER.findall(solution_str)
-    if not found:
-        return 0.0
-    return float(abs(float(found[-1]) - float(ground_truth)) < 1e-9)
+    return float(bool(found) and exact_number(found[-1]) == exact_number(ground_truth))
 
 
 REWARDS = {"digits": digits_score, "exact": exact_score, "math_exact": math_exact_score}
@@ -203,6 +210,7 @@ class JsonlTask:
             if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or "ground_truth" not in row:
                 raise ValueError(f'{self.path}:{i}: expected {{"prompt": str, "ground_truth": ...}}, got {line[:80]!r}')
             item = {"prompt": row["prompt"], "ground_truth": str(row["ground_truth"])}
+            check_ground_truth(self.reward, item["ground_truth"], f"{self.path}:{i}")
             self.rows["eval" if is_eval_problem(item["prompt"]) else "train"].append(item)
         if not self.rows["train"]:
             n_eval = len(self.rows["eval"])
@@ -218,6 +226,18 @@ class JsonlTask:
     def compute_score(self, solution_str: str, ground_truth: str) -> float:
         """The chosen reward function (--reward) of the response against the row's ground truth."""
         return REWARDS[self.reward](solution_str, ground_truth)
+
+
+def check_ground_truth(reward: str, ground_truth: str, where: str) -> None:
+    """At load, not at the step that samples it: a ground truth the built-in reward cannot score is an error."""
+    if reward == "math_exact":
+        try:
+            exact_number(ground_truth)
+        except (ValueError, ZeroDivisionError):
+            what = "is not a number math_exact can compare (an integer or decimal such as 42 or -0.5): fix it"
+            raise ValueError(f"{where}: ground_truth {ground_truth[:40]!r} {what} or use --reward exact") from None
+    elif reward == "digits" and not ground_truth.strip():
+        raise ValueError(f"{where}: empty ground_truth: digits scores characters against it")
 
 
 TASKS = ("reverse", "add", "sort", "chain")

@@ -332,6 +332,26 @@ def test_data_file_that_works(tmp_path):
     assert task.compute_score("the answer is 14", "14") == 1.0 and task.compute_score("13", "14") == 0.0
 
 
+def test_math_exact_compares_numbers_exactly():
+    # through floats, 20-digit integers that differ in the last digit were equal, 0 equalled 1e-12, and a
+    # 400-digit answer overflowed
+    score = tasks.math_exact_score
+    assert score("12345678901234567891", "12345678901234567890") == 0.0
+    assert score("12345678901234567890", "12345678901234567890") == 1.0
+    assert score("0", "1e-12") == 0.0 and score("so 0.50", "0.5") == 1.0 and score("-3", "-3.0") == 1.0
+    assert score("7" * 400, "7" * 400) == 1.0 and score("7" * 399 + "8", "7" * 400) == 0.0
+    assert score("1" + "0" * 309, "1e309") == 1.0 and score("no number here", "3") == 0.0
+
+
+@pytest.mark.parametrize("reward,truth", [("math_exact", "nan"), ("math_exact", "1,000"), ("digits", " ")])
+def test_a_ground_truth_the_reward_cannot_score_is_an_error_at_load(tmp_path, reward, truth):
+    rows = [{"prompt": f"{a}+{a}=", "ground_truth": 2 * a} for a in range(5)]
+    rows.insert(2, {"prompt": "x=", "ground_truth": truth})  # line 3
+    path = write(tmp_path, "\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(ValueError, match=rf"{re.escape(path)}:3: (ground_truth|empty ground_truth)"):
+        tasks.make_task("reverse", data=path, reward=reward)
+
+
 def test_unknown_task():
     with pytest.raises(ValueError) as e:
         tasks.make_task("reverse-words")
