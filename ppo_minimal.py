@@ -56,6 +56,7 @@ import torch
 import common
 import repro
 from attention_credit import CreditArgs, credit_weights
+from checkpoint import check_resume, resume_checkpoint, run_fingerprint, save_checkpoint
 from common import DistArgs, check_fields, check_range, make_autocast, masked_mean, masked_whiten, parse_config
 from critics import CriticArgs, Critics, asyppo_masks, critic_footprint, make_critics, partition_shares, value_stats
 from diagnose import LiveDiagnoser
@@ -63,7 +64,7 @@ from envs import ENVS, EnvArgs, multi_turn, rollout_kw, sample_episodes
 from offpolicy import OffPolicyArgs, gap_stats, off_policy_weights
 from repro import ReproArgs
 from rollout import SampleArgs, evaluate, last_valid, rollout_env, rollout_metrics
-from runlog import MetricsLogger, RunArgs, resume_checkpoint, save_checkpoint, write_result
+from runlog import MetricsLogger, RunArgs, write_result
 from tasks import TASKS, TaskArgs, load_policy, make_task, stop_token_ids
 from warm_start import sft_config_for, sft_target_for, sft_warm_start
 
@@ -160,6 +161,12 @@ class Config(TaskArgs, SampleArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArg
              f"'group_size' = {self.group_size} must divide by n_critics = {self.n_critics}"),
             (self.critic_warmup_steps and self.adv_estimator != "gae", f"'critic_warmup_steps' = "
              f"{self.critic_warmup_steps} needs adv_estimator 'gae', not {self.adv_estimator!r} (it has no critic)"),
+            (self.critic_warmup_steps and self.critic_warmup_steps >= self.steps, f"'critic_warmup_steps' = "
+             f"{self.critic_warmup_steps} >= steps = {self.steps}: the actor would never update (lower it)"),
+            (self.critic == "asyppo" and self.adv_estimator != "gae", f"'critic' = 'asyppo' needs adv_estimator "
+             f"'gae', not {self.adv_estimator!r}: {self.adv_estimator} has no critic, the flag would do nothing"),
+            (self.kl_ctrl == "adaptive" and not self.kl_in_reward, "'kl_ctrl' = 'adaptive' needs --kl-in-reward: "
+             "the controller adapts the KL-in-reward coefficient (the KL loss' kl_loss_coef is fixed)"),
             (self.adv_estimator != "gae" and self.group_size < 2,
              f"'group_size' = {self.group_size}: {self.adv_estimator} needs >= 2"),
             (self.prompts_per_step * self.group_size < 2, f"'prompts_per_step' x 'group_size' = "
@@ -180,7 +187,6 @@ RANGES = {  # allowed interval -> fields, checked at construction (common.check_
     "[0, 1]": ("gamma", "lam", "min_lr_ratio"),
     "(0, 1]": ("sft_target",), "(0, 1)": ("clip_low",), "(1, inf)": ("dual_clip",), "(-inf, inf)": ("no_eos_penalty",),
 }  # fmt: skip
-SCHEDULE_FIELDS = ("steps", "lr", "critic_lr", "warmup_steps", "lr_schedule", "min_lr_ratio", "critic_warmup_steps")
 
 
 def aggregate(loss_mat, mask, mode: str = "token-mean", denom=None, world: int = 1):
@@ -514,16 +520,20 @@ def critic_targets(cfg: Config, token_rewards, all_values, mask, returns):
 
 
 def build_models(cfg: Config, device, world: int):
-    """(policy (the checkpoint's on resume), its DDP wrapper, AdamW, frozen reference, tokenizer, stop ids, critics)."""
+    """(policy (the checkpoint's on resume), its DDP wrapper, AdamW, frozen reference, tokenizer, stop ids, critics,
+    the run's fingerprint (checkpoint.py: a resume is refused unless its checkpoint has the same))."""
     torch.manual_seed(cfg.seed)  # identical init on every rank
     source = cfg.model or str(sft_warm_start(sft_config_for(cfg.task, cfg.sft_target)))
     policy, tokenizer = load_policy(cfg.resume + "/policy" if cfg.resume else source, device)
-    ref = load_policy(source, device)[0].requires_grad_(False)
+    ref, ref_tokenizer = load_policy(source, device)
+    fingerprint = run_fingerprint(cfg, world, source, ref.requires_grad_(False), ref_tokenizer)
+    if cfg.resume:  # before anything trains: same model, tokenizer, data, estimator, layout, world size, config
+        check_resume(cfg.resume, cfg, fingerprint)
     policy_train = torch.nn.parallel.DistributedDataParallel(policy) if world > 1 else policy
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps, weight_decay=0.0)
     ddp, gae_critics = world > 1, cfg.adv_estimator == "gae"  # M = 1 critic for PPO, M mini-critics for AsyPPO
     critics = make_critics(cfg, policy, tokenizer, device, adam_eps=cfg.adam_eps, ddp=ddp) if gae_critics else None
-    return policy, policy_train, opt, ref, tokenizer, stop_token_ids(policy, tokenizer), critics
+    return policy, policy_train, opt, ref, tokenizer, stop_token_ids(policy, tokenizer), critics, fingerprint
 
 
 def train(cfg: Config, hooks=(), sampler=None) -> dict:
@@ -534,7 +544,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     rank, _, world, device = common.setup_dist(timeout_s=cfg.dist_timeout, device=cfg.device)
     n_local, autocast = sequences_per_rank(cfg, world), make_autocast(cfg.dtype, device)
     sampling = rollout_kw(cfg)  # rollout_env's limits and sampling settings (envs.py)
-    policy, policy_train, opt, ref, tokenizer, eos_ids, critics = build_models(cfg, device, world)
+    policy, policy_train, opt, ref, tokenizer, eos_ids, critics, fingerprint = build_models(cfg, device, world)
     anchor = repro.stale_anchor(cfg.inject, policy)  # computes old_logprobs: the policy; INJECT stale_old_logprobs
     task = None if multi_turn(cfg) else make_task(cfg.task, cfg.data, cfg.reward)
     kl_beta = cfg.kl_coef  # beta of KL in the reward (kl_controller)
@@ -545,9 +555,8 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     gens = {"sample_gen": sample_gen, "shuffle_gen": shuffle_gen, "part_gen": part_gen}  # (checkpointed)
     eval_set = sample_episodes(task, cfg.task, "eval", cfg.eval_n, np.random.default_rng(12345))  # every seed's
     start, history, diag = 0, {"eval": []}, LiveDiagnoser()
-    if cfg.resume:  # the lr is recomputed every iteration from the config: a changed schedule field is printed
-        why = "the lr schedule continues on the new values"
-        state = resume_checkpoint(cfg.resume, rank, cfg, opt, critics, rng, gens, watch=SCHEDULE_FIELDS, why=why)
+    if cfg.resume:  # checked in build_models; the lr is recomputed every iteration from the (allowed) config
+        state = resume_checkpoint(cfg.resume, rank, opt, critics, rng, gens)
         start, history, kl_beta = state["step"], json.loads(state["history"]), state["kl_beta"]
         diag.load_state(state.get("diag", "{}"))  # the live diagnosis goes on from its baselines (older: anew)
     out_dir, metrics, footprint = Path(cfg.out_dir), {}, {}
@@ -668,7 +677,8 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
             h(step + 1, m)
         if cfg.save_every and (step + 1) % cfg.save_every == 0:  # models as safetensors, the rest in state.pt
             state = {"step": step + 1, "kl_beta": kl_beta, "history": json.dumps(history), "diag": diag.state()}
-            save_checkpoint(out_dir / f"ckpt-{step + 1}", rank, cfg, state, policy, tokenizer, opt, critics, rng, gens)
+            ckpt = out_dir / f"ckpt-{step + 1}"  # atomic: ckpt-N.tmp, fsync, completion marker, rename
+            save_checkpoint(ckpt, rank, fingerprint, state, policy, tokenizer, opt, critics, rng, gens)
     result = {**metrics, "eval_history": history["eval"]}
     if rank == 0:  # result.json, curves.png and, unless --no-save-final, the policy as a save_pretrained folder
         write_result(out_dir, result, curves=cfg.steps > start, model=(policy, tokenizer) if cfg.save_final else None)
@@ -680,7 +690,7 @@ def replay(path: str) -> tuple[dict | None, bool]:
     d = torch.load(path, weights_only=True, map_location="cpu")
     saved = json.loads(d["config"])  # a subclass's fields (async_loop.AsyncConfig) do not enter the update
     names = {f.name for f in fields(Config)}  # older dumps lack newer fields: those take their defaults
-    cfg = Config(**{**{k: v for k, v in saved.items() if k in names}, "dump_batch": 0, "replay": None})
+    cfg = Config(**{**{k: v for k, v in saved.items() if k in names}, "dump_batch": 0, "replay": None, "resume": None})
     _, _, _, device = common.setup_dist(device=cfg.device)
     policy, opt, critics, gen = repro.restore_update(d, cfg, device)
     saved_batch = repro.batch_fields(d["batch"], [f.name for f in fields(Batch)], path)  # also older dumps

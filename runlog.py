@@ -8,9 +8,7 @@
 - `parallel_map`: independent runs (simulations) in spawned processes; `run_trainers`: trainer runs as
   subprocesses (`python ppo_minimal.py ARGS --out-dir D`) for the concept files' experiments, which read back
   what each run wrote (so that nothing below the trainer imports it).
-- Checkpoints: models through `save_pretrained` (safetensors), the rest (optimizer, counters) in a
-  `weights_only`-loadable `state.pt` written by rank 0, and every rank's own random streams in `rank{r}.pt`,
-  so that a resumed data-parallel run keeps distinct per-rank sampling.
+- `RunArgs`: where a run writes and what it keeps (the checkpoints themselves: checkpoint.py).
 
 torch and matplotlib are imported inside the functions that need them, so that the torch-free leaves
 (`scheduler.py`, `diagnose.py`) can write tables on a machine without torch.
@@ -25,9 +23,10 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
+from checkpoint import find_checkpoint
 from common import check_range
 
 
@@ -40,7 +39,9 @@ class RunArgs:
     save_every: int = 0
     """Checkpoint every this many iterations (0 = never)."""
     resume: str | None = None
-    """Checkpoint folder to resume from."""
+    """Checkpoint folder to resume from, or a run folder: its newest complete ckpt-N (checkpoint.py)."""
+    resume_allow: tuple[str, ...] = ()
+    """Config fields (and world_size) that may differ from the checkpoint's on --resume, e.g. steps lr."""
     tensorboard: bool = False
     """Also log to TensorBoard (needs the tensorboard package)."""
     save_final: bool = True
@@ -48,6 +49,8 @@ class RunArgs:
 
     def __post_init__(self):
         check_range("save_every", self.save_every, 0)
+        if self.resume:  # at load: a missing, incomplete or damaged checkpoint is refused before any model loads
+            self.resume = find_checkpoint(self.resume)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -232,53 +235,6 @@ def write_result(out_dir, result: dict, curves: bool = True, model=None) -> None
         for part in model:  # the policy unwrapped (never DDP's wrapper), then its tokenizer, in one folder
             part.save_pretrained(out_dir / "policy")
         print(f"[minrl] final policy: {out_dir / 'policy'} (AutoModelForCausalLM.from_pretrained loads it)")
-
-
-# ----------------------------------------------------------------------------------------------
-# Checkpoints: models as save_pretrained (safetensors), the rest in weights_only-loadable .pt files
-
-
-def save_checkpoint(path, rank: int, cfg, state: dict, policy, tokenizer, opt, critics, rng, gens: dict) -> None:
-    """The trainer's checkpoint. Every rank writes its own random streams (rank{r}.pt: the global torch RNG, the
-    numpy Generator `rng`, the torch Generators `gens`), so that a resumed data-parallel run keeps distinct
-    per-rank sampling; rank 0 writes the policy (+ tokenizer) and critic_{m} folders (save_pretrained:
-    safetensors) and state.pt: `state` (step, counters), the config and every optimizer's state."""
-    import torch
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    streams = {"torch_rng": torch.get_rng_state(), "task_rng": rng.bit_generator.state}
-    torch.save({**streams, **{name: g.get_state() for name, g in gens.items()}}, path / f"rank{rank}.pt")
-    if rank != 0:
-        return
-    for name, model in {"policy": policy, **dict(enumerate(critics.models if critics else []))}.items():
-        model.save_pretrained(path / (name if name == "policy" else f"critic_{name}"))
-    tokenizer.save_pretrained(path / "policy")
-    optimizers = {"opt": opt.state_dict(), **(critics.state() if critics else {})}
-    torch.save({**state, **optimizers, "config": json.dumps(asdict(cfg))}, path / "state.pt")
-
-
-def resume_checkpoint(path, rank: int, cfg, opt, critics, rng, gens: dict, watch=(), why: str = "") -> dict:
-    """Load a checkpoint of save_checkpoint into the optimizer, the critics and this rank's random streams (last:
-    loading the critics draws from the global RNG); rank 0 prints the `watch` fields of cfg whose value changed
-    since the checkpoint, and `why` that is fine. Returns its state.pt."""
-    import torch
-
-    path = Path(path)
-    state = torch.load(path / "state.pt", weights_only=True, map_location="cpu")
-    opt.load_state_dict(state["opt"])
-    if critics is not None:
-        critics.load(path, state)
-    streams = torch.load(path / f"rank{rank}.pt", weights_only=True)
-    torch.set_rng_state(streams["torch_rng"])
-    for name, g in gens.items():
-        g.set_state(streams[name])
-    rng.bit_generator.state = streams["task_rng"]
-    saved = json.loads(state["config"])
-    moved = ", ".join(f"{k} {saved.get(k)} -> {getattr(cfg, k)}" for k in watch if saved.get(k) != getattr(cfg, k))
-    if moved and rank == 0:  # documented, logged: e.g. --steps raised to extend a run
-        print(f"[minrl] resume: {moved}: {why}", flush=True)
-    return state
 
 
 def main(argv=None) -> None:

@@ -62,20 +62,28 @@ def test_ddp_update_equals_single_process(ddp_deltas, loss_agg):
 
 
 def test_torchrun_ppo_minimal_smoke(sft_path, tmp_path):
-    """`torchrun --nproc_per_node=2 ppo_minimal.py` runs 2 steps; only rank 0 writes the metrics rows."""
+    """`torchrun --nproc_per_node=2 ppo_minimal.py` runs 2 steps; only rank 0 writes the metrics rows. Its step-1
+    checkpoint (atomic, with both ranks' streams) resumes on 2 ranks into the same step 2, and is refused on 1."""
     out = tmp_path / "run"
-    proc = torchrun(
-        "ppo_minimal.py",
-        *("--model", str(sft_path), "--task", "reverse", "--steps", "2"),
-        *("--prompts-per-step", "4", "--group-size", "4"),
-        *("--eval-every", "2", "--eval-n", "16", "--out-dir", str(out), "--dist-timeout", "60"),
-    )
+    flags = ["--model", str(sft_path), "--task", "reverse", "--steps", "2", "--prompts-per-step", "4"]
+    flags += ["--group-size", "4", "--eval-every", "2", "--eval-n", "16", "--dist-timeout", "60"]
+    proc = torchrun("ppo_minimal.py", *flags, "--out-dir", str(out), "--save-every", "1")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "world 2" in proc.stdout
     from runlog import read_jsonl
 
     rows = read_jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]  # two ranks writing would duplicate them
+    assert {"rank0.pt", "rank1.pt", "checkpoint.json"} <= {p.name for p in (out / "ckpt-1").iterdir()}
+    assert not list(out.glob("*.tmp")) and not list(out.glob("*.old"))
+    proc = torchrun("ppo_minimal.py", *flags, "--out-dir", str(tmp_path / "resumed"), "--resume", str(out / "ckpt-1"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    resumed = read_jsonl(tmp_path / "resumed" / "metrics.jsonl")
+    same = lambda row: {k: v for k, v in row.items() if not k.startswith(("time/", "perf/"))}
+    assert [same(r) for r in resumed] == [same(rows[1])]  # bit for bit, each rank on its own streams
+    one = [sys.executable, "ppo_minimal.py", *flags, "--out-dir", str(tmp_path / "one"), "--resume", str(out)]
+    proc = subprocess.run(one, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "world_size: 2 in the checkpoint, 1 now" in proc.stderr, proc.stderr[-3000:]
     assert 0.0 <= rows[-1]["eval/acc"] <= 1.0 and "critic/explained_var" in rows[-1]
 
 

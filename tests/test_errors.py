@@ -106,6 +106,18 @@ def test_config_group_estimators_need_groups():
     pm.Config(adv_estimator="gae", group_size=1)  # PPO with a critic is fine with one sample per prompt
 
 
+def test_flags_that_would_do_nothing_are_errors():
+    for kw, msg in [
+        (dict(critic="asyppo", adv_estimator="grpo"), r"'critic' = 'asyppo' needs adv_estimator 'gae', not 'grpo'"),
+        (dict(critic="asyppo", adv_estimator="rloo"), r"not 'rloo': rloo has no critic"),
+        (dict(critic_warmup_steps=5, steps=5), r"'critic_warmup_steps' = 5 >= steps = 5: the actor would never"),
+        (dict(kl_ctrl="adaptive"), r"'kl_ctrl' = 'adaptive' needs --kl-in-reward"),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            pm.Config(**kw)
+    pm.Config(critic="asyppo", critic_warmup_steps=4, steps=5, kl_ctrl="adaptive", kl_in_reward=True)  # all used
+
+
 def test_config_errors_from_the_command_line():
     with pytest.raises(ValueError, match=r"'lr' = -1.0 is out of range"):
         common.parse_config(pm.Config, ["--lr", "-1"])

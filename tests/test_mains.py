@@ -93,10 +93,12 @@ def test_curves_plot_the_eval_history_from_step_0(tmp_path, monkeypatch):
     assert plotted["rollout/reward_mean"] == [(1, 0.1)] and (tmp_path / "curves.png").stat().st_size > 0
 
 
-def test_repro_and_runlog_mains_read_a_run(tmp_path, tiny_model):
+def test_repro_runlog_and_checkpoint_mains_read_a_run(tmp_path, tiny_model):
     run_dir = tmp_path / "run"
     flags = f"--model {tiny_model} --task reverse --steps 2 --prompts-per-step 2 --group-size 2 --eval-every 0"
-    run("ppo_minimal.py", *flags.split(), "--dump-batch", "1", "--out-dir", str(run_dir))
+    run("ppo_minimal.py", *flags.split(), "--dump-batch", "1", "--save-every", "1", "--out-dir", str(run_dir))
+    about = run("checkpoint.py", str(run_dir))  # the checkpoint --resume would take, and the run it is of
+    assert f"{run_dir / 'ckpt-2'}: complete, step 2 of 2" in about and "tokenizer_sha256" in about, about
     table = run("repro.py")
     assert all(name in table for name in ("reward_scale", "pad_eq_eos", "value_not_detached", "at_logprobs"))
     dump = run("repro.py", str(run_dir / "batch-1.pt"))

@@ -11,12 +11,20 @@ training in this one process, so the count is the same by construction; no other
 """
 
 import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import checkpoint
 import ppo_minimal as pm
+import tasks
 from runlog import read_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # the defaults (2 epochs x 2 shuffled minibatches; within the 20 warm-up iterations) on `sft_path`'s reverse task
 TINY = dict(task="reverse", prompts_per_step=4, group_size=4, eval_every=3, eval_n=20)
@@ -56,7 +64,7 @@ def test_resume_reproduces_uninterrupted_run(run, adv):
     full, full_result, _ = run(f"full-{adv}", adv, 6)
     part, _, part_dir = run(f"part-{adv}", adv, 3, save_every=3)
     assert_same_rows(full[:3], part, f"{adv}: first 3 steps")
-    resumed, resumed_result, _ = run(f"resumed-{adv}", adv, 6, resume=str(part_dir / "ckpt-3"))
+    resumed, resumed_result, _ = run(f"resumed-{adv}", adv, 6, resume=str(part_dir / "ckpt-3"), resume_allow=("steps",))
     assert_same_rows(full[3:], resumed, f"{adv}: resumed from step 3")
     # step 3's eval comes from the checkpoint (through JSON: its (step, acc) pairs come back as lists)
     assert [list(e) for e in resumed_result["eval_history"]] == [list(e) for e in full_result["eval_history"]]
@@ -71,8 +79,10 @@ def test_resume_mid_cosine_schedule_is_exact(run, capsys):
     resumed, _, _ = run("cosine-resumed", "grpo", 6, resume=str(full_dir / "ckpt-3"), **kw)
     assert_same_rows(full[3:], resumed, "cosine: resumed from step 3")
     assert "the lr schedule continues" not in capsys.readouterr().out
-    longer, _, _ = run("cosine-longer", "grpo", 8, resume=str(full_dir / "ckpt-3"), **kw)
-    assert "steps 6 -> 8: the lr schedule continues on the new values" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"steps: 6 in the checkpoint, 8 now.*--resume-allow steps"):
+        run("cosine-refused", "grpo", 8, resume=str(full_dir / "ckpt-3"), **kw)  # a changed field is refused ...
+    longer, _, _ = run("cosine-longer", "grpo", 8, resume=str(full_dir / "ckpt-3"), resume_allow=("steps",), **kw)
+    assert "steps: 6 in the checkpoint, 8 now (--resume-allow)" in capsys.readouterr().out  # ... unless allowed
     assert longer[0]["stats/lr"] != full[3]["stats/lr"] and longer[0]["loss/policy"] != full[3]["loss/policy"]
 
 
@@ -95,6 +105,7 @@ def test_checkpoint_is_safetensors_and_weights_only(run):
     final, saved = (load_file(str(d / "model.safetensors")) for d in (part_dir / "policy", ckpt / "policy"))
     assert final.keys() == saved.keys() and all(torch.equal(final[k], saved[k]) for k in final)
     allowed = ("state.pt", "rank0.pt")
+    assert checkpoint.incomplete(ckpt) is None and json.loads((ckpt / "checkpoint.json").read_text())["step"] == 3
     pickled = [p for p in ckpt.rglob("*") if p.suffix in (".bin", ".pt", ".pth", ".pkl") and p.name not in allowed]
     assert not pickled, pickled
 
@@ -114,8 +125,124 @@ def test_resume_into_the_same_folder_keeps_each_step_once(sft_path, tmp_path):
     pm.train(pm.Config(steps=4, save_every=3, **cfg))
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write('{"step": 5, "rollout/rew')  # killed mid-write
-    pm.train(pm.Config(steps=5, resume=str(tmp_path / "ckpt-3"), **cfg))
+    pm.train(pm.Config(steps=5, resume=str(tmp_path / "ckpt-3"), resume_allow=("steps",), **cfg))
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 5]
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')  # damage before the end
     with pytest.raises(ValueError, match="line 2: not a JSON metrics row"):
-        pm.train(pm.Config(steps=5, resume=str(tmp_path / "ckpt-3"), **cfg))
+        pm.train(pm.Config(steps=5, resume=str(tmp_path / "ckpt-3"), resume_allow=("steps",), **cfg))
+
+
+# ----------------------------------------------------------------------------------------------
+# Checked resume: the fingerprint (model, tokenizer, data, config, world size), a finished run
+
+
+def copy_ckpt(run, tmp_path) -> Path:
+    """A copy of the 3-step PPO run's ckpt-3 (to damage or edit), in a run folder of its own."""
+    _, _, part_dir = run("part-gae", "gae", 3, save_every=3)
+    shutil.copytree(part_dir / "ckpt-3", tmp_path / "run" / "ckpt-3")
+    return tmp_path / "run" / "ckpt-3"
+
+
+def resume_cfg(sft_path, ckpt, out, **overrides) -> pm.Config:
+    kw = dict(model=str(sft_path), adv_estimator="gae", steps=4, resume_allow=("steps",), out_dir=str(out), **TINY)
+    return pm.Config(**{**kw, "resume": str(ckpt), **overrides})  # the 3-step run's checkpoint, one more step
+
+
+def test_resume_refuses_another_run_naming_each_field(run, sft_path, tmp_path):
+    ckpt = copy_ckpt(run, tmp_path)
+    for overrides, fields_named in [
+        (dict(lr=1e-4, clip_high=0.28), ["clip_high: 0.2 in the checkpoint, 0.28 now", "lr: 0.0002", "clip_high lr"]),
+        (dict(model=str(tmp_path / "other")), ["model:", "model_source:"]),  # A's weights against B's reference
+        (dict(adv_estimator="grpo"), ["adv_estimator: 'gae' in the checkpoint, 'grpo' now", "cannot change"]),
+        (dict(critic_depth=0.5), ["critic_depth: 1.0 in the checkpoint, 0.5 now", "cannot change"]),
+    ]:
+        if "model" in overrides:  # another model with another config: the tiny default, one layer fewer
+            tok = tasks.load_policy(str(sft_path), "cpu")[1]
+            tasks.make_tiny_model(tok, num_hidden_layers=1).save_pretrained(overrides["model"])
+            tok.save_pretrained(overrides["model"])
+        with pytest.raises(ValueError, match="the checkpoint is of another run") as e:
+            pm.train(resume_cfg(sft_path, ckpt, tmp_path / "out", **overrides))
+        assert all(f in str(e.value) for f in fields_named), str(e.value)
+        assert not (tmp_path / "out" / "metrics.jsonl").exists()  # refused before any step
+    marker = json.loads((ckpt / "checkpoint.json").read_text())
+    marker["fingerprint"]["world_size"] = 2  # a 2-rank checkpoint on 1 rank: rank 1's streams would be lost
+    marker["fingerprint"]["tokenizer_sha256"] = "0" * 64
+    (ckpt / "checkpoint.json").write_text(json.dumps(marker))
+    with pytest.raises(ValueError, match=r"tokenizer_sha256: '0000.*world_size: 2 in the checkpoint, 1 now"):
+        pm.train(resume_cfg(sft_path, ckpt, tmp_path / "out"))
+    marker["fingerprint"]["tokenizer_sha256"] = checkpoint.run_fingerprint(
+        pm.Config(model=str(sft_path)), 1, str(sft_path), *tasks.load_policy(str(sft_path), "cpu")
+    )["tokenizer_sha256"]
+    (ckpt / "checkpoint.json").write_text(json.dumps(marker))
+    with pytest.raises(ValueError, match=r"world_size: 2 in the checkpoint, 1 now.*--resume-allow world_size to"):
+        pm.train(resume_cfg(sft_path, ckpt, tmp_path / "out"))
+    pm.train(resume_cfg(sft_path, ckpt, tmp_path / "out", resume_allow=("world_size", "steps")))
+    assert [r["step"] for r in read_jsonl(tmp_path / "out" / "metrics.jsonl")] == [4]  # allowed: it trains on
+
+
+def test_resume_refuses_changed_data(sft_path, tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text(
+        "".join(json.dumps({"prompt": f"{i}{i + 1}>", "ground_truth": f"{i + 1}{i}"}) + "\n" for i in range(9))
+    )
+    cfg = dict(model=str(sft_path), adv_estimator="grpo", data=str(data), reward="exact", **TINY)
+    pm.train(pm.Config(**cfg, steps=1, save_every=1, out_dir=str(tmp_path / "a")))
+    data.write_text(data.read_text().replace('"10"', '"11"'))  # same path, another ground truth
+    with pytest.raises(ValueError, match=r"data_sha256: '[0-9a-f]{64}' in the checkpoint, '[0-9a-f]{64}' now"):
+        pm.train(pm.Config(**cfg, steps=2, resume=str(tmp_path / "a"), resume_allow=("steps",), out_dir=str(tmp_path)))
+
+
+def test_resume_of_a_finished_run_says_so_and_exits_nonzero(run, sft_path, tmp_path):
+    _, _, part_dir = run("part-gae", "gae", 3, save_every=3)
+    argv = ["--model", str(sft_path), "--steps", "3", "--resume", str(part_dir), "--out-dir", str(tmp_path)]
+    argv += [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    proc = subprocess.run([sys.executable, "ppo_minimal.py", *argv], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode != 0 and "the run is finished (checkpoint at step 3, --steps 3)" in proc.stderr, proc.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# Atomic checkpoints: a crash mid-save leaves the old complete one; incomplete ones are refused by name
+
+
+def test_a_crash_while_overwriting_a_checkpoint_leaves_the_old_one(run, sft_path, tmp_path, monkeypatch):
+    ckpt = copy_ckpt(run, tmp_path)
+    before = {p.name: p.read_bytes() for p in (ckpt / "policy").iterdir()}
+    real_save = torch.save
+
+    def crash_at_state(obj, f, *a, **kw):  # the policy is written, then the process dies before state.pt
+        if Path(f).name == "state.pt":
+            raise KeyboardInterrupt("killed between the policy and state.pt")
+        return real_save(obj, f, *a, **kw)
+
+    monkeypatch.setattr(torch, "save", crash_at_state)
+    cfg = pm.Config(model=str(sft_path), adv_estimator="gae", steps=3, save_every=3, out_dir=str(ckpt.parent), **TINY)
+    with pytest.raises(KeyboardInterrupt):
+        pm.train(cfg)  # a rerun into the same folder overwrites ckpt-3
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in (ckpt / "policy").iterdir()} == before  # the old one, whole
+    assert checkpoint.incomplete(ckpt) is None
+    assert "has no checkpoint.json" in checkpoint.incomplete(ckpt.with_name("ckpt-3.tmp"))
+    assert checkpoint.find_checkpoint(str(ckpt.parent)) == str(ckpt)  # the run folder: the newest complete one
+
+
+def test_incomplete_or_damaged_checkpoints_are_refused_by_name(run, sft_path, tmp_path, capsys):
+    ckpt = copy_ckpt(run, tmp_path)
+    newer = ckpt.with_name("ckpt-6")
+    shutil.copytree(ckpt, newer)
+    (newer / "checkpoint.json").unlink()  # a save that never finished
+    assert checkpoint.find_checkpoint(str(ckpt.parent)) == str(ckpt)
+    assert "skipped the incomplete ckpt-6 (it has no checkpoint.json" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"ckpt-6'?: refused, it has no checkpoint.json"):
+        pm.Config(resume=str(newer))  # at load, before any model is built
+    weights = newer / "policy" / "model.safetensors"
+    shutil.copy(ckpt / "checkpoint.json", newer)
+    weights.write_bytes(weights.read_bytes()[:1000])  # truncated
+    with pytest.raises(ValueError, match=r"policy/model.safetensors has 1000 bytes, not the \d+ written"):
+        pm.Config(resume=str(newer))
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        pm.Config(resume=str(tmp_path / "nothing"))
+    state = ckpt / "state.pt"  # random bytes, the same size: the marker passes, the load names the file
+    state.write_bytes(torch.randint(0, 256, (state.stat().st_size,), dtype=torch.uint8).numpy().tobytes())
+    with pytest.raises(ValueError, match=r"state.pt: not a readable checkpoint file \(\w+\); it is damaged") as e:
+        pm.train(resume_cfg(sft_path, ckpt, tmp_path / "out"))
+    assert "weights_only" not in str(e.value)  # never the advice to unpickle what it cannot trust

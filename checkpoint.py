@@ -1,0 +1,252 @@
+"""Checkpoints that are never half-written and never resumed into another run.
+
+    python ppo_minimal.py --steps 40 --save-every 10 --out-dir runs/a
+    python ppo_minimal.py --steps 40 --resume runs/a/ckpt-20                # continues bit for bit on CPU
+    python ppo_minimal.py --steps 60 --resume runs/a --resume-allow steps   # the newest complete ckpt-N of runs/a
+    python checkpoint.py runs/a/ckpt-20                                     # is it complete? what run is it of?
+
+A checkpoint folder `ckpt-N/` holds
+- `policy/` (+ the tokenizer) and `critic_{m}/`: save_pretrained folders (safetensors), written by rank 0;
+- `state.pt`: the step, the counters, the config and every optimizer's state (weights_only-loadable), by rank 0;
+- `rank{r}.pt`: each rank's random streams (the global torch RNG, the task Generator, the torch Generators),
+  so that a resumed data-parallel run keeps distinct per-rank sampling;
+- `checkpoint.json`, written last: the completion marker, with the run's fingerprint and every file's size.
+
+Atomic (the usual write-then-rename recipe): every rank writes into `ckpt-N.tmp/` and fsyncs its files; after a
+barrier rank 0 writes the marker, fsyncs the folder and renames it to `ckpt-N` (an older `ckpt-N` is moved aside
+first and deleted after). A crash at any point leaves the old complete checkpoint or none, never new weights
+beside an old optimizer. A folder without its marker, or whose files differ in size from it, is refused by name.
+
+Checked resume: the fingerprint is what must match for the resumed run to be the same run: every config field
+that changes what is trained (RUN_FIELDS, where a run writes and how it reports, are free), the world size, the
+model source with a hash of its config, a hash of the tokenizer and of the --data file. A mismatch is refused
+naming each differing field. `--resume-allow FIELD ...` accepts changes of the named config fields (e.g. steps,
+lr) and of `world_size` (the streams of ranks that are gone are dropped; new ranks start from their seed); the
+model, tokenizer, task, data, reward, estimator and critic layout can never change (IDENTITY).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import common
+
+MARKER = "checkpoint.json"
+RUN_FIELDS = ("out_dir", "save_every", "resume", "resume_allow", "tensorboard", "save_final", "strict", "dist_timeout")
+RUN_FIELDS += ("dump_batch", "replay")  # where a run writes, how it reports: free to change on resume
+IDENTITY = ("model", "task", "data", "reward", "sft_target", "adv_estimator", "critic", "critic_model", "critic_depth")
+IDENTITY += ("n_critics", "model_source", "model_config_sha256", "tokenizer_sha256", "data_sha256")  # never change
+
+
+def sha256_json(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+def run_fingerprint(cfg, world: int, source: str, ref, tokenizer) -> dict:
+    """What a checkpoint must share with the run that resumes it: the config, the world size, the model source
+    (`cfg.model` or the warm start's folder) and hashes of the reference model's config (without the keys that name
+    a path, a dtype or the library version), of the tokenizer's vocabulary and special tokens, and of --data."""
+    unstable = ("_name_or_path", "dtype", "torch_dtype", "transformers_version")
+    model_config = {k: v for k, v in ref.config.to_diff_dict().items() if k not in unstable}
+    specials = {k: getattr(tokenizer, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")}
+    data = hashlib.sha256(Path(cfg.data).read_bytes()).hexdigest() if getattr(cfg, "data", None) else None
+    return {
+        "config": json.loads(json.dumps(asdict(cfg))),  # tuples as lists, as saved
+        "world_size": world,
+        "model_source": source,
+        "model_config_sha256": sha256_json(model_config),
+        "tokenizer_sha256": sha256_json([sorted(tokenizer.get_vocab().items()), specials]),
+        "data_sha256": data,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing: every file into ckpt-N.tmp, fsync, marker, rename
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file's (or a folder's entries') data to the disk: a rename is only atomic for what is on it."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op for world size 1); named by common.collective if a rank is dead."""
+    import torch.distributed as dist
+
+    if common.world_size() > 1:
+        common.collective(dist.barrier)
+
+
+def save_checkpoint(path, rank: int, fingerprint: dict, state: dict, policy, tokenizer, opt, critics, rng, gens):
+    """Write the checkpoint `path` (ckpt-N) atomically: see the module docstring. `state`: step and counters."""
+    import torch
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    if rank == 0 and tmp.exists():  # left by a crash during an earlier save
+        shutil.rmtree(tmp)
+    barrier()  # no rank writes into tmp before rank 0 has cleared it
+    tmp.mkdir(parents=True, exist_ok=True)
+    streams = {"torch_rng": torch.get_rng_state(), "task_rng": rng.bit_generator.state}
+    torch.save({**streams, **{name: g.get_state() for name, g in gens.items()}}, tmp / f"rank{rank}.pt")
+    fsync_path(tmp / f"rank{rank}.pt")
+    if rank == 0:
+        for name, model in {"policy": policy, **dict(enumerate(critics.models if critics else []))}.items():
+            model.save_pretrained(tmp / (name if name == "policy" else f"critic_{name}"))
+        tokenizer.save_pretrained(tmp / "policy")
+        optimizers = {"opt": opt.state_dict(), **(critics.state() if critics else {})}
+        torch.save({**state, **optimizers, "config": json.dumps(fingerprint["config"])}, tmp / "state.pt")
+    barrier()  # every rank's streams are on disk
+    if rank != 0:
+        return
+    files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+    for p in [*(tmp / f for f in files), *{(tmp / f).parent for f in files}]:
+        fsync_path(p)
+    marker = {"step": state["step"], "files": files, "fingerprint": fingerprint}
+    (tmp / MARKER).write_text(json.dumps(marker, indent=1))
+    fsync_path(tmp / MARKER), fsync_path(tmp)
+    old = path.with_name(path.name + ".old")
+    if path.exists():  # overwriting ckpt-N (a rerun into the same folder): the complete old one stays until the end
+        shutil.rmtree(old, ignore_errors=True)
+        path.rename(old)
+    tmp.rename(path)
+    fsync_path(path.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Finding and checking: the marker, the files' sizes, the fingerprint
+
+
+def incomplete(ckpt: Path) -> str | None:
+    """Why the checkpoint folder `ckpt` must not be resumed (no marker, unreadable, a file missing or of another
+    size than when it was written), or None when it is complete."""
+    try:
+        marker = json.loads((ckpt / MARKER).read_text())
+        files = marker["files"]
+    except FileNotFoundError:
+        return f"it has no {MARKER} (written last: the save did not finish, or it predates atomic checkpoints)"
+    except (ValueError, KeyError, TypeError) as e:
+        return f"its {MARKER} is damaged ({type(e).__name__}: {e})"
+    for name, size in files.items():
+        f = ckpt / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != size:
+            return f"{name} has {f.stat().st_size} bytes, not the {size} written (truncated or replaced)"
+    return None
+
+
+def find_checkpoint(path: str) -> str:
+    """`--resume PATH`: a checkpoint folder (refused unless complete) or a run folder, whose newest complete ckpt-N
+    is taken (newer incomplete ones are named). Returns the checkpoint folder."""
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(f"config field 'resume' = {path!r}: no such folder")
+    numbered = sorted((int(m[1]), d) for d in p.iterdir() if (m := re.fullmatch(r"ckpt-(\d+)", d.name)) and d.is_dir())
+    if not numbered or (p / MARKER).exists() or (p / "state.pt").exists():  # a checkpoint folder itself
+        if why := incomplete(p):
+            raise ValueError(f"config field 'resume' = {path!r}: refused, {why}. Resume another checkpoint, or pass "
+                             f"the run folder ({p.parent}) to take its newest complete one")  # fmt: skip
+        return str(p)
+    skipped = []
+    for _, ckpt in reversed(numbered):
+        if why := incomplete(ckpt):
+            skipped.append(f"{ckpt.name} ({why})")
+            continue
+        if skipped:
+            print(f"[minrl] resume: skipped the incomplete {', '.join(skipped)}; taking {ckpt}", flush=True)
+        return str(ckpt)
+    raise ValueError(f"config field 'resume' = {path!r}: no complete checkpoint in it: {'; '.join(skipped)}")
+
+
+def check_resume(ckpt: str, cfg, fingerprint: dict) -> int:
+    """Refuse to resume `ckpt` into the run of `fingerprint` (of `cfg`) where they differ, naming each field
+    (cfg.resume_allow: the config fields and "world_size" that may change, printed), or where the checkpoint is at
+    cfg.steps already. A field newer than the checkpoint counts as its default there. Returns the step."""
+    marker = json.loads((Path(ckpt) / MARKER).read_text())
+    saved, now = marker["fingerprint"], fingerprint
+    defaults = {f.name: f.default for f in fields(cfg)}
+    diffs = {k: (saved.get(k), now[k]) for k in now if k != "config" and saved.get(k) != now[k]}
+    for k in now["config"].keys() - set(RUN_FIELDS):
+        if (old := saved["config"].get(k, defaults.get(k))) != now["config"][k]:
+            diffs[k] = (old, now["config"][k])
+    refused = {k: v for k, v in diffs.items() if k in IDENTITY or k not in cfg.resume_allow}
+    show = lambda d: "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, (a, b) in sorted(d.items()))
+    if refused:
+        fix = " ".join(sorted(k for k in refused if k not in IDENTITY))
+        hint = f" Pass the checkpoint's values, or add --resume-allow {fix} to change them on purpose." * bool(fix)
+        if refused.keys() & set(IDENTITY):
+            hint += " The model, tokenizer, task, data, reward, estimator and critic layout cannot change: start anew."
+        raise ValueError(f"--resume {ckpt}: the checkpoint is of another run: {show(refused)}.{hint}")
+    if diffs:
+        print(f"[minrl] resume: {show(diffs)} (--resume-allow): the run continues with the new values", flush=True)
+    if marker["step"] >= cfg.steps:
+        raise ValueError(f"--resume {ckpt}: the run is finished (checkpoint at step {marker['step']}, --steps "
+                         f"{cfg.steps}); to train further raise --steps and add --resume-allow steps")  # fmt: skip
+    return marker["step"]
+
+
+def load_pt(path: Path, **kw) -> dict:
+    """torch.load(weights_only=True) of a checkpoint file; a damaged one is an error naming it and the fix."""
+    import torch
+
+    try:
+        return torch.load(path, weights_only=True, **kw)
+    except Exception as e:  # UnpicklingError, RuntimeError (zip), EOFError: not what save wrote. torch's own text
+        fix = "resume another checkpoint (--resume RUN_DIR takes the newest complete one)"  # would advise unpickling
+        raise ValueError(f"{path}: not a readable checkpoint file ({type(e).__name__}); it is damaged: {fix}") from e
+
+
+def resume_checkpoint(path, rank: int, opt, critics, rng, gens: dict) -> dict:
+    """Load a checkpoint of save_checkpoint (checked by check_resume) into the optimizer, the critics and this
+    rank's random streams (last: loading the critics draws from the global RNG). A rank the checkpoint has no
+    streams for (a world size raised with --resume-allow world_size) keeps its fresh seed + rank streams, but
+    takes the minibatch order (shuffle_gen, the same on every rank) from rank 0. Returns its state.pt."""
+    import torch
+
+    path = Path(path)
+    state = load_pt(path / "state.pt", map_location="cpu")
+    opt.load_state_dict(state["opt"])
+    if critics is not None:
+        critics.load(path, state)
+    mine = path / f"rank{rank}.pt"
+    streams = load_pt(mine if mine.is_file() else path / "rank0.pt")
+    if mine.is_file():
+        torch.set_rng_state(streams["torch_rng"])
+        rng.bit_generator.state = streams["task_rng"]
+    else:
+        print(f"[minrl] resume: rank {rank} is new (the checkpoint has no {mine.name}): fresh streams", flush=True)
+    for name, g in gens.items():
+        if mine.is_file() or name == "shuffle_gen":
+            g.set_state(streams[name])
+    return state
+
+
+def main(argv=None) -> None:
+    """`python checkpoint.py CKPT_OR_RUN_DIR`: which checkpoint --resume would take, and what run it is of."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("path", help="a ckpt-N folder or a run folder")
+    ckpt = Path(find_checkpoint(ap.parse_args(argv).path))
+    marker = json.loads((ckpt / MARKER).read_text())
+    fp, cfg = marker["fingerprint"], marker["fingerprint"]["config"]
+    print(f"{ckpt}: complete, step {marker['step']} of {cfg['steps']}, {len(marker['files'])} files")
+    for k in ("world_size", "model_source", "model_config_sha256", "tokenizer_sha256", "data_sha256"):
+        print(f"  {k:20} {fp[k]}")
+    for k in IDENTITY[:9]:
+        print(f"  {k:20} {cfg.get(k)}")
+
+
+if __name__ == "__main__":
+    main()
