@@ -215,7 +215,7 @@ def rollout_worker(cfg: AsyncConfig, rank: int, group, store, source: str) -> No
     _, _, _, device = setup_dist(timeout_s=cfg.dist_timeout, device=cfg.device)
     policy, tokenizer = load_policy(source, device)
     eos_ids, autocast = stop_token_ids(policy, tokenizer), make_autocast(cfg.dtype, device)
-    task = None if multi_turn(cfg) else make_task(cfg.task, cfg.data, cfg.reward)
+    task = None if multi_turn(cfg) else make_task(cfg.task, cfg.data, cfg.reward, tokenizer, cfg.max_prompt_len)
     chan, gen = Channel(store, group, rank, 0), torch.Generator(device=device).manual_seed(cfg.seed + rank)
     version, queue, done, last_heard = -1, deque(), 0, time.time()
     while True:

@@ -198,15 +198,22 @@ def check_resume(ckpt: str, cfg, fingerprint: dict) -> int:
     return marker["step"]
 
 
-def load_pt(path: Path, **kw) -> dict:
-    """torch.load(weights_only=True) of a checkpoint file; a damaged one is an error naming it and the fix."""
+def load_pt(path: Path, need=(), what: str = "checkpoint file", **kw) -> dict:
+    """torch.load(weights_only=True) of a file this project wrote (`need`: keys it must hold); one that is damaged or
+    of another kind is an error naming it and the fix (never torch's own advice to unpickle untrusted code)."""
     import torch
 
+    fix = "resume another checkpoint (--resume RUN_DIR takes the newest complete one)"
+    fix = fix if what == "checkpoint file" else f"pass a {what} this project wrote"
     try:
-        return torch.load(path, weights_only=True, **kw)
-    except Exception as e:  # UnpicklingError, RuntimeError (zip), EOFError: not what save wrote. torch's own text
-        fix = "resume another checkpoint (--resume RUN_DIR takes the newest complete one)"  # would advise unpickling
-        raise ValueError(f"{path}: not a readable checkpoint file ({type(e).__name__}); it is damaged: {fix}") from e
+        d = torch.load(path, weights_only=True, **kw)
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # UnpicklingError, RuntimeError (zip), EOFError: not what save wrote
+        raise ValueError(f"{path}: not a readable {what} ({type(e).__name__}); damaged or another kind: {fix}") from e
+    if missing := [k for k in need if not isinstance(d, dict) or k not in d]:
+        raise ValueError(f"{path}: not a {what} (it has no {missing}): {fix}")
+    return d
 
 
 def resume_checkpoint(path, rank: int, opt, critics, rng, gens: dict) -> dict:

@@ -160,6 +160,8 @@ def setup_dist(backend: str | None = None, timeout_s: float = 120.0, device: str
     world = 1 if _SOLO else int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = 0 if _SOLO else int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = torch.cuda.is_available() if device == "auto" else device.startswith("cuda")
+    if use_cuda and not torch.cuda.is_available():  # asked for on a machine (or a torch build) without CUDA
+        raise ValueError(f"config field 'device' = {device!r}: CUDA is not available here: use --device cpu or auto")
     dev = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(dev)
@@ -288,9 +290,8 @@ def main() -> None:
 
     rank, local_rank, world, device = setup_dist()
     total, want = all_reduce_sum(torch.tensor([float(rank)], device=device)).item(), world * (world - 1) // 2
-    print(
-        f"rank {rank} of {world} (local {local_rank}) on {device}: all-reduce of the ranks {total:.0f}, {want} expected"
-    )
+    where = f"rank {rank} of {world} (local {local_rank}) on {device}"
+    print(f"{where}: all-reduce of the ranks {total:.0f}, {want} expected")
     if world > 1:
         torch.distributed.destroy_process_group()
 

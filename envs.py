@@ -142,7 +142,9 @@ def safe_calc(expr: str, max_len: int = 24, max_abs: int = 10**9) -> int:
             return v
         if not t.isdigit():
             raise CalcError(f"unexpected {t}")
-        return check(int(t))
+        if len(t.lstrip("0")) > len(str(max_abs)):  # before int(): Python refuses to convert > 4300 digits
+            raise CalcError(f"a value beyond {max_abs}")
+        return check(int(t.lstrip("0") or "0"))
 
     value = expr_(0)
     if pos != len(toks):

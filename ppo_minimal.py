@@ -56,7 +56,7 @@ import torch
 import common
 import repro
 from attention_credit import CreditArgs, credit_weights
-from checkpoint import check_resume, resume_checkpoint, run_fingerprint, save_checkpoint
+from checkpoint import check_resume, load_pt, resume_checkpoint, run_fingerprint, save_checkpoint
 from common import DistArgs, check_fields, check_range, make_autocast, masked_mean, masked_whiten, parse_config
 from critics import CriticArgs, Critics, asyppo_masks, critic_footprint, make_critics, partition_shares, value_stats
 from diagnose import LiveDiagnoser
@@ -181,7 +181,7 @@ class Config(TaskArgs, SampleArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArg
 
 
 RANGES = {  # allowed interval -> fields, checked at construction (common.check_fields)
-    "[0, inf)": ("steps", "eval_every", "warmup_steps", "lr", "kl_coef", "kl_loss_coef", "ent_coef"),
+    "[0, inf)": ("steps", "eval_every", "warmup_steps", "lr", "kl_coef", "kl_loss_coef", "ent_coef", "seed"),
     "[1, inf)": ("prompts_per_step", "group_size", "ppo_epochs", "minibatches", "micro_batch", "eval_n"),
     "(0, inf)": ("clip_high", "value_clip", "adam_eps", "grad_clip", "loss_scale_factor"),
     "[0, 1]": ("gamma", "lam", "min_lr_ratio"),
@@ -546,7 +546,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     sampling = rollout_kw(cfg)  # rollout_env's limits and sampling settings (envs.py)
     policy, policy_train, opt, ref, tokenizer, eos_ids, critics, fingerprint = build_models(cfg, device, world)
     anchor = repro.stale_anchor(cfg.inject, policy)  # computes old_logprobs: the policy; INJECT stale_old_logprobs
-    task = None if multi_turn(cfg) else make_task(cfg.task, cfg.data, cfg.reward)
+    task = None if multi_turn(cfg) else make_task(cfg.task, cfg.data, cfg.reward, tokenizer, cfg.max_prompt_len)
     kl_beta = cfg.kl_coef  # beta of KL in the reward (kl_controller)
     rng = np.random.default_rng(cfg.seed + rank)  # tasks and env seeds: seed + rank
     sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + rank)  # the sampler: seed + rank
@@ -687,7 +687,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
 
 def replay(path: str) -> tuple[dict | None, bool]:
     """Re-run a --dump-batch update (break in ppo_update to step in): (metrics, same metrics + digest or error?)."""
-    d = torch.load(path, weights_only=True, map_location="cpu")
+    d = load_pt(Path(path), need=("batch", "config", "policy"), what="--dump-batch file", map_location="cpu")
     saved = json.loads(d["config"])  # a subclass's fields (async_loop.AsyncConfig) do not enter the update
     names = {f.name for f in fields(Config)}  # older dumps lack newer fields: those take their defaults
     cfg = Config(**{**{k: v for k, v in saved.items() if k in names}, "dump_batch": 0, "replay": None, "resume": None})

@@ -10,12 +10,13 @@ What lives here
    43-character answers: long enough for attention_credit.py's windows). Partial credit = matching
    characters at matching positions / max(len(answer), len(truth)).
 2. `JsonlTask`: the user's own data (one `{"prompt", "ground_truth"}` per line) scored by a reward
-   chosen by name from `REWARDS` (`exact`, `math_exact`, `digits`).
+   chosen by name from `REWARDS` (`exact`, `math_exact`, `digits`); `check_rows` checks every row at load.
 3. A character-level tokenizer built locally as a real `transformers.PreTrainedTokenizerFast`
    (`make_tokenizer`; it round-trips through `save_pretrained` / `AutoTokenizer.from_pretrained`), and
    `make_tiny_model(tokenizer)`: a Qwen2-style config with random init (about 0.5 M parameters, fp32).
    warm_start.py gives it a short SFT; multi-turn environments are in envs.py.
-4. `load_policy(NAME_OR_PATH)`: any Hugging Face causal LM and its tokenizer (a local folder or a hub id).
+4. `load_policy(NAME_OR_PATH)`: any Hugging Face causal LM and its tokenizer (a local folder or a hub id);
+   encoders, folders without a tokenizer and damaged weights are refused at load with the reason.
 
 Implementation details (our choices)
 1. Disjoint splits: a problem belongs to the eval split iff crc32(prompt) % 10 == 0. Train sampling
@@ -33,6 +34,7 @@ Implementation details (our choices)
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import os
@@ -187,10 +189,13 @@ class DigitTask:
 
 @dataclass
 class JsonlTask:
-    """The user's data: a JSONL file of {"prompt", "ground_truth"}, split by `is_eval_problem`."""
+    """The user's data: a JSONL file of {"prompt", "ground_truth"}, split by `is_eval_problem`, every row checked at
+    load (check_rows; with a tokenizer, also the prompts' token lengths)."""
 
     path: str
     reward: str = "math_exact"
+    tokenizer: object = None
+    max_prompt_len: int | None = None
 
     def __post_init__(self):
         if self.reward not in REWARDS:
@@ -198,9 +203,14 @@ class JsonlTask:
         p = Path(self.path)
         if not p.is_file():
             raise FileNotFoundError(f"--data file {self.path!r} does not exist")
-        self.name = f"jsonl:{p.name}"
-        self.rows = {"train": [], "eval": []}
-        for i, line in enumerate(p.read_text().splitlines(), 1):
+        self.name, rows, where = f"jsonl:{p.name}", [], []
+        for i, raw in enumerate(p.read_bytes().split(b"\n"), 1):  # bytes: a str would split at U+2028 too
+            try:
+                line = raw.decode("utf-8-sig" if i == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                bad = raw[e.start : e.start + 4]
+                raise ValueError(f"{self.path}:{i}: not UTF-8 (byte {e.start + 1} of the line: {bad!r}): re-encode "
+                                 f"the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None  # fmt: skip
             if not line.strip():
                 continue
             try:
@@ -209,8 +219,11 @@ class JsonlTask:
                 raise ValueError(f"{self.path}:{i}: not valid JSON ({e.msg}): {line[:80]!r}") from None
             if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or "ground_truth" not in row:
                 raise ValueError(f'{self.path}:{i}: expected {{"prompt": str, "ground_truth": ...}}, got {line[:80]!r}')
-            item = {"prompt": row["prompt"], "ground_truth": str(row["ground_truth"])}
-            check_ground_truth(self.reward, item["ground_truth"], f"{self.path}:{i}")
+            rows.append({"prompt": row["prompt"], "ground_truth": str(row["ground_truth"])})
+            where.append(f"{self.path}:{i}")
+        check_rows(rows, where, self.reward, self.tokenizer, self.max_prompt_len)
+        self.rows = {"train": [], "eval": []}
+        for item in rows:
             self.rows["eval" if is_eval_problem(item["prompt"]) else "train"].append(item)
         if not self.rows["train"]:
             n_eval = len(self.rows["eval"])
@@ -240,13 +253,52 @@ def check_ground_truth(reward: str, ground_truth: str, where: str) -> None:
         raise ValueError(f"{where}: empty ground_truth: digits scores characters against it")
 
 
+def check_rows(rows: list[dict], where: list[str], reward: str, tokenizer=None, max_prompt_len=None) -> None:
+    """Every row of the user's data at load, not at the step that first samples it; `where`: each row's file:line
+    (any reader of any format passes its own). Errors: a ground truth the reward cannot score, two ground truths for
+    one prompt, an empty prompt, and (with a tokenizer) a prompt longer than max_prompt_len tokens as the model sees
+    it (format_prompt). Reported with counts: exact duplicate rows (kept: they weigh more) and characters the
+    tokenizer maps to its unknown token (a prompt's the model cannot read, a ground truth's it cannot write)."""
+    first, dups = {}, 0
+    for row, at in zip(rows, where):
+        check_ground_truth(reward, row["ground_truth"], at)
+        if not row["prompt"].strip():
+            raise ValueError(f"{at}: empty prompt")
+        seen = first.setdefault(row["prompt"], (row["ground_truth"], at))
+        if seen[0] != row["ground_truth"]:
+            here = f"{at}: prompt {row['prompt'][:60]!r} has ground_truth {row['ground_truth'][:40]!r} here"
+            raise ValueError(f"{here} but {seen[0][:40]!r} at {seen[1]}: one prompt, one answer (fix or drop one)")
+        dups += seen[1] != at
+    source = where[0].rsplit(":", 1)[0] if where else "data"
+    if dups:
+        print(f"[minrl] {source}: {dups} of {len(rows)} rows repeat an earlier row (kept: sampled more often)")
+    if tokenizer is None:
+        return
+    lengths = [len(ids) for ids in tokenizer([format_prompt(tokenizer, r["prompt"]) for r in rows],
+                                             add_special_tokens=False).input_ids]  # fmt: skip
+    over = [(at, n) for at, n in zip(where, lengths) if n > max_prompt_len]
+    if over:
+        shown = ", ".join(f"{at} ({n} tokens)" for at, n in over[:3])
+        what = f"{len(over)} prompts are longer than max_prompt_len={max_prompt_len} tokens as the model sees them"
+        raise ValueError(f"{source}: {what}: {shown}{', ...' * (len(over) > 3)}; raise --max-prompt-len or drop them")
+    unk = tokenizer.unk_token_id
+    for key in ("prompt", "ground_truth") if unk is not None else ():
+        counts = collections.Counter(c for r in rows for c in r[key])
+        lost = {c: n for c, n in counts.items() if unk in tokenizer(c, add_special_tokens=False).input_ids}
+        if lost:
+            top = ", ".join(f"{c!r} x{n}" for c, n in sorted(lost.items(), key=lambda kv: -kv[1])[:8])
+            n, name = sum(lost.values()), tokenizer.unk_token
+            print(f"[minrl] {source}: {n} characters of the {key}s map to the unknown token {name}: {top}")
+
+
 TASKS = ("reverse", "add", "sort", "chain")
 
 
-def make_task(name: str, data: str | None = None, reward: str = "math_exact"):
-    """A task by name, or the user's JSONL file when `data` is given."""
+def make_task(name: str, data: str | None = None, reward: str = "math_exact", tokenizer=None, max_prompt_len=None):
+    """A task by name, or the user's JSONL file when `data` is given (its prompts' token lengths checked at load when
+    a tokenizer and max_prompt_len are given)."""
     if data is not None:
-        return JsonlTask(data, reward)
+        return JsonlTask(data, reward, tokenizer, max_prompt_len)
     if name not in TASKS:
         raise ValueError(f"config field 'task' = {name!r}: must be one of {list(TASKS)} (or pass --data FILE)")
     return DigitTask(name)
@@ -341,26 +393,60 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
 def load_policy(name_or_path: str, device):
-    """AutoModelForCausalLM + AutoTokenizer, dropout off, a pad token guaranteed (logged if assigned)."""
+    """AutoModelForCausalLM + AutoTokenizer, dropout off, a pad token guaranteed (logged if assigned). Refused at
+    load, naming the model and the fix: an encoder or encoder-decoder, a local folder without a tokenizer, damaged
+    weights, a model whose logits at position t depend on later tokens (check_causal)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one "Loading weights" bar per model would drown the metrics table
     path = resolve_model_path(name_or_path)
+    if Path(path).is_dir() and not any((Path(path) / f).is_file() for f in TOKENIZER_FILES):
+        raise FileNotFoundError(f"model folder {name_or_path!r} has no tokenizer (none of {list(TOKENIZER_FILES)}): "
+                                f"save the one it was trained with beside it (tokenizer.save_pretrained)")  # fmt: skip
     try:
+        config = AutoConfig.from_pretrained(path)
+        if config.is_encoder_decoder or config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            kind = "an encoder-decoder" if config.is_encoder_decoder else "not a causal LM"
+            fix = "RL here trains decoder-only causal LMs (AutoModelForCausalLM): pick one such as Qwen2 or Llama"
+            raise TypeError(f"model {name_or_path!r} is a {config.model_type} model, {kind}: {fix}")
         tokenizer = _as_saved(AutoTokenizer.from_pretrained(path), path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError) as e:  # hub name unreachable or not a model folder: say which model
         raise FileNotFoundError(f"could not load model {name_or_path!r}: {e}") from e
+    except TypeError:
+        raise
+    except Exception as e:  # safetensors' SafetensorError (a truncated or damaged weights file), torch's unpickler
+        raise ValueError(f"could not read the weights of model {name_or_path!r} ({type(e).__name__}: {e}): the "
+                         f"file is damaged or truncated; save or download the model again") from e  # fmt: skip
     if tokenizer.eos_token_id is None:
         raise ValueError(f"tokenizer of {name_or_path!r} has no eos token: responses could never end")
     if tokenizer.pad_token_id is None:
         # masks are carried explicitly and never rebuilt from ids, so pad == eos is harmless here
         tokenizer.pad_token = tokenizer.eos_token
         print(f"[minrl] tokenizer of {name_or_path!r} has no pad token: using eos {tokenizer.eos_token!r} as pad")
-    return model.to(device).eval(), tokenizer  # eval() = dropout off, always
+    return check_causal(model.to(device).eval(), name_or_path), tokenizer  # eval() = dropout off, always
+
+
+def check_causal(model, name: str):
+    """The model, unless the logits at positions 0..2 change when only token 3 does: then attention looks ahead (an
+    encoder loaded through a causal-LM head, e.g. BERT without is_decoder) and every logprob would be wrong."""
+    import torch
+
+    device = next(model.parameters()).device
+    ids = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 5]], device=device) % model.get_input_embeddings().num_embeddings
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.float()
+    if not torch.allclose(logits[0, :3], logits[1, :3], atol=1e-4, rtol=1e-4):
+        raise TypeError(f"model {name!r} ({type(model).__name__}) is not causal: position t's logits depend on later "
+                        f"tokens (bidirectional attention); RL here needs a decoder-only causal LM")  # fmt: skip
+    return model
 
 
 def _as_saved(tokenizer, path: str):

@@ -125,6 +125,10 @@ def test_safe_calc_known_answers_and_refusals():
     for bad in ["2**3", "1e3", "abs(1)", "1 2", "(1", "1)", "", "9" * 25, "8/3"]:
         with pytest.raises(CalcError):
             safe_calc(bad)
+    for bad in ["9" * 5000, "1+" + "7" * 20000, "-" * 50 + "1"]:  # at any max_len: a CalcError, never a bare ValueError
+        with pytest.raises(CalcError, match="beyond|too deep"):
+            safe_calc(bad, max_len=10**6)
+    assert safe_calc("0" * 5000 + "12", max_len=10**6) == 12
 
 
 def test_latency_is_applied_and_seeded(monkeypatch):

@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
     "field,value,allowed",
     [
         ("lr", -1e-4, "[0, inf)"),
+        ("seed", -1, "[0, inf)"),
         ("critic_lr", float("nan"), "[0.0, inf)"),
         ("steps", -1, "[0, inf)"),
         ("group_size", 0, "[1, inf)"),
@@ -287,6 +288,45 @@ def test_model_folder_that_is_not_a_model(tmp_path):
     assert str(tmp_path) in str(e.value), f"the error does not name the folder: {e.value}"
 
 
+def test_models_that_cannot_be_trained_are_refused_at_load_with_the_reason(tmp_path):
+    from transformers import BertConfig, BertForMaskedLM, T5Config, T5EncoderModel
+
+    tok, small = tasks.make_tokenizer(), dict(num_attention_heads=2, intermediate_size=64)
+    bert = BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, **small))
+    t5 = T5EncoderModel(T5Config(vocab_size=len(tok), d_model=32, num_layers=1, num_heads=2, d_ff=64, d_kv=16))
+    for name, model in (("bert", bert), ("t5", t5), ("no_tokenizer", tasks.make_tiny_model(tok))):
+        model.save_pretrained(tmp_path / name)
+        if name != "no_tokenizer":
+            tok.save_pretrained(tmp_path / name)
+    with pytest.raises(TypeError, match=r"'.*bert' \(BertLMHeadModel\) is not causal: position t's logits depend"):
+        tasks.load_policy(str(tmp_path / "bert"), "cpu")  # loads through a causal-LM head, but attends both ways
+    with pytest.raises(TypeError, match=r"'.*t5' is a t5 model, .*: pick one such as Qwen2"):
+        tasks.load_policy(str(tmp_path / "t5"), "cpu")
+    with pytest.raises(FileNotFoundError, match=r"'.*no_tokenizer' has no tokenizer .*tokenizer.save_pretrained"):
+        tasks.load_policy(str(tmp_path / "no_tokenizer"), "cpu")  # transformers would build some tokenizer silently
+    tok.save_pretrained(tmp_path / "no_tokenizer")
+    weights = tmp_path / "no_tokenizer" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ValueError, match=r"could not read the weights of model '.*no_tokenizer' \(SafetensorError"):
+        tasks.load_policy(str(tmp_path / "no_tokenizer"), "cpu")
+
+
+def test_replay_of_a_file_that_is_not_a_dump(tmp_path):
+    (tmp_path / "random.pt").write_bytes(os.urandom(4096))
+    torch.save({"step": 3, "config": "{}"}, tmp_path / "state.pt")  # a checkpoint's state.pt, say
+    with pytest.raises(ValueError, match=r"random.pt: not a readable --dump-batch file \(\w+\)") as e:
+        pm.replay(str(tmp_path / "random.pt"))
+    assert "weights_only" not in str(e.value)  # never the advice to unpickle it
+    with pytest.raises(ValueError, match=r"state.pt: not a --dump-batch file \(it has no \['batch', 'policy'\]\)"):
+        pm.replay(str(tmp_path / "state.pt"))
+
+
+def test_device_cuda_without_cuda_names_the_field(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # on any machine, a GPU one too
+    with pytest.raises(ValueError, match=r"'device' = 'cuda': CUDA is not available here: use --device cpu"):
+        common.setup_dist(device="cuda")
+
+
 def test_hub_style_name_is_passed_to_the_hub():
     assert tasks.resolve_model_path("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
     assert tasks.resolve_model_path("gpt2") == "gpt2"  # hub ids without an org exist too
@@ -342,6 +382,44 @@ def test_data_file_that_works(tmp_path):
     task = tasks.make_task("reverse", data=path, reward="math_exact")
     assert len(task.rows["train"]) + len(task.rows["eval"]) == 40
     assert task.compute_score("the answer is 14", "14") == 1.0 and task.compute_score("13", "14") == 0.0
+
+
+def test_data_rows_are_all_checked_at_load(tmp_path, capsys):
+    """UTF-8 with file:line, one answer per prompt, duplicates and unknown characters counted, and with a tokenizer
+    every prompt's length in tokens: all at load, where the probe crashed at the step that first sampled a row."""
+    rows = [{"prompt": f"{a}+{a}=", "ground_truth": 2 * a} for a in range(30)]
+    good = "".join(json.dumps(r) + "\n" for r in rows)
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(good.encode() + b'{"prompt": "caf\xe9", "ground_truth": "1"}\n')  # latin-1 on line 31
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}:31: not UTF-8 \(byte 16 .*re-encode the file"):
+        tasks.make_task("reverse", data=str(path))
+    path.write_text(good + json.dumps({"prompt": "3+3=", "ground_truth": "7"}) + "\n")
+    with pytest.raises(ValueError, match=r":31: prompt '3\+3=' has ground_truth '7' here but '6' at .*data.jsonl:4"):
+        tasks.make_task("reverse", data=str(path))
+    sep = "\u2028"  # a line separator inside a JSON string is not a line break of the file
+    extra = [{"prompt": "3+3=", "ground_truth": 6}, {"prompt": f"9{sep}+9\u00e9=", "ground_truth": 18}]
+    path.write_text(good + "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in extra))
+    tok = tasks.make_tokenizer()  # the embedded char tokenizer has no 'é'
+    task = tasks.make_task("reverse", data=str(path), tokenizer=tok, max_prompt_len=16)
+    assert len(task.rows["train"]) + len(task.rows["eval"]) == 32
+    out = capsys.readouterr().out
+    assert "1 of 32 rows repeat an earlier row" in out, out
+    assert "2 characters of the prompts map to the unknown token <unk>: '\\u2028' x1, 'é' x1" in out, out
+    path.write_text(good + json.dumps({"prompt": "1" * 20 + "=", "ground_truth": 0}) + "\n")  # line 31: 22 tokens
+    with pytest.raises(
+        ValueError, match=r"1 prompts are longer than max_prompt_len=16 tokens .*data.jsonl:31 \(22 tok"
+    ):
+        tasks.make_task("reverse", data=str(path), tokenizer=tok, max_prompt_len=16)
+
+
+def test_a_data_prompt_too_long_stops_the_run_before_its_first_step(sft_path, tmp_path):
+    rows = [{"prompt": f"{a}{a + 1}>", "ground_truth": f"{a + 1}{a}"} for a in range(40)] + [{"prompt": "12" * 40}]
+    rows[-1]["ground_truth"] = "1"
+    path = write(tmp_path, "".join(json.dumps(r) + "\n" for r in rows))
+    cfg = pm.Config(model=str(sft_path), data=path, reward="exact", steps=2, eval_every=0, out_dir=str(tmp_path / "r"))
+    with pytest.raises(ValueError, match=r"data.jsonl:41 \(81 tokens\)"):
+        pm.train(cfg)
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()
 
 
 def test_math_exact_compares_numbers_exactly():
