@@ -16,12 +16,13 @@ Implementation details (our choices):
    (a plateau after a rise is convergence). A reward >= 0.9 reward_max (or accuracy >= 0.9) is saturated.
 4. Non-finite values raise nan_inf and stay out of windows. Unknown columns are an input error only when NO column
    is known (veRL logs hundreds we do not use). Numbers written as text ("0.5", "nan") are read.
+5. Files are streamed (memory: the table's few columns per step, not the file). A step is a whole number, never below
+   the previous one (a second run appended to the same file is an input error, not a silent merge).
 """
 
 from __future__ import annotations
 
 import csv
-import io
 import json
 import math
 import sys
@@ -400,32 +401,36 @@ class InputError(ValueError):
     """A metrics file that cannot be read; the message names the file, the line and what was expected."""
 
 
-def _entries(p: Path, text: str):
-    """(where, raw dict) for each entry of a CSV, TRL trainer_state.json or JSONL file."""
+def _json(p: Path, text: str, where: str):
+    """json.loads of one entry; malformed or absurdly nested text is an InputError naming the place."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        where = where if where != "line 1" or e.lineno == 1 else f"line {e.lineno}"
+        raise InputError(f"{p}, {where}: not valid JSON ({e.msg}, column {e.colno}): truncated or corrupt?") from None
+    except RecursionError:  # json's C decoder recurses: 100k nested brackets exhaust the stack
+        raise InputError(f"{p}, {where}: JSON nested too deep to be a metrics row; expected flat objects") from None
+
+
+def _entries(p: Path, f):
+    """(where, raw dict) for each entry of a CSV, TRL trainer_state.json or JSONL file, read from `f` as a stream."""
     if p.suffix == ".csv":
-        reader = csv.reader(io.StringIO(text))
+        reader = csv.reader(f)
         header = next(reader)
         for row in reader:
             if len(row) != len(header) and any(c.strip() for c in row):
                 msg = f"{len(row)} fields but the header (line 1) has {len(header)}: truncated? expected one per column"
                 raise InputError(f"{p}, line {reader.line_num}: {msg}")
             yield f"line {reader.line_num}", {k: v for k, v in zip(header, row) if v.strip()}
-    elif p.suffix == ".json":
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{p}, line {e.lineno}: not valid JSON ({e.msg}, column {e.colno}): truncated?") from None
+    elif p.suffix == ".json":  # one object: read whole
+        obj = _json(p, f.read(), "line 1")
         hist = obj.get("log_history") if isinstance(obj, dict) else obj
         if not isinstance(hist, list) or not all(isinstance(e, dict) for e in hist):
             raise InputError(f"{p}, line 1: expected TRL's trainer_state.json (a 'log_history' list of objects)")
         yield from ((f"log_history[{i}] (step {e.get('step', '?')})", e) for i, e in enumerate(hist))
     else:
-        for n, line in enumerate(text.splitlines(), 1):
-            try:
-                obj = json.loads(line) if line.strip() else {}
-            except json.JSONDecodeError as e:
-                msg = f"not valid JSON ({e.msg}, column {e.colno}): truncated or corrupt? expected one JSON object"
-                raise InputError(f"{p}, line {n}: {msg}") from None
+        for n, line in enumerate(f, 1):
+            obj = _json(p, line, f"line {n}") if line.strip() else {}
             if not isinstance(obj, dict):
                 raise InputError(f'{p}, line {n}: expected an object like {{"step": 0, "stats/kl": 0.1}}')
             if isinstance(obj.get("data"), dict):  # veRL's file logger: {"step": s, "data": {...}}
@@ -442,37 +447,64 @@ def _number(p: Path, where: str, key: str, v) -> float:
         raise InputError(f"{p}, {where}: {msg}") from None
 
 
-def load_metrics(path: str | Path) -> list[dict]:
-    """Rows (one dict per step, our names, 'step' set) from a run dir, .jsonl, .csv or trainer_state.json."""
+def _step(p: Path, where: str, v, last: int | None) -> int:
+    """The step of an entry: a whole number, not below the last one (else two runs would merge silently)."""
+    x = _number(p, where, "step", v)
+    if not (math.isfinite(x) and x == int(x)):
+        raise InputError(f"{p}, {where}: 'step' = {v!r:.40} is not a whole number; expected the step 0, 1, 2, ...")
+    if last is not None and x < last:
+        raise InputError(f"{p}, {where}: step {int(x)} after step {last}: two runs in one file? one run per file")
+    return int(x)
+
+
+NAMES = KNOWN | FOREIGN
+
+
+def iter_metrics(path: str | Path):
+    """Rows (one dict per step, our names, 'step' set) from a run dir, .jsonl, .csv or trainer_state.json, read as a
+    stream: memory is one row (entries of one step are merged), not the file."""
     p = Path(path)
     if p.is_dir():  # a run directory
         p = next((p / n for n in ("metrics.jsonl", "metrics.csv", "trainer_state.json") if (p / n).is_file()), p)
     if not p.is_file():
         raise InputError(f"{p}: no such file (a run dir needs metrics.jsonl, metrics.csv or trainer_state.json)")
-    text = p.read_text(encoding="utf-8", errors="replace")
-    if not text.strip():
-        raise InputError(f"{p}, line 1: the file is empty; expected one row of metrics per training step")
-    rows, columns, first = [], {}, None
-    for i, (where, raw) in enumerate(_entries(p, text)):
-        first, columns = first or (where if raw else None), columns | dict.fromkeys(raw)
-        row = to_ours({k: _number(p, where, k, v) for k, v in raw.items() if k in KNOWN | FOREIGN and v is not None})
-        if not row:
-            continue  # a blank line, an eval-only entry, TRL's final summary (train_runtime, ...)
-        row |= {k: float(v) for k, v in raw.items() if k not in KNOWN | FOREIGN and type(v) in (int, float)}
-        row["step"] = int(_number(p, where, "step", raw["step"])) if raw.get("step") is not None else i
-        if rows and rows[-1]["step"] == row["step"]:
-            rows[-1].update(row)  # one step logged in several entries
-        else:
-            rows.append(row)
-    if not rows:
+    with open(p, encoding="utf-8", errors="replace", newline="") as f:
+        if not any(line.strip() for line in f):  # stops at the first non-blank line
+            raise InputError(f"{p}, line 1: the file is empty; expected one row of metrics per training step")
+        f.seek(0)
+        prev, columns, first = None, {}, None
+        for i, (where, raw) in enumerate(_entries(p, f)):
+            first, columns = first or (where if raw else None), columns if len(columns) > 6 else columns | raw
+            row = to_ours({k: _number(p, where, k, v) for k, v in raw.items() if k in NAMES and v is not None})
+            if not row:
+                continue  # a blank line, an eval-only entry, TRL's final summary (train_runtime, ...)
+            row |= {k: float(v) for k, v in raw.items() if k not in NAMES and type(v) in (int, float)}
+            last = None if prev is None else prev["step"]
+            row["step"] = _step(p, where, raw["step"], last) if raw.get("step") is not None else i
+            if prev is not None and prev["step"] == row["step"]:
+                prev.update(row)  # one step logged in several entries
+                continue
+            if prev is not None:
+                yield prev
+            prev = row
+    if prev is None:
         msg = f"none of the columns {list(columns)[:6]} is a known metric; expected ours (rollout/reward_mean, ...)"
         msg = "no rows (only a header or empty objects)" if first is None else msg + " or veRL/TRL names (NAME_MAP)"
         raise InputError(f"{p}, {first or 'line 2'}: {msg}")
-    return rows
+    yield prev
+
+
+def load_metrics(path: str | Path) -> list[dict]:
+    """Every row of iter_metrics, as a list."""
+    return list(iter_metrics(path))
+
+
+TABLE = "rollout/reward_mean rollout/zero_std_frac stats/kl stats/entropy stats/grad_norm".split()
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python diagnose.py PATH`: print the findings and the checks; exit 1 if any, 2 on unreadable input."""
+    """`python diagnose.py PATH`: print the findings and the checks; exit 1 if any, 2 on unreadable input. The
+    metrics are streamed: what is kept per step is the table's few columns."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if pos := [i for i, a in enumerate(argv) if not a.startswith("-") and (i == 0 or not argv[i - 1].startswith("--"))]:
         argv.insert(pos[0], "--path")  # the metrics path as a positional argument
@@ -480,16 +512,17 @@ def main(argv: list[str] | None = None) -> int:
         cfg = parse_config(Config, argv)
         if not cfg.path:
             raise ValueError("give a run directory or a metrics file: python diagnose.py RUN_DIR_OR_METRICS_FILE")
-        rows = load_metrics(cfg.path)
+        d, findings, rows, seen = LiveDiagnoser(cfg.reward_max), [], [], set()
+        for r in iter_metrics(cfg.path):
+            findings += d.update(r["step"], r)
+            rows.append({k: r[k] for k in ("step", *TABLE) if k in r})
+            seen |= r.keys()
     except ValueError as e:  # InputError included
         print(f"diagnose.py: bad input: {e}", file=sys.stderr)
         return 2
-    d = LiveDiagnoser(cfg.reward_max)
-    findings = [f for r in rows for f in d.update(r["step"], r)]
     print(f"{cfg.path}: {len(rows)} steps ({rows[0]['step']}..{rows[-1]['step']})")
-    cols = "rollout/reward_mean rollout/zero_std_frac stats/kl stats/entropy stats/grad_norm".split()
     picks = sorted({int(i) for i in np.linspace(0, len(rows) - 1, min(len(rows), 6))})
-    print(format_table([rows[i] for i in picks], ["step", *[c for c in cols if any(c in r for r in rows)]]))
+    print(format_table([rows[i] for i in picks], ["step", *[c for c in TABLE if any(c in r for r in rows)]]))
     for cid in dict.fromkeys(f.id for f in findings):  # one line per failure mode, in order of appearance
         f, *more = [f for f in findings if f.id == cid]
         print(f"FOUND {f}" + (f" (again at step {', '.join(str(g.step) for g in more)})" if more else ""))
@@ -497,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     print("checks run: " + ", ".join(cid for cid, _, _ in CHECKS if cid not in skipped))
     for cid, why in skipped.items():
         print(f"check skipped: {cid}: {why}")
-    if unused := sorted({k for r in rows for k in r} - KNOWN - {"step"}):
+    if unused := sorted(seen - KNOWN - {"step"}):
         print(f"columns not used ({len(unused)}): {', '.join(unused[:8])}{' ...' if len(unused) > 8 else ''}")
     n = len({f.id for f in findings})
     print(f"{n} failure mode(s) flagged" if n else "no failure mode flagged")

@@ -404,6 +404,13 @@ BAD = {
     "truncated.json": ('{"log_history": [{"step": 1, "reward": 0.5}, {"st', "line 1", "not valid JSON"),
     "nohistory.json": ('{"global_step": 3}', "line 1", "log_history"),
     "nonnumeric.json": ('{"log_history": [{"step": 1, "reward": "x"}]}', "log_history[0]", "not a number"),
+    "infstep.jsonl": (GOOD + '\n{"step": Infinity, "stats/kl": 0.1}\n', "line 2", "'step' = inf is not a whole"),
+    "nanstep.jsonl": (GOOD + '\n{"step": NaN, "stats/kl": 0.1}\n', "line 2", "'step' = nan is not a whole"),
+    "fracstep.jsonl": (GOOD + '\n{"step": 0.5, "stats/kl": 0.1}\n', "line 2", "'step' = 0.5 is not a whole"),
+    "backwards.jsonl": ('{"step": 5, "stats/kl": 0.1}\n' + GOOD + "\n", "line 2", "step 0 after step 5: two runs"),
+    "deep.jsonl": (GOOD + "\n" + "[" * 100_000 + "]" * 100_000 + "\n", "line 2", "nested too deep"),
+    "deep.json": ('{"log_history": ' + "[" * 100_000 + "]" * 100_000 + "}", "line 1", "nested too deep"),
+    "infstep.csv": ("step,stats/kl\n0,0.1\ninf,0.2\n", "line 3", "'step' = 'inf' is not a whole"),
 }
 
 
@@ -416,7 +423,7 @@ def test_bad_input_exits_2_naming_the_line(tmp_path, name, capsys):
     assert where in err and what in err, err
 
 
-@pytest.mark.parametrize("name", ["truncated.jsonl", "short.csv", "nonnumeric.json"])
+@pytest.mark.parametrize("name", ["truncated.jsonl", "short.csv", "nonnumeric.json", "infstep.jsonl", "deep.jsonl"])
 def test_bad_input_through_a_subprocess_has_no_traceback(tmp_path, name):
     text, where, what = BAD[name]
     (tmp_path / name).write_text(text)
@@ -428,6 +435,24 @@ def test_missing_path_empty_dir_and_bad_flags_exit_2(tmp_path, capsys):
     for args in ([tmp_path / "nope.jsonl"], [tmp_path], [], ["--reward-max", "0", tmp_path]):
         assert diagnose.main([str(a) for a in args]) == 2, args
         assert "bad input" in capsys.readouterr().err, args
+
+
+def test_a_large_log_is_streamed_in_bounded_memory(tmp_path, capsys):
+    """24 MB of metrics (2000 steps x 400 columns) are diagnosed keeping a few columns per step: the peak of
+    Python allocations stays far below the file's size (reading it whole kept the text and every row)."""
+    import tracemalloc
+
+    extra = {f"actor/unused_{k}": 0.25 for k in range(400)}
+    with open(tmp_path / "big.jsonl", "w") as f:
+        for r in healthy(n=2000):
+            f.write(json.dumps({**r, **extra}) + "\n")
+    size = (tmp_path / "big.jsonl").stat().st_size
+    tracemalloc.start()
+    rc = diagnose.main([str(tmp_path / "big.jsonl")])
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert rc in (0, 1) and "2000 steps (0..1999)" in capsys.readouterr().out  # read whole (a slow rise: 1)
+    assert size > 20e6 and peak < size / 4, f"peak {peak / 1e6:.1f} MB for a {size / 1e6:.1f} MB file"
 
 
 def test_nan_written_as_text_is_read_and_flagged(tmp_path):
