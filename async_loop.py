@@ -439,14 +439,17 @@ def run(cfg: AsyncConfig, init_method: str | None = None) -> dict:
             with socket.socket() as sock:  # a free port on this host for the rendezvous
                 sock.bind(("127.0.0.1", 0))
                 world, init_method = cfg.rollout_workers + 1, f"tcp://127.0.0.1:{sock.getsockname()[1]}"
-            sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited through exec: the children ignore
-            try:  # Ctrl-C from their first instruction on, so the trainer alone decides when they stop
+            # SIGINT blocked, not ignored: the children inherit the mask through exec, so a Ctrl-C cannot kill them
+            # from their first instruction on (the trainer alone decides when they stop), and one that reaches the
+            # trainer while it spawns them stays pending and is raised right after, instead of being lost
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
                 for r in range(1, world):
                     args = (asdict(cfg), r, world, init_method)
                     procs[r] = mp.get_context("spawn").Process(target=_rank_main, args=args, daemon=False)
                     procs[r].start()
             finally:
-                signal.signal(signal.SIGINT, sigint)
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             os.environ.update(RANK="0", WORLD_SIZE=str(world), LOCAL_RANK="0")
         dist_kw = {"timeout_s": cfg.dist_timeout, "device": cfg.device, "init_method": init_method or "env://"}
         rank, _, world, device = setup_dist(**dist_kw)
