@@ -45,6 +45,7 @@ import time
 import traceback
 from collections import deque
 from dataclasses import asdict, dataclass
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 import numpy as np
@@ -442,12 +443,14 @@ def run(cfg: AsyncConfig, init_method: str | None = None) -> dict:
             # SIGINT blocked, not ignored: the children inherit the mask through exec, so a Ctrl-C cannot kill them
             # from their first instruction on (the trainer alone decides when they stop), and one that reaches the
             # trainer while it spawns them stays pending and is raised right after, instead of being lost
+            resource_tracker.ensure_running()  # first: starting it unblocks SIGINT (in Python's own code)
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             try:
                 for r in range(1, world):
                     args = (asdict(cfg), r, world, init_method)
-                    procs[r] = mp.get_context("spawn").Process(target=_rank_main, args=args, daemon=False)
-                    procs[r].start()
+                    proc = mp.get_context("spawn").Process(target=_rank_main, args=args, daemon=False)
+                    proc.start()
+                    procs[r] = proc  # only once started: the finally below joins what is in procs
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             os.environ.update(RANK="0", WORLD_SIZE=str(world), LOCAL_RANK="0")

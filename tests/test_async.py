@@ -314,3 +314,39 @@ def test_ctrl_c_stops_every_process(tmp_path, default_sft_path, when):
     assert when == "start-up" or p.returncode == 130, out[-2000:]
     time.sleep(1)
     assert not _live(p.pid), _live(p.pid)
+
+
+SIGINT_IN_SPAWN = """
+import multiprocessing.context, os, signal, sys
+import async_loop
+real_start = multiprocessing.context.SpawnProcess.start
+def start(self):  # a Ctrl-C that lands while the trainer spawns its rollout ranks
+    os.kill(os.getpid(), signal.SIGINT)
+    return real_start(self)
+multiprocessing.context.SpawnProcess.start = start
+async_loop.main(sys.argv[1:])
+"""
+
+
+def test_ctrl_c_while_the_trainer_spawns_its_workers_is_not_lost(tmp_path, default_sft_path):
+    """The start-up race: SIGINT was ignored while the workers were spawned, so a Ctrl-C at that moment was lost and
+    the run went on. Now it is blocked there and raised right after: exit 130, every process gone."""
+    cmd = [sys.executable, "-c", SIGINT_IN_SPAWN, "--out-dir", str(tmp_path), *SMALL, "--steps", "200"]
+    p = subprocess.Popen(
+        [*cmd, "--rollout-workers", "2"],
+        cwd=ROOT,
+        env=ENV,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        out, _ = p.communicate(timeout=90)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130 and "interrupted" in out.decode(), out.decode()[-2000:]
+    assert not (tmp_path / "metrics.jsonl").exists()  # stopped before any step
+    time.sleep(1)
+    assert not _live(p.pid), _live(p.pid)
