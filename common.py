@@ -22,6 +22,8 @@ import inspect
 import math
 import os
 import re
+import signal
+import socket
 import sys
 import textwrap
 import types
@@ -173,11 +175,14 @@ def setup_dist(backend: str | None = None, timeout_s: float = 120.0, device: str
         backend = backend or ("nccl" if use_cuda else "gloo")
         dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world, timeout=timeout)
         _LIVENESS.update(store=dist.PrefixStore("minrl", store), rank=rank, world=world)
+        me = f"{_HOST} {os.getpid()} {(proc_state(os.getpid()) or ('', '?'))[1]}"
+        _LIVENESS["store"].set(f"pid/{rank}", me)  # host, pid, start time: for stop_silent
     return rank, local_rank, world, dev
 
 
 _LIVENESS: dict = {}  # set by setup_dist: the rendezvous store, this rank, the world size
 _SOLO = False  # set by train_alone()
+_HOST = socket.gethostname()
 
 
 def train_alone() -> None:
@@ -200,9 +205,32 @@ def collective(fn, *args, **kwargs):
         try:
             behind = [r for r in range(world) if r != me and store.add(f"reached/{r}", 0) < n]
             who = f"rank(s) {behind} never reached it (dead or stuck)" if behind else "every rank had reached it"
+            who += stop_silent(store, behind or [r for r in range(world) if r != me])  # a rank stopped inside it
         except Exception as store_error:  # the store's host (rank 0 without torchrun) may be the dead one
             who = f"the rendezvous store is unreachable too ({store_error}), so its host may be dead"
         raise RuntimeError(f"rank {me}: collective #{n} ({fn.__name__}) failed: {who}. Cause: {e}") from e
+
+
+def stop_silent(store, ranks: list[int]) -> str:
+    """SIGTERM, then SIGCONT, to each of `ranks` that is SIGSTOPped on this host: such a rank cannot take the SIGTERM
+    of torchrun's shutdown and would hold the run for its grace period (30 s). The pid and start time setup_dist
+    recorded must match /proc (Linux), so a reused pid, a zombie or a debugger's stop ("t") is never signalled."""
+    stopped = []
+    for r in ranks:
+        host, pid, start = store.get(f"pid/{r}").decode().split()
+        if host == _HOST and proc_state(int(pid)) == ("T", start):
+            os.kill(int(pid), signal.SIGTERM), os.kill(int(pid), signal.SIGCONT)  # taken on waking up
+            stopped.append(r)
+    return f"; rank(s) {stopped} stopped (SIGSTOP) on this host: ended them" if stopped else ""
+
+
+def proc_state(pid: int) -> tuple[str, str] | None:
+    """(state letter, start time in clock ticks) of a process, from /proc/PID/stat; None where unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # after "(command name)"
+        return fields[0], fields[19]
+    except (OSError, IndexError):
+        return None
 
 
 def dist_store():

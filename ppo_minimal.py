@@ -444,8 +444,8 @@ def policy_step(cfg: Config, policy_train, opt, mb: Batch, world: int, autocast,
             loss = pg + (cfg.kl_loss_coef * kl_loss if cfg.kl_loss else 0.0)
             if cfg.ent_coef > 0:  # the entropy term joins the graph only when it is used
                 loss = loss - cfg.ent_coef * ent_loss
-        if update_actor:
-            loss.backward()
+        if update_actor:  # DDP all-reduces inside backward: common.collective names a rank that never joins it
+            common.collective(loss.backward)
         ratio_devs.append(float(((logp.detach() - mi.old_logprobs).exp() - 1).abs().mul(mmask).max()))
         for k, v in (("loss/policy", pg), ("loss/entropy", ent_loss), ("loss/kl", kl_loss)):
             losses[k] = losses.get(k, 0.0) + v.item()  # a micro-batch's loss is its share of the minibatch's
@@ -480,7 +480,7 @@ def critic_update(cfg: Config, critics: Critics, mb: Batch, world: int, autocast
                 values, old = model(mb.input_ids[sl], mb.attention_mask[sl], R), mb.old_values[sl, k]  # [mb, R]
             target = repro.at_value_target(cfg.inject, mb.critic_returns[sl, k], old, values)  # INJECT
             loss, m = value_loss(values, old, target, mask[sl], **loss_args)
-            loss.backward()
+            common.collective(loss.backward)  # (DDP: as in policy_step)
             losses.append(loss.detach())
             n = float(mask[sl].sum())
             clipped += torch.tensor([float(m["vf_clipfrac"]) * (n + 1e-8), n], dtype=torch.float64)  # masked_mean^-1

@@ -8,6 +8,7 @@ the survivors notice on their own.
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -88,7 +89,7 @@ def test_torchrun_ppo_minimal_smoke(sft_path, tmp_path):
 
 
 def _rank_worker(rank: int, world: int, init_file: str, fate: str, out_dir: str) -> None:
-    """One rank of the dead-rank test: rank 1 dies (or hangs) before the second collective."""
+    """One rank of the dead-rank test: rank 1 dies (or hangs, or is stopped) before the second collective."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     import common
 
@@ -97,6 +98,8 @@ def _rank_worker(rank: int, world: int, init_file: str, fate: str, out_dir: str)
     if rank == 1:
         if fate == "dies":
             os._exit(3)  # no cleanup, no goodbye: like a crash or an OOM kill
+        if fate == "stopped":
+            os.kill(os.getpid(), signal.SIGSTOP)  # kill -STOP: alive, silent, deaf to SIGTERM until continued
         time.sleep(120)  # stuck: alive, but never reaches the next collective
     t0 = time.perf_counter()
     try:
@@ -107,25 +110,26 @@ def _rank_worker(rank: int, world: int, init_file: str, fate: str, out_dir: str)
     Path(out_dir, f"rank{rank}.txt").write_text("no error")
 
 
-@pytest.mark.parametrize("fate", ["dies", "hangs"])
+@pytest.mark.parametrize("fate", ["dies", "hangs", "stopped"])
 def test_dead_rank_is_named(tmp_path, fate):
-    """The survivor exits non-zero within the collective timeout, naming rank 1 as dead or stuck."""
+    """The survivor exits non-zero within the collective timeout, naming rank 1 as dead or stuck; a stopped
+    rank (SIGSTOP) on this host is ended by it: torchrun would wait 30 s for it to take its SIGTERM."""
     ctx = mp.spawn(_rank_worker, args=(2, str(tmp_path / "init"), fate, str(tmp_path)), nprocs=2, join=False)
     survivor, victim = ctx.processes
     try:
         survivor.join(120)  # start-up (imports) on a busy 2-core machine included; a hang would stay alive
         assert survivor.exitcode is not None, "rank 0 still running: it hangs instead of failing"
         assert survivor.exitcode != 0
-        if fate == "dies":
-            victim.join(10)
-            assert victim.exitcode == 3
+        victim.join(10 if fate != "hangs" else 0.1)  # dead already, or ended by the survivor
+        assert victim.exitcode == {"dies": 3, "hangs": None, "stopped": -signal.SIGTERM}[fate], victim.exitcode
     finally:
         for p in ctx.processes:
             if p.is_alive():
-                p.terminate()
+                os.kill(p.pid, signal.SIGKILL)  # also a stopped one
                 p.join(10)
     elapsed, message = (tmp_path / "rank0.txt").read_text().split("\n", 1)
     assert "rank(s) [1] never reached it" in message, message
+    assert ("rank(s) [1] stopped (SIGSTOP) on this host: ended them" in message) == (fate == "stopped"), message
     assert "rank 0: collective #2 (all_reduce)" in message, message
     assert float(elapsed) < 2 * COLLECTIVE_TIMEOUT, f"the failed collective took {elapsed} s"
 
