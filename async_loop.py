@@ -440,10 +440,9 @@ def run(cfg: AsyncConfig, init_method: str | None = None) -> dict:
             with socket.socket() as sock:  # a free port on this host for the rendezvous
                 sock.bind(("127.0.0.1", 0))
                 world, init_method = cfg.rollout_workers + 1, f"tcp://127.0.0.1:{sock.getsockname()[1]}"
-            # SIGINT blocked, not ignored: the children inherit the mask through exec, so a Ctrl-C cannot kill them
-            # from their first instruction on (the trainer alone decides when they stop), and one that reaches the
-            # trainer while it spawns them stays pending and is raised right after, instead of being lost
             resource_tracker.ensure_running()  # first: starting it unblocks SIGINT (in Python's own code)
+            # blocked, not ignored: the children inherit the mask through exec (immune from their first instruction),
+            # and a Ctrl-C that reaches the trainer while it spawns them stays pending, raised right after, not lost
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             try:
                 for r in range(1, world):

@@ -420,7 +420,7 @@ def load_policy(name_or_path: str, device):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError) as e:  # hub name unreachable or not a model folder: say which model
         raise FileNotFoundError(f"could not load model {name_or_path!r}: {e}") from e
-    except TypeError:
+    except TypeError:  # not a causal LM (above): as it is
         raise
     except Exception as e:  # safetensors' SafetensorError (a truncated or damaged weights file), torch's unpickler
         raise ValueError(f"could not read the weights of model {name_or_path!r} ({type(e).__name__}: {e}): the "

@@ -5,6 +5,7 @@ under test. Trainings are tiny and seeded; nothing here is timed.
 """
 
 import contextlib
+import gc
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -444,6 +445,11 @@ def test_critic_footprint_counts():
     # 4 bytes per fp32 value: weights + 2 AdamW moments for all critics, gradients + activations of one
     assert f["critic/mem_mb"] * 2**20 == pytest.approx(12 * 2 * n_mini + 4 * n_mini + act_mini)
     assert f["critic/actor_sized_mem_mb"] * 2**20 == pytest.approx(16 * n_full + act_full)
+    graphs = lambda: sum(1 for o in gc.get_objects() if type(o) is torch.Tensor and o.grad_fn is not None)
+    before = graphs()
+    critics.saved_activation_bytes(minis[0], ids, attention_mask, 5)
+    gc.collect()
+    assert graphs() == before  # the measured forward's graph is freed (it leaked 0.7 GB per default run)
 
 
 # ----------------------------------------------------------------------------------------------
