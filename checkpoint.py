@@ -21,8 +21,9 @@ Checked resume: the fingerprint is what must match for the resumed run to be the
 that changes what is trained (RUN_FIELDS, where a run writes and how it reports, are free), the world size, the
 model source with a hash of its config, a hash of the tokenizer and of the --data file. A mismatch is refused
 naming each differing field. `--resume-allow FIELD ...` accepts changes of the named config fields (e.g. steps,
-lr) and of `world_size` (the streams of ranks that are gone are dropped; new ranks start from their seed); the
-model, tokenizer, task, data, reward, estimator and critic layout can never change (IDENTITY).
+lr; `model model_source` or `data` for a folder or file that moved) and of `world_size` (the streams of ranks that
+are gone are dropped; new ranks start from their seed); the contents (the model's config, the tokenizer, the data),
+the task, reward, estimator and critic layout can never change (IDENTITY).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import json
 import os
 import re
 import shutil
-from dataclasses import asdict, fields
+from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 
 import common
@@ -41,8 +42,8 @@ import common
 MARKER = "checkpoint.json"
 RUN_FIELDS = ("out_dir", "save_every", "resume", "resume_allow", "tensorboard", "save_final", "strict", "dist_timeout")
 RUN_FIELDS += ("dump_batch", "replay")  # where a run writes, how it reports: free to change on resume
-IDENTITY = ("model", "task", "data", "reward", "sft_target", "adv_estimator", "critic", "critic_model", "critic_depth")
-IDENTITY += ("n_critics", "model_source", "model_config_sha256", "tokenizer_sha256", "data_sha256")  # never change
+IDENTITY = ("task", "reward", "sft_target", "adv_estimator", "critic", "critic_model", "critic_depth", "n_critics")
+IDENTITY += ("model_config_sha256", "tokenizer_sha256", "data_sha256")  # never change (a moved model: allow its path)
 
 
 def sha256_json(obj) -> str:
@@ -117,12 +118,14 @@ def save_checkpoint(path, rank: int, fingerprint: dict, state: dict, policy, tok
     (tmp / MARKER).write_text(json.dumps(marker, indent=1))
     fsync_path(tmp / MARKER), fsync_path(tmp)
     old = path.with_name(path.name + ".old")
+    if old.exists():  # left by a crash during an earlier overwrite
+        shutil.rmtree(old)
     if path.exists():  # overwriting ckpt-N (a rerun into the same folder): the complete old one stays until the end
-        shutil.rmtree(old, ignore_errors=True)
-        path.rename(old)
+        path.rename(old)  # (a crash right after leaves ckpt-N.old and ckpt-N.tmp, both complete: find_checkpoint)
     tmp.rename(path)
     fsync_path(path.parent)
-    shutil.rmtree(old, ignore_errors=True)
+    if old.exists():
+        shutil.rmtree(old)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -150,18 +153,20 @@ def incomplete(ckpt: Path) -> str | None:
 
 def find_checkpoint(path: str) -> str:
     """`--resume PATH`: a checkpoint folder (refused unless complete) or a run folder, whose newest complete ckpt-N
-    is taken (newer incomplete ones are named). Returns the checkpoint folder."""
+    is taken (newer incomplete ones are named; for one step, ckpt-N before a complete ckpt-N.tmp or ckpt-N.old, which a
+    crash between save_checkpoint's two renames leaves). Returns the checkpoint folder."""
     p = Path(path)
     if not p.is_dir():
         raise FileNotFoundError(f"config field 'resume' = {path!r}: no such folder")
-    numbered = sorted((int(m[1]), d) for d in p.iterdir() if (m := re.fullmatch(r"ckpt-(\d+)", d.name)) and d.is_dir())
-    if not numbered or (p / MARKER).exists() or (p / "state.pt").exists():  # a checkpoint folder itself
+    pattern, rank = re.compile(r"ckpt-(\d+)(\.tmp|\.old)?"), {None: 2, ".tmp": 1, ".old": 0}
+    found = [(int(m[1]), rank[m[2]], d) for d in p.iterdir() if (m := pattern.fullmatch(d.name)) and d.is_dir()]
+    if not found or (p / MARKER).exists() or (p / "state.pt").exists():  # a checkpoint folder itself
         if why := incomplete(p):
-            raise ValueError(f"config field 'resume' = {path!r}: refused, {why}. Resume another checkpoint, or pass "
-                             f"the run folder ({p.parent}) to take its newest complete one")  # fmt: skip
+            raise ValueError(f"config field 'resume' = {path!r}: refused, {why}. Resume another checkpoint, or "
+                             f"pass its run folder to take the newest complete one")  # fmt: skip
         return str(p)
     skipped = []
-    for _, ckpt in reversed(numbered):
+    for _, _, ckpt in sorted(found, reverse=True):
         if why := incomplete(ckpt):
             skipped.append(f"{ckpt.name} ({why})")
             continue
@@ -177,7 +182,8 @@ def check_resume(ckpt: str, cfg, fingerprint: dict) -> int:
     cfg.steps already. A field newer than the checkpoint counts as its default there. Returns the step."""
     marker = json.loads((Path(ckpt) / MARKER).read_text())
     saved, now = marker["fingerprint"], fingerprint
-    defaults = {f.name: f.default for f in fields(cfg)}
+    defaults = {f.name: f.default if f.default_factory is MISSING else f.default_factory() for f in fields(cfg)}
+    defaults = json.loads(json.dumps(defaults, default=str))  # as a checkpoint holds them (tuples as lists)
     diffs = {k: (saved.get(k), now[k]) for k in now if k != "config" and saved.get(k) != now[k]}
     for k in now["config"].keys() - set(RUN_FIELDS):
         if (old := saved["config"].get(k, defaults.get(k))) != now["config"][k]:
@@ -188,7 +194,7 @@ def check_resume(ckpt: str, cfg, fingerprint: dict) -> int:
         fix = " ".join(sorted(k for k in refused if k not in IDENTITY))
         hint = f" Pass the checkpoint's values, or add --resume-allow {fix} to change them on purpose." * bool(fix)
         if refused.keys() & set(IDENTITY):
-            hint += " The model, tokenizer, task, data, reward, estimator and critic layout cannot change: start anew."
+            hint += " The model's config, tokenizer, data, task, reward, estimator and critic layout cannot change."
         raise ValueError(f"--resume {ckpt}: the checkpoint is of another run: {show(refused)}.{hint}")
     if diffs:
         print(f"[minrl] resume: {show(diffs)} (--resume-allow): the run continues with the new values", flush=True)
@@ -251,7 +257,7 @@ def main(argv=None) -> None:
     print(f"{ckpt}: complete, step {marker['step']} of {cfg['steps']}, {len(marker['files'])} files")
     for k in ("world_size", "model_source", "model_config_sha256", "tokenizer_sha256", "data_sha256"):
         print(f"  {k:20} {fp[k]}")
-    for k in IDENTITY[:9]:
+    for k in ("model", "data", *IDENTITY[:8]):
         print(f"  {k:20} {cfg.get(k)}")
 
 

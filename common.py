@@ -195,7 +195,7 @@ def collective(fn, *args, **kwargs):
     """Run one collective `fn(*args, **kwargs)` (e.g. dist.all_reduce); if it fails (a peer died, the timeout
     passed), raise naming the ranks that never reached it: each rank counts its collectives in the rendezvous
     store before entering one, so after a failure a rank whose count is lower than ours is dead or stuck."""
-    if not _LIVENESS:  # process group not made by setup_dist: no store to count in
+    if not _LIVENESS or _SOLO:  # no process group made by setup_dist (no store to count in), or a world of one
         return fn(*args, **kwargs)
     store, me, world = _LIVENESS["store"], _LIVENESS["rank"], _LIVENESS["world"]
     n = store.add(f"reached/{me}", 1)  # this is my n-th collective
@@ -216,11 +216,14 @@ def stop_silent(store, ranks: list[int]) -> str:
     of torchrun's shutdown and would hold the run for its grace period (30 s). The pid and start time setup_dist
     recorded must match /proc (Linux), so a reused pid, a zombie or a debugger's stop ("t") is never signalled."""
     stopped = []
-    for r in ranks:
-        host, pid, start = store.get(f"pid/{r}").decode().split()
-        if host == _HOST and proc_state(int(pid)) == ("T", start):
-            os.kill(int(pid), signal.SIGTERM), os.kill(int(pid), signal.SIGCONT)  # taken on waking up
-            stopped.append(r)
+    try:
+        for r in [r for r in ranks if store.check([f"pid/{r}"])]:
+            host, pid, start = store.get(f"pid/{r}").decode().split()
+            if host == _HOST and proc_state(int(pid)) == ("T", start):
+                os.kill(int(pid), signal.SIGTERM), os.kill(int(pid), signal.SIGCONT)  # taken on waking up
+                stopped.append(r)
+    except Exception as e:  # the blame found so far stands; say why this part could not finish
+        return f"; could not look for stopped ranks ({type(e).__name__}: {e})"
     return f"; rank(s) {stopped} stopped (SIGSTOP) on this host: ended them" if stopped else ""
 
 

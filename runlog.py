@@ -23,10 +23,10 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
-from checkpoint import find_checkpoint
+from checkpoint import IDENTITY, find_checkpoint
 from common import check_range
 
 
@@ -51,6 +51,12 @@ class RunArgs:
         check_range("save_every", self.save_every, 0)
         if self.resume:  # at load: a missing, incomplete or damaged checkpoint is refused before any model loads
             self.resume = find_checkpoint(self.resume)
+        elif self.resume_allow:
+            raise ValueError(f"config field 'resume_allow' = {list(self.resume_allow)} needs --resume: it does nothing")
+        names = {f.name for f in fields(self)} - set(IDENTITY) | {"world_size", "model_source"}
+        if bad := [k for k in self.resume_allow if k not in names]:
+            what = "name config fields (or world_size, model_source), none of"
+            raise ValueError(f"config field 'resume_allow': {bad} cannot be allowed: {what} {list(IDENTITY)}")
 
 
 # ----------------------------------------------------------------------------------------------

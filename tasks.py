@@ -38,6 +38,7 @@ import collections
 import json
 import math
 import os
+import pickle
 import re
 import zlib
 from dataclasses import dataclass
@@ -272,7 +273,7 @@ def check_rows(rows: list[dict], where: list[str], reward: str, tokenizer=None, 
     source = where[0].rsplit(":", 1)[0] if where else "data"
     if dups:
         print(f"[minrl] {source}: {dups} of {len(rows)} rows repeat an earlier row (kept: sampled more often)")
-    if tokenizer is None:
+    if tokenizer is None or max_prompt_len is None:
         return
     lengths = [len(ids) for ids in tokenizer([format_prompt(tokenizer, r["prompt"]) for r in rows],
                                              add_special_tokens=False).input_ids]  # fmt: skip
@@ -401,6 +402,7 @@ def load_policy(name_or_path: str, device):
     load, naming the model and the fix: an encoder or encoder-decoder, a local folder without a tokenizer, damaged
     weights, a model whose logits at position t depend on later tokens (check_causal)."""
     import torch
+    from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     from transformers.utils import logging as hf_logging
@@ -420,9 +422,7 @@ def load_policy(name_or_path: str, device):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError) as e:  # hub name unreachable or not a model folder: say which model
         raise FileNotFoundError(f"could not load model {name_or_path!r}: {e}") from e
-    except TypeError:  # not a causal LM (above): as it is
-        raise
-    except Exception as e:  # safetensors' SafetensorError (a truncated or damaged weights file), torch's unpickler
+    except (SafetensorError, pickle.UnpicklingError, EOFError, RuntimeError) as e:  # a truncated or damaged file
         raise ValueError(f"could not read the weights of model {name_or_path!r} ({type(e).__name__}: {e}): the "
                          f"file is damaged or truncated; save or download the model again") from e  # fmt: skip
     if tokenizer.eos_token_id is None:

@@ -78,7 +78,7 @@ def test_resume_mid_cosine_schedule_is_exact(run, capsys):
     full, _, full_dir = run("cosine-full", "grpo", 6, save_every=3, **kw)
     resumed, _, _ = run("cosine-resumed", "grpo", 6, resume=str(full_dir / "ckpt-3"), **kw)
     assert_same_rows(full[3:], resumed, "cosine: resumed from step 3")
-    assert "the lr schedule continues" not in capsys.readouterr().out
+    assert "(--resume-allow)" not in capsys.readouterr().out  # nothing changed, nothing printed
     with pytest.raises(ValueError, match=r"steps: 6 in the checkpoint, 8 now.*--resume-allow steps"):
         run("cosine-refused", "grpo", 8, resume=str(full_dir / "ckpt-3"), **kw)  # a changed field is refused ...
     longer, _, _ = run("cosine-longer", "grpo", 8, resume=str(full_dir / "ckpt-3"), resume_allow=("steps",), **kw)
@@ -164,6 +164,18 @@ def test_resume_refuses_another_run_naming_each_field(run, sft_path, tmp_path):
             pm.train(resume_cfg(sft_path, ckpt, tmp_path / "out", **overrides))
         assert all(f in str(e.value) for f in fields_named), str(e.value)
         assert not (tmp_path / "out" / "metrics.jsonl").exists()  # refused before any step
+    moved = tmp_path / "moved"  # the same model in another folder: its path may be allowed, its contents must match
+    shutil.copytree(sft_path, moved)
+    with pytest.raises(ValueError, match=r"model: '.*' in the checkpoint, '.*moved' now.*--resume-allow model model_s"):
+        pm.train(resume_cfg(sft_path, ckpt, tmp_path / "out", model=str(moved)))
+    with pytest.raises(ValueError, match=r"model_config_sha256.*cannot change"):  # allowed paths, another config
+        pm.train(resume_cfg(sft_path, ckpt, tmp_path / "out", model=str(tmp_path / "other"),
+                            resume_allow=("steps", "model", "model_source")))  # fmt: skip
+    for bad, msg in [(("task",), r"\['task'\] cannot be allowed"), (("stepz",), r"\['stepz'\] cannot be allowed")]:
+        with pytest.raises(ValueError, match=msg):
+            resume_cfg(sft_path, ckpt, tmp_path / "out", resume_allow=bad)
+    with pytest.raises(ValueError, match=r"'resume_allow' = \['lr'\] needs --resume: it does nothing"):
+        pm.Config(resume_allow=("lr",))
     marker = json.loads((ckpt / "checkpoint.json").read_text())
     marker["fingerprint"]["world_size"] = 2  # a 2-rank checkpoint on 1 rank: rank 1's streams would be lost
     marker["fingerprint"]["tokenizer_sha256"] = "0" * 64
@@ -178,6 +190,9 @@ def test_resume_refuses_another_run_naming_each_field(run, sft_path, tmp_path):
         pm.train(resume_cfg(sft_path, ckpt, tmp_path / "out"))
     pm.train(resume_cfg(sft_path, ckpt, tmp_path / "out", resume_allow=("world_size", "steps")))
     assert [r["step"] for r in read_jsonl(tmp_path / "out" / "metrics.jsonl")] == [4]  # allowed: it trains on
+    allow = ("world_size", "steps", "model", "model_source")  # and the moved model, once its paths are allowed
+    pm.train(resume_cfg(sft_path, ckpt, tmp_path / "moved-out", model=str(moved), resume_allow=allow))
+    assert [r["step"] for r in read_jsonl(tmp_path / "moved-out" / "metrics.jsonl")] == [4]
 
 
 def test_resume_refuses_changed_data(sft_path, tmp_path):
@@ -215,14 +230,19 @@ def test_a_crash_while_overwriting_a_checkpoint_leaves_the_old_one(run, sft_path
         return real_save(obj, f, *a, **kw)
 
     monkeypatch.setattr(torch, "save", crash_at_state)
-    cfg = pm.Config(model=str(sft_path), adv_estimator="gae", steps=3, save_every=3, out_dir=str(ckpt.parent), **TINY)
+    cfg = dict(model=str(sft_path), adv_estimator="gae", steps=3, save_every=3, out_dir=str(ckpt.parent), **TINY)
     with pytest.raises(KeyboardInterrupt):
-        pm.train(cfg)  # a rerun into the same folder overwrites ckpt-3
+        pm.train(pm.Config(**cfg, lr=1e-3))  # a rerun into the same folder overwrites ckpt-3, with other weights
     monkeypatch.undo()
     assert {p.name: p.read_bytes() for p in (ckpt / "policy").iterdir()} == before  # the old one, whole
     assert checkpoint.incomplete(ckpt) is None
     assert "has no checkpoint.json" in checkpoint.incomplete(ckpt.with_name("ckpt-3.tmp"))
     assert checkpoint.find_checkpoint(str(ckpt.parent)) == str(ckpt)  # the run folder: the newest complete one
+    pm.train(pm.Config(**cfg, lr=1e-3))  # the same rerun, uncrashed: ckpt-3 now holds the new weights
+    assert {p.name: p.read_bytes() for p in (ckpt / "policy").iterdir()} != before  # (so the check above could fail)
+    assert not ckpt.with_name("ckpt-3.tmp").exists() and not ckpt.with_name("ckpt-3.old").exists()
+    ckpt.rename(ckpt.with_name("ckpt-3.tmp"))  # a crash between the two renames: only ckpt-3.tmp, complete
+    assert checkpoint.find_checkpoint(str(ckpt.parent)) == str(ckpt.with_name("ckpt-3.tmp"))
 
 
 def test_incomplete_or_damaged_checkpoints_are_refused_by_name(run, sft_path, tmp_path, capsys):
@@ -243,6 +263,6 @@ def test_incomplete_or_damaged_checkpoints_are_refused_by_name(run, sft_path, tm
         pm.Config(resume=str(tmp_path / "nothing"))
     state = ckpt / "state.pt"  # random bytes, the same size: the marker passes, the load names the file
     state.write_bytes(torch.randint(0, 256, (state.stat().st_size,), dtype=torch.uint8).numpy().tobytes())
-    with pytest.raises(ValueError, match=r"state.pt: not a readable checkpoint file \(\w+\); it is damaged") as e:
+    with pytest.raises(ValueError, match=r"state.pt: not a readable checkpoint file \(\w+\); damaged") as e:
         pm.train(resume_cfg(sft_path, ckpt, tmp_path / "out"))
     assert "weights_only" not in str(e.value)  # never the advice to unpickle what it cannot trust
