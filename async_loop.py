@@ -420,11 +420,13 @@ class AsyncSampler:
         (out_dir / "timeline.json").write_text(json.dumps(timeline))
 
 
-def _rank_main(cfg_dict: dict, rank: int, world: int, init_method: str) -> None:
-    """Entry of a process started by torch.multiprocessing (spawn): a rollout rank."""
+def _rank_main(cfg_dict: dict, rank: int, world: int, init_method: str, ready) -> None:
+    """Entry of a process started by torch.multiprocessing (spawn): a rollout rank. `ready` is set once its imports
+    are done, just before the rendezvous."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the trainer, which stops everyone
     local = rank % torch.cuda.device_count() if torch.cuda.is_available() else 0  # spread over the GPUs
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local))
+    ready.set()
     run(AsyncConfig(**cfg_dict), init_method=init_method)
 
 
@@ -443,15 +445,23 @@ def run(cfg: AsyncConfig, init_method: str | None = None) -> dict:
             resource_tracker.ensure_running()  # first: starting it unblocks SIGINT (in Python's own code)
             # blocked, not ignored: the children inherit the mask through exec (immune from their first instruction),
             # and a Ctrl-C that reaches the trainer while it spawns them stays pending, raised right after, not lost
+            ctx, ready = mp.get_context("spawn"), {}
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             try:
                 for r in range(1, world):
-                    args = (asdict(cfg), r, world, init_method)
-                    proc = mp.get_context("spawn").Process(target=_rank_main, args=args, daemon=False)
+                    ready[r] = ctx.Event()
+                    args = (asdict(cfg), r, world, init_method, ready[r])
+                    proc = ctx.Process(target=_rank_main, args=args, daemon=False)
                     proc.start()
                     procs[r] = proc  # only once started: the finally below joins what is in procs
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            # wait here, in Python, for every rank's imports: the rendezvous below blocks in C++ until all ranks join,
+            # and a Ctrl-C would only be raised after the slowest start-up
+            while not all(e.is_set() for e in ready.values()):
+                if gone := {r: p.exitcode for r, p in procs.items() if p.exitcode is not None}:
+                    raise RuntimeError(f"rollout rank(s) exited during start-up (rank: exit code): {gone}")
+                time.sleep(0.1)
             os.environ.update(RANK="0", WORLD_SIZE=str(world), LOCAL_RANK="0")
         dist_kw = {"timeout_s": cfg.dist_timeout, "device": cfg.device, "init_method": init_method or "env://"}
         rank, _, world, device = setup_dist(**dist_kw)

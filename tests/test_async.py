@@ -289,11 +289,10 @@ def test_dead_trainer_stops_the_workers(tmp_path, default_sft_path):
     assert not _live(p.pid), _live(p.pid)
 
 
-@pytest.mark.parametrize("when", ["start-up", "training"])
-def test_ctrl_c_stops_every_process(tmp_path, default_sft_path, when):
-    cmd = [sys.executable, "async_loop.py", "--out-dir", str(tmp_path), *SMALL, "--steps", "200"]
-    cmd += ["--rollout-workers", "2"]
-    p = subprocess.Popen(  # as from a terminal: SIGINT at its default (a background `&` job would ignore it)
+def as_from_a_terminal(cmd: list[str]) -> subprocess.Popen:
+    """`cmd` in its own process group with SIGINT at its default, as from a terminal (a background `&` job would
+    ignore it): os.killpg(p.pid, SIGINT) is then what Ctrl-C does."""
+    return subprocess.Popen(
         cmd,
         cwd=ROOT,
         env=ENV,
@@ -302,6 +301,13 @@ def test_ctrl_c_stops_every_process(tmp_path, default_sft_path, when):
         stderr=subprocess.STDOUT,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
+
+
+@pytest.mark.parametrize("when", ["start-up", "training"])
+def test_ctrl_c_stops_every_process(tmp_path, default_sft_path, when):
+    cmd = [sys.executable, "async_loop.py", "--out-dir", str(tmp_path), *SMALL, "--steps", "200"]
+    cmd += ["--rollout-workers", "2"]
+    p = as_from_a_terminal(cmd)
     metrics = tmp_path / "metrics.jsonl"
     deadline = time.time() + (3 if when == "start-up" else 180)  # start-up: processes spawning, models loading
     while not (metrics.exists() and metrics.stat().st_size) and time.time() < deadline and p.poll() is None:
@@ -332,15 +338,7 @@ def test_ctrl_c_while_the_trainer_spawns_its_workers_is_not_lost(tmp_path, defau
     """The start-up race: SIGINT was ignored while the workers were spawned, so a Ctrl-C at that moment was lost and
     the run went on. Now it is blocked there and raised right after: exit 130, every process gone."""
     cmd = [sys.executable, "-c", SIGINT_IN_SPAWN, "--out-dir", str(tmp_path), *SMALL, "--steps", "200"]
-    p = subprocess.Popen(
-        [*cmd, "--rollout-workers", "2"],
-        cwd=ROOT,
-        env=ENV,
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    p = as_from_a_terminal([*cmd, "--rollout-workers", "2"])
     try:
         out, _ = p.communicate(timeout=90)
     finally:
