@@ -12,8 +12,6 @@ training in this one process, so the count is the same by construction; no other
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -211,8 +209,8 @@ def test_resume_of_a_finished_run_says_so_and_exits_nonzero(run, sft_path, tmp_p
     _, _, part_dir = run("part-gae", "gae", 3, save_every=3)
     argv = ["--model", str(sft_path), "--steps", "3", "--resume", str(part_dir), "--out-dir", str(tmp_path)]
     argv += [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
-    proc = subprocess.run([sys.executable, "ppo_minimal.py", *argv], capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode != 0 and "the run is finished (checkpoint at step 3, --steps 3)" in proc.stderr, proc.stderr
+    with pytest.raises(ValueError, match=r"the run is finished \(checkpoint at step 3, --steps 3\)"):
+        pm.main(argv)  # the command line's entry point: uncaught, a non-zero exit status
 
 
 # ----------------------------------------------------------------------------------------------
