@@ -257,7 +257,7 @@ def main(argv=None) -> None:
     print(f"{ckpt}: complete, step {marker['step']} of {cfg['steps']}, {len(marker['files'])} files")
     for k in ("world_size", "model_source", "model_config_sha256", "tokenizer_sha256", "data_sha256"):
         print(f"  {k:20} {fp[k]}")
-    for k in ("model", "data", *IDENTITY[:8]):
+    for k in ("model", "data", *(k for k in IDENTITY if not k.endswith("_sha256"))):
         print(f"  {k:20} {cfg.get(k)}")
 
 
