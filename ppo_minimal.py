@@ -22,7 +22,9 @@ Equations (PPO eq. 7; GAE eq. 16; GRPO sec. 4.1; Dr. GRPO; RLOO; Schulman's k1-k
 
 Implementation details (deviations from veRL marked "ours")
 1. Models run with dropout off (`.eval()`). old_logprobs are the trainer's recompute before the update, with the
-   sampling temperature; `stats/rollout_vs_old_logp_diff` is their mean gap to the sampler's.
+   sampling temperature; `stats/rollout_vs_old_logp_diff` is their mean gap to the sampler's. ours: an exactly
+   on-policy update (reuses_anchor) takes them from its first forward instead, bit for bit the same (as TRL does);
+   the reference runs only for a KL term or, every kl_metric_every iterations, for stats/kl.
 2. Under DDP the loss denominator is global (`sum_local(mask l) / all_reduce(sum mask) * W`): DDP's average is the
    single-process gradient of the global minibatch. Whitening (GAE only) and the logged metrics are global (pooled
    over every rank's samples and tokens); GRPO groups are rank-local.
@@ -133,6 +135,11 @@ class Config(TaskArgs, SampleArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArg
     """Entropy bonus coefficient (None = 0, or 1e-3 with --critic asyppo so its entropy filter acts)."""
     grad_clip: float = 1.0
     """Gradient norm clipping (policy and critics)."""
+    reuse_old_logprobs: bool = True
+    """Exactly on-policy (one epoch and minibatch, no off-policy correction, KL in the reward or credit): the anchor
+    is the first training forward's logprobs, detached, not a separate recompute (TRL's; --no-...: veRL's)."""
+    kl_metric_every: int = 1
+    """The reference forward for stats/kl every this many iterations when no KL term needs it (0 = never)."""
     no_eos_penalty: float | None = None
     """Score given to a response that hit max_new_tokens without EOS (None = keep its score)."""
     eval_every: int = 10
@@ -181,7 +188,8 @@ class Config(TaskArgs, SampleArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArg
 
 
 RANGES = {  # allowed interval -> fields, checked at construction (common.check_fields)
-    "[0, inf)": ("steps", "eval_every", "warmup_steps", "lr", "kl_coef", "kl_loss_coef", "ent_coef", "seed"),
+    "[0, inf)": ("steps", "eval_every", "warmup_steps", "lr", "kl_coef", "kl_loss_coef", "ent_coef", "seed",
+                 "kl_metric_every"),
     "[1, inf)": ("prompts_per_step", "group_size", "ppo_epochs", "minibatches", "micro_batch", "eval_n"),
     "(0, inf)": ("clip_high", "value_clip", "adam_eps", "grad_clip", "loss_scale_factor"),
     "[0, 1]": ("gamma", "lam", "min_lr_ratio"),
@@ -334,9 +342,9 @@ class Batch:
     input_ids: torch.Tensor  # [B, P+R] prompt (left-padded) + response (right-padded)
     attention_mask: torch.Tensor  # [B, P+R] 1 on real prompt, action and observation tokens
     response_mask: torch.Tensor  # [B, R] 1 on action tokens, each action up to and including its stop token
-    old_logprobs: torch.Tensor  # [B, R] the trainer's recompute before the update
-    clip_anchor: torch.Tensor  # [B, R] the ratio's denominator: old_logprobs, or the sampler's (off_policy behav)
-    ref_logprobs: torch.Tensor  # [B, R] the frozen reference's
+    old_logprobs: torch.Tensor | None  # [B, R] the trainer's recompute; None: the update's first forward fills it
+    clip_anchor: torch.Tensor | None  # [B, R] the ratio's denominator: old_logprobs, or the sampler's (behav)
+    ref_logprobs: torch.Tensor | None  # [B, R] the frozen reference's; None on an iteration without its pass
     advantages: torch.Tensor  # [B, R] GAE (whitened) or a group baseline broadcast over tokens; 0 where masked
     token_weights: torch.Tensor  # [B, R] gamma_t multiplying A_t (attention credit), else 1
     pg_mask: torch.Tensor  # [B, R] tokens whose policy term counts (AsyPPO), else response_mask
@@ -360,8 +368,9 @@ def trainer_logprobs(cfg: Config, model, input_ids, attention_mask, R: int, with
 
 def compute_advantages(cfg: Config, token_scores, response_mask, old_logp, ref_logp, kl_beta, group_ids, values):
     """Token rewards, advantages and returns [B, R] (whitened for GAE only, DESIGN.md 7.1), the k1 KL [B, R] and
-    their metrics. token_scores: [B] one outcome per sequence, placed on its last valid token, or [B, R] the
-    environment's rewards already placed (each turn's at its last action token); one on a masked token is an error."""
+    their metrics (old_logp or ref_logp None: no pass, KL 0; KL in the reward needs both). token_scores: [B] one
+    outcome per sequence, placed on its last valid token, or [B, R] the environment's rewards already placed (each
+    turn's at its last action token); one on a masked token is an error."""
     mask = response_mask.float()
     if token_scores.dim() == 1:
         token_scores = last_valid(mask).float() * token_scores[:, None]  # [B, R]
@@ -369,7 +378,8 @@ def compute_advantages(cfg: Config, token_scores, response_mask, old_logp, ref_l
         raise ValueError(f"scores of shape {tuple(token_scores.shape)}: expected [B] or [B, R] = {tuple(mask.shape)}")
     if (token_scores * (1 - mask)).abs().sum() > 0:
         raise ValueError("a reward sits on a masked token (mask 0): it would be lost; place it on an action token")
-    kl = kl_estimate(old_logp, ref_logp, "k1") * mask  # [B, R]
+    both = old_logp is not None and ref_logp is not None
+    kl = kl_estimate(old_logp, ref_logp, "k1") * mask if both else torch.zeros_like(mask)  # [B, R]
     token_rewards = token_scores - kl_beta * kl if cfg.kl_in_reward else token_scores.clone()  # [B, R]
     if cfg.adv_estimator == "gae":
         adv, returns = gae(token_rewards, values, mask, cfg.gamma, cfg.lam)
@@ -382,7 +392,7 @@ def compute_advantages(cfg: Config, token_scores, response_mask, old_logp, ref_l
             seq_adv = rloo_advantages(seq_score, group_ids)
         adv = returns = seq_adv[:, None] * mask  # [B, R] broadcast over valid tokens
     mean = lambda x: float(masked_mean(x, mask, global_=True))  # noqa: E731  (token statistics of all ranks)
-    metrics = {"stats/kl": mean(kl), "stats/adv_abs_mean": mean(adv.abs()), "stats/return_mean": mean(returns)}
+    metrics = {"stats/adv_abs_mean": mean(adv.abs()), "stats/return_mean": mean(returns)}
     metrics["stats/return_std"] = float(common.masked_var(returns, mask, global_=True).sqrt())
     metrics["stats/token_reward_kl_abs"] = mean((kl_beta * kl).abs()) if cfg.kl_in_reward else 0.0
     return token_rewards, adv, returns, kl, metrics
@@ -401,35 +411,51 @@ def shape_advantages(cfg: Config, policy, input_ids, attention_mask, response_ma
 
 def ppo_update(cfg, policy_train, opt, critics, batch: Batch, world: int, gen, autocast, update_actor=True) -> dict:
     """ppo_epochs x minibatches optimizer steps of the policy (and critics) on one batch; the mean metrics.
-    update_actor=False (critic warm-up): the policy loss is computed for its metrics only, without grad or step."""
-    B, micro_rows, step_rows, first = batch.input_ids.shape[0], [], [], {}
+    update_actor=False (critic warm-up): the policy loss is computed for its metrics only, without grad or step.
+    batch.old_logprobs None (reuse_old_logprobs): the first forward's logprobs, detached, fill it and clip_anchor."""
+    B, micro_rows, step_rows, first = batch.input_ids.shape[0], [], [], []
+    if batch.old_logprobs is None and cfg.ppo_epochs * cfg.minibatches > 1:
+        raise ValueError("a batch without old_logprobs needs ppo_epochs = minibatches = 1 (reuse_old_logprobs)")
     mb_size = B // cfg.minibatches
     for epoch in range(cfg.ppo_epochs):
         perm = torch.randperm(B, generator=gen) if cfg.minibatches > 1 else torch.arange(B)
         for j in range(cfg.minibatches):
             mb = batch.rows(perm[j * mb_size : (j + 1) * mb_size])
             where = f"epoch {epoch} minibatch {j}"
-            rows, row, ratio_devs = policy_step(cfg, policy_train, opt, mb, world, autocast, update_actor, where)
-            if epoch == 0 and j == 0:  # the first minibatch, before any optimizer step: the ratio must be 1
-                first["stats/first_mb_clipfrac"] = max([0.0, *(r["stats/clipfrac"] for r in rows)])
-                first["stats/first_mb_ratio_dev"] = max([0.0, *ratio_devs])
+            rows, row, logps = policy_step(cfg, policy_train, opt, mb, world, autocast, update_actor, where)
+            first = first or rows  # the first minibatch, before any optimizer step: the ratio must be 1
+            if batch.old_logprobs is None:  # one epoch of one minibatch, in order: the batch's anchor
+                batch.old_logprobs = batch.clip_anchor = torch.cat(logps)
             if critics is not None:
                 row.update(critic_update(cfg, critics, mb, world, autocast))
             micro_rows += rows
             step_rows.append(row)
+    host_floats(micro_rows + step_rows)  # the update's one device-to-host copy
+    devs = [r.pop("ratio_dev") for r in micro_rows]
     keys = {k for r in micro_rows + step_rows for k in r}
     out = {k: float(np.mean([r[k] for r in micro_rows + step_rows if k in r])) for k in keys}
-    return {**out, "stats/ratio_max": max(r["stats/ratio_max"] for r in micro_rows), **first}
+    out["stats/first_mb_clipfrac"] = max([0.0, *(r["stats/clipfrac"] for r in first)])
+    out["stats/first_mb_ratio_dev"] = max([0.0, *devs[: len(first)]])
+    return {**out, "stats/ratio_max": max(r["stats/ratio_max"] for r in micro_rows)}
+
+
+def host_floats(rows: list[dict]) -> None:
+    """Every 0-d tensor value of the metric dicts `rows` replaced by its Python float, in one copy (one GPU sync)."""
+    keys = [(r, k) for r in rows for k, v in r.items() if isinstance(v, torch.Tensor)]
+    values = torch.stack([r[k].detach().double().reshape(()) for r, k in keys]).tolist() if keys else []
+    for (r, k), v in zip(keys, values):
+        r[k] = v
 
 
 def policy_step(cfg: Config, policy_train, opt, mb: Batch, world: int, autocast, update_actor: bool, where: str):
-    """One optimizer step of the policy on a minibatch, gradients accumulated over its micro-batches. Returns
-    each micro-batch's stats, the step's losses and gradient norm, and each micro-batch's max |ratio - 1|."""
+    """One optimizer step of the policy on a minibatch, gradients accumulated over its micro-batches. Returns each
+    micro-batch's stats (0-d tensors; its max |ratio - 1| as "ratio_dev"), the step's losses and gradient norm, and
+    each micro-batch's logprobs (detached; on a batch without an anchor, they are its anchor)."""
     mask, R = mb.response_mask.float(), mb.response_mask.shape[1]
     denom = agg_denominator(mask, cfg.loss_agg, scale=cfg.loss_scale_factor)  # every valid token, masks or not
     agg = {"mode": cfg.loss_agg, "denom": denom, "world": world}
     clip = {"clip_low": cfg.clip_low, "clip_high": cfg.clip_high, "dual_clip": cfg.dual_clip, "agg": cfg.loss_agg}
-    starts, losses, rows, ratio_devs = list(range(0, mask.shape[0], cfg.micro_batch)), {}, [], []
+    starts, losses, rows, logps = list(range(0, mask.shape[0], cfg.micro_batch)), {}, [], []
     for s in starts:
         mi = mb.rows(slice(s, s + cfg.micro_batch))
         mmask = mi.response_mask.float()  # [b, R]
@@ -437,22 +463,27 @@ def policy_step(cfg: Config, policy_train, opt, mb: Batch, world: int, autocast,
         no_sync = contextlib.nullcontext() if sync else policy_train.no_sync()
         with no_sync, autocast(), torch.set_grad_enabled(update_actor):
             logp, ent = trainer_logprobs(cfg, policy_train, mi.input_ids, mi.attention_mask, R, with_entropy=True)
+            old = logp.detach() if mi.old_logprobs is None else mi.old_logprobs  # (reuse_old_logprobs)
+            anchor = old if mi.clip_anchor is None else mi.clip_anchor
             shaping = {"token_weights": mi.token_weights, "pg_mask": mi.pg_mask.float(), "is_weights": mi.is_weights}
-            pg, m = policy_loss(logp, mi.clip_anchor, mi.advantages, mmask, **clip, **shaping, denom=denom, world=world)
+            pg, m = policy_loss(logp, anchor, mi.advantages, mmask, **clip, **shaping, denom=denom, world=world)
             ent_loss = aggregate(ent * mi.ent_mask.float(), mmask, **agg)  # I^H_t H_t: AsyPPO's entropy filter
-            kl_loss = aggregate(kl_estimate(logp, mi.ref_logprobs, cfg.kl_loss_type), mmask, **agg)
-            loss = pg + (cfg.kl_loss_coef * kl_loss if cfg.kl_loss else 0.0)
+            terms = {"loss/policy": pg, "loss/entropy": ent_loss}
+            if mi.ref_logprobs is not None:  # an iteration with the reference pass (needs_reference)
+                terms["loss/kl"] = aggregate(kl_estimate(logp, mi.ref_logprobs, cfg.kl_loss_type), mmask, **agg)
+            loss = pg + (cfg.kl_loss_coef * terms["loss/kl"] if cfg.kl_loss else 0.0)
             if cfg.ent_coef > 0:  # the entropy term joins the graph only when it is used
                 loss = loss - cfg.ent_coef * ent_loss
         if update_actor:  # DDP all-reduces inside backward: common.collective names a rank that never joins it
             common.collective(loss.backward)
-        ratio_devs.append(float(((logp.detach() - mi.old_logprobs).exp() - 1).abs().mul(mmask).max()))
-        for k, v in (("loss/policy", pg), ("loss/entropy", ent_loss), ("loss/kl", kl_loss)):
-            losses[k] = losses.get(k, 0.0) + v.item()  # a micro-batch's loss is its share of the minibatch's
-        rows.append({f"stats/{k}": float(v) for k, v in m.items()})
-        rows[-1]["stats/entropy"] = float(masked_mean(ent.detach(), mmask))
+        for k, v in terms.items():  # a micro-batch's loss is its share of the minibatch's (summed in fp64)
+            losses[k] = losses.get(k, 0.0) + v.detach().double()
+        rows.append({f"stats/{k}": v.detach() for k, v in m.items()})  # 0-d tensors, detached: no graph kept
+        rows[-1]["stats/entropy"] = masked_mean(ent.detach(), mmask)
+        rows[-1]["ratio_dev"] = ((logp.detach() - old).exp() - 1).abs().mul(mmask).max()
+        logps.append(logp.detach())
     gn = clipped_step(policy_train, opt, cfg.grad_clip, f"policy at {where}", step=update_actor)
-    return rows, {"stats/grad_norm": gn.item(), **losses}, ratio_devs
+    return rows, {"stats/grad_norm": gn, **losses}, logps
 
 
 def clipped_step(model, opt, max_norm: float, where: str, step: bool = True):
@@ -469,7 +500,8 @@ def clipped_step(model, opt, max_norm: float, where: str, step: bool = True):
 def critic_update(cfg: Config, critics: Critics, mb: Batch, world: int, autocast) -> dict:
     """One optimizer step per critic on a minibatch: critic m on its share's rows, the clipped value loss (7.1) to its
     own target R^(m) over its share's tokens, in old_values' precision (autocast: the clip is centred there)."""
-    metrics, R, clipped = {}, mb.response_mask.shape[1], torch.zeros(2, dtype=torch.float64)  # [clipped, valid]
+    metrics, R, dev = {}, mb.response_mask.shape[1], mb.response_mask.device
+    clipped = torch.zeros(2, dtype=torch.float64, device=dev)  # [clipped, valid] tokens
     for k, (model, opt) in enumerate(zip(critics.train_models, critics.opts)):
         mask = mb.response_mask.float() * mb.shares[:, k, None]  # [b, R] critic k's rows only
         denom = agg_denominator(mask, cfg.loss_agg, scale=cfg.loss_scale_factor)  # critic k's tokens, all ranks
@@ -482,12 +514,12 @@ def critic_update(cfg: Config, critics: Critics, mb: Batch, world: int, autocast
             loss, m = value_loss(values, old, target, mask[sl], **loss_args)
             common.collective(loss.backward)  # (DDP: as in policy_step)
             losses.append(loss.detach())
-            n = float(mask[sl].sum())
-            clipped += torch.tensor([float(m["vf_clipfrac"]) * (n + 1e-8), n], dtype=torch.float64)  # masked_mean^-1
+            n = mask[sl].sum().double()
+            clipped += torch.stack([m["vf_clipfrac"].double() * (n + 1e-8), n])  # masked_mean^-1, no host sync
         gn = clipped_step(model, opt, cfg.grad_clip, f"critic {k}")
-        metrics.update({f"critic/loss_{k}": float(sum(losses)), f"critic/grad_norm_{k}": float(gn)})
-    clipped = common.all_reduce_sum(clipped.to(mb.response_mask.device))  # the tokens of every critic and rank
-    return {**metrics, "critic/vf_clipfrac": float(clipped[0] / clipped[1].clamp(min=1))}
+        metrics.update({f"critic/loss_{k}": sum(losses), f"critic/grad_norm_{k}": gn})  # 0-d: host_floats
+    clipped = common.all_reduce_sum(clipped)  # the tokens of every critic and rank
+    return {**metrics, "critic/vf_clipfrac": clipped[0] / clipped[1].clamp(min=1)}
 
 
 def set_learning_rates(cfg: Config, step: int, opt, critics) -> bool:
@@ -498,6 +530,19 @@ def set_learning_rates(cfg: Config, step: int, opt, critics) -> bool:
     for group in [g for o in (critics.opts if critics else []) for g in o.param_groups]:
         group["lr"] = cfg.critic_lr * lr_factor(step, cfg.steps, *sched)
     return step >= cfg.critic_warmup_steps
+
+
+def reuses_anchor(cfg: Config) -> bool:
+    """reuse_old_logprobs applies: one epoch of one minibatch in order (its first forward sees the sampling weights,
+    bit for bit the recompute), and nothing needs the anchor before the update (KL in the reward, tis / decoupled
+    weights, behav, attention credit's pass); injections keep the recompute (several are planted on it)."""
+    alone = cfg.off_policy == "none" and not cfg.kl_in_reward and cfg.credit == "none"
+    return cfg.reuse_old_logprobs and cfg.ppo_epochs == cfg.minibatches == 1 and alone and not cfg.inject
+
+
+def needs_reference(cfg: Config, step: int) -> bool:
+    """The reference's forward at this iteration: every one for a KL term, every kl_metric_every for stats/kl."""
+    return cfg.kl_in_reward or cfg.kl_loss or (cfg.kl_metric_every > 0 and step % cfg.kl_metric_every == 0)
 
 
 def sequences_per_rank(cfg: Config, world: int) -> int:
@@ -546,6 +591,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     sampling = rollout_kw(cfg)  # rollout_env's limits and sampling settings (envs.py)
     policy, policy_train, opt, ref, tokenizer, eos_ids, critics, fingerprint = build_models(cfg, device, world)
     anchor = repro.stale_anchor(cfg.inject, policy)  # computes old_logprobs: the policy; INJECT stale_old_logprobs
+    reuse = reuses_anchor(cfg)  # no recompute: the update's first forward is the anchor
     task = None if multi_turn(cfg) else make_task(cfg.task, cfg.data, cfg.reward, tokenizer, cfg.max_prompt_len)
     kl_beta = cfg.kl_coef  # beta of KL in the reward (kl_controller)
     rng = np.random.default_rng(cfg.seed + rank)  # tasks and env seeds: seed + rank
@@ -607,9 +653,9 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         # --- 3. old logprobs (the PPO anchor), reference logprobs, values: no gradient
         ids, attn = rollout.input_ids, rollout.attention_mask  # [B, P+R] each
         mask, R = response_mask.float(), response_mask.shape[1]  # [B, R]
-        with torch.no_grad(), autocast():
-            old_logprobs = trainer_logprobs(cfg, anchor, ids, attn, R)[0]  # [B, R]
-            ref_logprobs = trainer_logprobs(cfg, ref, ids, attn, R)[0]  # [B, R]
+        with torch.no_grad(), autocast():  # an exactly on-policy update takes its anchor from its first forward
+            old_logprobs = None if reuse else trainer_logprobs(cfg, anchor, ids, attn, R)[0]  # [B, R]
+            ref_logprobs = trainer_logprobs(cfg, ref, ids, attn, R)[0] if needs_reference(cfg, step) else None
             repro.resync_anchor(anchor, policy)  # INJECT stale_old_logprobs: re-synced only after its use
             all_values = critics.values(ids, attn, R, cfg.micro_batch) if critics else None  # [M, B, R]
         values = all_values.mean(0) * mask if critics else None  # [B, R] the ensemble mean V̄
@@ -651,6 +697,9 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         # --- 6. metrics (reduced over ranks), eval, live diagnosis, hooks, checkpoint
         m = {**score_stats(scores, group_ids), **adv_stats, **upd, **weight_stats, **off_stats, **sampled, **footprint}
         m.update(rollout_metrics(rollout, episodes, eos_ids, cfg.max_new_tokens))
+        old_logprobs = batch.old_logprobs  # (reuse: the update's first forward filled it)
+        if ref_logprobs is not None:
+            m["stats/kl"] = float(masked_mean(kl_estimate(old_logprobs, ref_logprobs) * mask, mask, global_=True))
         m.update(gap_stats(old_logprobs, behav, mask, rollout.policy_version, step))
         m["stats/kl_coef"] = kl_beta
         m.update({"stats/lr": opt.param_groups[0]["lr"], "time/rollout": t1 - t0, "time/reward": t2 - t1})

@@ -85,14 +85,18 @@ class Config(BenchArgs):
         check_fields(self, {"[1, inf)": ("batch", "prompt_len", "new_tokens")})
 
 
-def make_model(preset: str, device="cpu"):
-    """A randomly initialised Qwen2 causal LM for a preset (tiny: the embedded default model), built on device."""
+def make_model(preset: str, device="cpu", tokenizer=None):
+    """A randomly initialised Qwen2 causal LM for a preset (tiny: the embedded default model), built on device;
+    with a tokenizer, its vocabulary size and special ids (a model that train() can run with that tokenizer)."""
     with torch.device(device):  # initialise the weights where they will live (0.5B on a CPU takes a while)
         if preset == "tiny":
             return make_tiny_model(make_tokenizer())
         base = dict(num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)
-        base.update(PRESETS[preset])
-        return Qwen2ForCausalLM(Qwen2Config(**base, bos_token_id=1, eos_token_id=2, pad_token_id=0))
+        base.update(PRESETS[preset], bos_token_id=1, eos_token_id=2, pad_token_id=0)
+        if tokenizer is not None:
+            base.update(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id)
+            base.update(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        return Qwen2ForCausalLM(Qwen2Config(**base))
 
 
 def sync(device: torch.device) -> None:
