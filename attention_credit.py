@@ -55,6 +55,9 @@ from typing import Literal
 
 import numpy as np
 import torch
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from common import all_reduce_sum, check_choice, check_fields, check_range, masked_mean, parse_config
 from envs import TaskEnv
@@ -262,50 +265,98 @@ def attention_modules(model) -> list:
     return [(m, getattr(target, "index", 1)) for m in mods]
 
 
-def run_with_maps(model, input_ids, attention_mask, layers: list[int], on_map, micro_batch: int = 64) -> None:
-    """No-grad eager forward per micro-batch; on_map(rows slice, j, A [b, H, N, N] fp32) for kept layer layers[j].
+MAPS_IMPL = "minrl_maps"  # the attention implementation registered for a pass inside another forward (detail 2)
+_PASS: dict = {}  # during that pass: id(kept attention module) -> j, "impl" (the model's own), "take", "mask"
 
-    The attention implementation is switched to eager for the pass and restored afterwards, also on error.
+
+def attention_with_maps(module, query, key, value, attention_mask, **kw):
+    """The model's own attention implementation, and for a kept layer also its map (as eager attention computes it:
+    softmax(q k^T * scaling) over causal, non-padded keys), handed to the pass; registered as MAPS_IMPL."""
+    out = ALL_ATTENTION_FUNCTIONS[_PASS["impl"]](module, query, key, value, attention_mask, **kw)
+    if (j := _PASS.get(id(module))) is not None:
+        if kw.get("sliding_window"):
+            raise NotImplementedError("attention credit inside a forward: sliding-window attention is not handled")
+        sl = _PASS["rows"](j, query.shape[0])
+        keys = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)  # [b, H, N, d] GQA: each head's keys
+        scores = torch.matmul(query, keys.transpose(2, 3)) * (kw.get("scaling") or query.shape[-1] ** -0.5)
+        N = scores.shape[-1]
+        causal = torch.ones(N, N, dtype=torch.bool, device=scores.device).tril()  # [N, N]
+        allowed = causal & _PASS["mask"][sl].bool()[:, None, None, :]  # [b, 1, N, N]
+        A = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min).softmax(-1, dtype=torch.float32)
+        _PASS["take"](sl, j, A.to(query.dtype))
+    return out
+
+
+AttentionInterface.register(MAPS_IMPL, attention_with_maps)
+
+
+def run_with_maps(model, input_ids, attention_mask, layers: list[int], on_map, micro_batch: int = 64, forward=None):
+    """on_map(rows slice, j, A [b, H, N, N] fp32) for kept layer layers[j] of each micro-batch; returns forward().
+
+    forward None: a no-grad pass of the backbone (no LM head) of its own, in eager attention (switched for the pass
+    and restored, also on error), whose attention modules return the maps. forward given (the trainer's recompute
+    of old_logprobs, which runs the model once over the batch's rows, in order): the maps are taken inside it by
+    `attention_with_maps` on the kept layers only, every other layer and the logits as without credit.
     """
-    mods, name, state = attention_modules(model), type(model).__name__, {"sl": None, "seen": []}
+    mods, name, state = attention_modules(model), type(model).__name__, {"next": 0, "sl": None, "seen": []}
 
-    def hook_for(j, index):
-        """A forward hook of layer j that hands its attention map (output[index]) to on_map."""
+    def rows(j, b):
+        """The rows of the current micro-batch: the first kept layer (j = 0) moves on to the next b rows."""
+        if j == 0:
+            state["sl"], state["next"] = slice(state["next"], state["next"] + b), state["next"] + b
+        state["seen"].append(j)
+        return state["sl"]
 
-        def hook(module, args, output):
-            """Check that an attention map came out, then pass it on (eager attention only returns one)."""
-            w = output[index] if isinstance(output, tuple) and len(output) > index else None
-            if not isinstance(w, torch.Tensor) or w.dim() != 4 or w.shape[-1] != w.shape[-2]:
-                raise RuntimeError(f"{name} returned no attention map under eager attention")
-            state["seen"].append(j)
-            on_map(state["sl"], j, w.float())
+    def take(sl, j, w):
+        """Check that an attention map came out, then pass it on (eager attention only returns one)."""
+        if not isinstance(w, torch.Tensor) or w.dim() != 4 or w.shape[-1] != w.shape[-2]:
+            raise RuntimeError(f"{name} returned no attention map under eager attention")
+        on_map(sl, j, w.float())
 
-        return hook
+    def hook(j, index):
+        """A forward hook of kept layer j: its attention map is output[index]."""
 
-    prev = model.config._attn_implementation
-    handles = [mods[layer][0].register_forward_hook(hook_for(j, mods[layer][1])) for j, layer in enumerate(layers)]
+        def on_output(module, args, out):
+            w = out[index] if isinstance(out, tuple) and len(out) > index else None
+            take(rows(j, w.shape[0] if isinstance(w, torch.Tensor) else 0), j, w)
+
+        return on_output
+
+    prev, inside = model.config._attn_implementation, forward is not None
+    if inside:  # the maps come out of the forward's own attention calls
+        AttentionMaskInterface.register(MAPS_IMPL, ALL_MASK_ATTENTION_FUNCTIONS[prev])  # the model's own masks
+        _PASS.update({id(mods[layer][0]): j for j, layer in enumerate(layers)}, impl=prev, mask=attention_mask)
+        _PASS.update(rows=rows, take=take)
+    handles = [] if inside else [mods[layer][0].register_forward_hook(hook(j, mods[layer][1])) for j, layer in
+                                 enumerate(layers)]  # fmt: skip
     try:
-        model.set_attn_implementation("eager")
-        if model.config._attn_implementation != "eager":
-            raise RuntimeError(f"{name} cannot switch to eager attention, which attention credit needs")
-        backbone, pos = getattr(model, "base_model", model), position_ids_from_mask(attention_mask)  # no LM head
-        with torch.no_grad():
-            for i in range(0, input_ids.shape[0], micro_batch):
-                sl = state["sl"] = slice(i, i + micro_batch)
-                state["seen"] = []
-                backbone(
-                    input_ids=input_ids[sl], attention_mask=attention_mask[sl], position_ids=pos[sl], use_cache=False
-                )
-                if sorted(state["seen"]) != list(range(len(layers))):  # exactly one map per kept layer
-                    raise RuntimeError(f"{name}: maps of kept layers {state['seen']}, expected {layers}")
+        model.set_attn_implementation(MAPS_IMPL if inside else "eager")
+        if model.config._attn_implementation != (MAPS_IMPL if inside else "eager"):
+            raise RuntimeError(f"{name} cannot switch its attention implementation, which attention credit needs")
+        if inside:
+            out = forward()
+        else:
+            backbone, pos, out = getattr(model, "base_model", model), position_ids_from_mask(attention_mask), None
+            with torch.no_grad():  # no LM head
+                for i in range(0, input_ids.shape[0], micro_batch):
+                    sl = slice(i, i + micro_batch)
+                    backbone(input_ids=input_ids[sl], attention_mask=attention_mask[sl], position_ids=pos[sl],
+                             use_cache=False)  # fmt: skip
+        n = len(state["seen"]) // len(layers)  # micro-batches seen: each has every kept layer once, in order
+        if state["next"] != input_ids.shape[0] or not n or state["seen"] != list(range(len(layers))) * n:
+            raise RuntimeError(f"{name}: maps of kept layers {layers} came in the order {state['seen'][:12]} for "
+                               f"{state['next']} of {input_ids.shape[0]} rows (every row once, in order)")  # fmt: skip
+        return out
     finally:
         for h in handles:
             h.remove()
+        _PASS.clear()
         model.set_attn_implementation(prev)
 
 
-def attention_stats(model, input_ids, attention_mask, response_mask, micro_batch: int = 64) -> dict:
-    """Per-head WAAD, FAI on the response [B, nH, R] (nH = kept layers x heads), spans [nH], has_window [B, R]."""
+def attention_stats(model, input_ids, attention_mask, response_mask, micro_batch: int = 64, forward=None) -> dict:
+    """Per-head WAAD, FAI on the response [B, nH, R] (nH = kept layers x heads), spans [nH], has_window [B, R]; the
+    maps are taken inside `forward` (run_with_maps; None: a pass of their own)."""
     (B, N), R = input_ids.shape, response_mask.shape[1]
     layers = select_layers(model.config.num_hidden_layers)
     row_mask = torch.cat([torch.zeros_like(attention_mask[:, : N - R]), response_mask], 1).bool()  # [B, N]
@@ -322,7 +373,7 @@ def attention_stats(model, input_ids, attention_mask, response_mask, micro_batch
         has_window[sl] = hw[:, N - R :]
         span_sum[j] = span_sum.get(j, 0) + lookback(A).sum((0, 2))  # [H] (other rows are zero)
 
-    run_with_maps(model, input_ids, attention_mask, layers, on_map, micro_batch)
+    run_with_maps(model, input_ids, attention_mask, layers, on_map, micro_batch, forward)
     n_rows = all_reduce_sum(response_mask.sum().double().reshape(1))  # over ranks (detail 2)
     spans = all_reduce_sum(torch.cat([span_sum[j].double() for j in range(len(layers))])) / n_rows.clamp(min=1)
     js, starts = range(len(layers)), range(0, B, micro_batch)
@@ -331,10 +382,11 @@ def attention_stats(model, input_ids, attention_mask, response_mask, micro_batch
 
 
 def compute_credit(model, input_ids, attention_mask, response_mask, *, mode="coupled", q=0.4, intro_window=2,
-                   alpha=0.5, amp=1.5, micro_batch=64) -> dict:  # fmt: skip
-    """Every stage for one batch: WAAD_loc, FAI_glob, Delta, candidates, gamma ([B, R]), the head groups."""
+                   alpha=0.5, amp=1.5, micro_batch=64, forward=None) -> dict:  # fmt: skip
+    """Every stage for one batch: WAAD_loc, FAI_glob, Delta, candidates, gamma ([B, R]), the head groups; the maps
+    from inside `forward` (attention_stats)."""
     mask = response_mask.bool()  # [B, R]
-    st = attention_stats(model, input_ids, attention_mask, response_mask, micro_batch)
+    st = attention_stats(model, input_ids, attention_mask, response_mask, micro_batch, forward)
     local, glob = head_groups(st["spans"])
     waad_r = st["waad"][:, local].mean(1).masked_fill(~mask, 0.0)  # [B, R] group mean (Eq. 8, detail 2)
     fai_r = st["fai"][:, glob].mean(1).masked_fill(~mask, 0.0)  # [B, R]
@@ -354,14 +406,14 @@ def compute_credit(model, input_ids, attention_mask, response_mask, *, mode="cou
     return {**out, "local": local, "global": glob, "spans": st["spans"], "layers": st["layers"]}
 
 
-def token_weights(model, input_ids, attention_mask, response_mask, **credit_kw):
-    """The trainer's hook: gamma [B, R] (detached, 1 on padding) and metrics.
+def token_weights(model, input_ids, attention_mask, response_mask, forward=None, **credit_kw):
+    """gamma [B, R] (detached, 1 on padding) and metrics; the maps from inside `forward` (None: a pass of their own).
 
     input_ids / attention_mask [B, P+R] (left-padded prompt, right-padded response), response_mask [B, R];
     credit_kw: mode, q, intro_window, alpha, amp, micro_batch (see compute_credit).
     """
     t0 = time.perf_counter()
-    c = compute_credit(model, input_ids, attention_mask, response_mask, **credit_kw)
+    c = compute_credit(model, input_ids, attention_mask, response_mask, forward=forward, **credit_kw)
     mask, gamma = response_mask.float(), c["gamma"].detach()
     mean = lambda x, m=mask: float(masked_mean(x.float(), m.float(), global_=True))  # noqa: E731  (of all ranks)
     return gamma, {
@@ -375,14 +427,20 @@ def token_weights(model, input_ids, attention_mask, response_mask, **credit_kw):
     }
 
 
-def credit_weights(cfg: CreditArgs, model, input_ids, attention_mask, response_mask, advantages, micro_batch: int):
-    """The trainer's call (its Config holds CreditArgs): gamma [B, R] and metrics, gamma = 1 where A < 0 with
-    credit_nonneg_only (detail 6)."""
-    kw = {k: getattr(cfg, "credit_" + k) for k in ("mode", "q", "intro_window", "alpha", "amp")}
-    gamma, metrics = token_weights(model, input_ids, attention_mask, response_mask, **kw, micro_batch=micro_batch)
-    if cfg.credit_nonneg_only:
-        gamma = torch.where(advantages < 0, torch.ones_like(gamma), gamma)
-    return gamma, metrics
+def credit_weights(cfg: CreditArgs, model, input_ids, attention_mask, response_mask, micro_batch: int, forward):
+    """The trainer's call (its Config holds CreditArgs): runs forward() (its recompute of old_logprobs) with the maps
+    of the kept layers taken inside it; (forward's output, gamma, metrics), time/credit without forward's own."""
+    kw, ran = {k: getattr(cfg, "credit_" + k) for k in ("mode", "q", "intro_window", "alpha", "amp")}, {}
+
+    def timed():
+        t0 = time.perf_counter()
+        ran["out"] = forward()
+        ran["s"] = time.perf_counter() - t0
+
+    gamma, metrics = token_weights(
+        model, input_ids, attention_mask, response_mask, timed, **kw, micro_batch=micro_batch
+    )
+    return ran["out"], gamma, {**metrics, "time/credit": metrics["time/credit"] - ran["s"]}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -398,14 +398,14 @@ def compute_advantages(cfg: Config, token_scores, response_mask, old_logp, ref_l
     return token_rewards, adv, returns, kl, metrics
 
 
-def shape_advantages(cfg: Config, policy, input_ids, attention_mask, response_mask, advantages, all_values, gen):
-    """After whitening (detail 5): (token_weights (credit), pg_mask, ent_mask (AsyPPO; gen: ties)) [B, R], metrics."""
+def shape_advantages(cfg: Config, response_mask, advantages, all_values, gen, gamma=None):
+    """After whitening (detail 5): (token_weights (attention credit's gamma), pg_mask, ent_mask (AsyPPO; gen: ties))
+    [B, R], metrics. gamma = 1 where A < 0 with credit_nonneg_only (attention_credit.py detail 6)."""
     weights, pg_mask, ent_mask, metrics = torch.ones_like(advantages), response_mask, response_mask, {}
     if cfg.adv_estimator == "gae" and cfg.critic == "asyppo":  # AsyPPO: masks from the critics' disagreement
         pg_mask, ent_mask, metrics = asyppo_masks(all_values, response_mask, cfg.asyppo_k, cfg.asyppo_h, gen)
-    if cfg.credit == "attention":  # attention-based token credit: gamma_t multiplies A_t in the loss
-        weights, m = credit_weights(cfg, policy, input_ids, attention_mask, response_mask, advantages, cfg.micro_batch)
-        metrics.update(m)
+    if gamma is not None:  # attention-based token credit: gamma_t multiplies A_t in the loss
+        weights = torch.where(advantages < 0, weights, gamma) if cfg.credit_nonneg_only else gamma
     return weights, pg_mask, ent_mask, metrics
 
 
@@ -540,6 +540,22 @@ def reuses_anchor(cfg: Config) -> bool:
     return cfg.reuse_old_logprobs and cfg.ppo_epochs == cfg.minibatches == 1 and alone and not cfg.inject
 
 
+def anchor_logprobs(cfg: Config, anchor, ref, input_ids, attention_mask, response_mask, step: int):
+    """Stanza 3's logprobs [B, R]: old_logprobs, the PPO anchor (None when the update's first forward gives it:
+    reuses_anchor), the reference's (None off its cadence: needs_reference), and attention credit's gamma [B, R] and
+    metrics (its maps taken inside the recompute's forward, not in a pass of their own)."""
+    R = response_mask.shape[1]
+    recompute = lambda: trainer_logprobs(cfg, anchor, input_ids, attention_mask, R)[0]  # noqa: E731
+    old, gamma, credit = None, None, {}
+    if cfg.credit == "attention":
+        old, gamma, credit = credit_weights(cfg, anchor, input_ids, attention_mask, response_mask, cfg.micro_batch,
+                                            recompute)  # fmt: skip
+    elif not reuses_anchor(cfg):
+        old = recompute()
+    ref_logp = trainer_logprobs(cfg, ref, input_ids, attention_mask, R)[0] if needs_reference(cfg, step) else None
+    return old, ref_logp, gamma, credit
+
+
 def needs_reference(cfg: Config, step: int) -> bool:
     """The reference's forward at this iteration: every one for a KL term, every kl_metric_every for stats/kl."""
     return cfg.kl_in_reward or cfg.kl_loss or (cfg.kl_metric_every > 0 and step % cfg.kl_metric_every == 0)
@@ -591,7 +607,6 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     sampling = rollout_kw(cfg)  # rollout_env's limits and sampling settings (envs.py)
     policy, policy_train, opt, ref, tokenizer, eos_ids, critics, fingerprint = build_models(cfg, device, world)
     anchor = repro.stale_anchor(cfg.inject, policy)  # computes old_logprobs: the policy; INJECT stale_old_logprobs
-    reuse = reuses_anchor(cfg)  # no recompute: the update's first forward is the anchor
     task = None if multi_turn(cfg) else make_task(cfg.task, cfg.data, cfg.reward, tokenizer, cfg.max_prompt_len)
     kl_beta = cfg.kl_coef  # beta of KL in the reward (kl_controller)
     rng = np.random.default_rng(cfg.seed + rank)  # tasks and env seeds: seed + rank
@@ -653,9 +668,10 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         # --- 3. old logprobs (the PPO anchor), reference logprobs, values: no gradient
         ids, attn = rollout.input_ids, rollout.attention_mask  # [B, P+R] each
         mask, R = response_mask.float(), response_mask.shape[1]  # [B, R]
-        with torch.no_grad(), autocast():  # an exactly on-policy update takes its anchor from its first forward
-            old_logprobs = None if reuse else trainer_logprobs(cfg, anchor, ids, attn, R)[0]  # [B, R]
-            ref_logprobs = trainer_logprobs(cfg, ref, ids, attn, R)[0] if needs_reference(cfg, step) else None
+        with torch.no_grad(), autocast():  # [B, R] each; None: given by the update's first forward, or not due
+            old_logprobs, ref_logprobs, gamma, credit = anchor_logprobs(
+                cfg, anchor, ref, ids, attn, response_mask, step
+            )
             repro.resync_anchor(anchor, policy)  # INJECT stale_old_logprobs: re-synced only after its use
             all_values = critics.values(ids, attn, R, cfg.micro_batch) if critics else None  # [M, B, R]
         values = all_values.mean(0) * mask if critics else None  # [B, R] the ensemble mean V̄
@@ -668,9 +684,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         token_rewards, adv, returns, kl, adv_stats = compute_advantages(
             cfg, token_scores, response_mask, old_logprobs, ref_logprobs, kl_beta, group_ids, values
         )
-        weights, pg_mask, ent_mask, weight_stats = shape_advantages(
-            cfg, policy, ids, attn, response_mask, adv, all_values, shuffle_gen
-        )
+        weights, pg_mask, ent_mask, shaped = shape_advantages(cfg, response_mask, adv, all_values, shuffle_gen, gamma)
         batch = Batch(
             input_ids=ids, attention_mask=attn, response_mask=response_mask, old_logprobs=old_logprobs,
             clip_anchor=behav if cfg.off_policy == "behav" else old_logprobs, ref_logprobs=ref_logprobs,  # (a) behav
@@ -695,8 +709,8 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         t3 = time.perf_counter()
 
         # --- 6. metrics (reduced over ranks), eval, live diagnosis, hooks, checkpoint
-        m = {**score_stats(scores, group_ids), **adv_stats, **upd, **weight_stats, **off_stats, **sampled, **footprint}
-        m.update(rollout_metrics(rollout, episodes, eos_ids, cfg.max_new_tokens))
+        m = {**score_stats(scores, group_ids), **adv_stats, **upd, **shaped, **credit, **off_stats, **sampled}
+        m.update({**footprint, **rollout_metrics(rollout, episodes, eos_ids, cfg.max_new_tokens)})
         old_logprobs = batch.old_logprobs  # (reuse: the update's first forward filled it)
         if ref_logprobs is not None:
             m["stats/kl"] = float(masked_mean(kl_estimate(old_logprobs, ref_logprobs) * mask, mask, global_=True))
@@ -704,8 +718,8 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         m["stats/kl_coef"] = kl_beta
         m.update({"stats/lr": opt.param_groups[0]["lr"], "time/rollout": t1 - t0, "time/reward": t2 - t1})
         m.update({"perf/tokens_per_s": mask.sum().item() / (t3 - t0), "time/train": t3 - t2})
-        if "time/credit" in weight_stats:  # attention credit: its extra forward as a share of the step
-            m["perf/credit_overhead"] = weight_stats["time/credit"] / (t3 - t0)
+        if "time/credit" in credit:  # attention credit: its time outside the recompute it rides on, a share of the step
+            m["perf/credit_overhead"] = credit["time/credit"] / (t3 - t0)
         if device.type == "cuda":
             m["perf/max_mem_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
         if critics is not None:

@@ -295,6 +295,29 @@ def test_token_weights_metrics_and_bound(tiny):
     assert torch.equal(g1, torch.ones_like(g1))
 
 
+def test_maps_inside_the_recompute_equal_a_pass_of_their_own(tiny):
+    """The trainer's path: the maps of the kept layers are taken inside its recompute of old_logprobs (the model's
+    own sdpa attention everywhere else), so the logprobs are bit for bit those without credit, the maps those of an
+    eager pass of their own within fp32 rounding (its earlier layers ran eager), gamma the same."""
+    model, tok = tiny
+    ids, attention_mask, rm = make_batch(tok, PROMPTS, RESPONSES)
+    R, cfg = rm.shape[1], ppo_minimal.Config(credit="attention", credit_mode="global")
+    recompute = lambda: sequence_logprobs(model, ids, attention_mask, R, micro_batch=3)[0]  # noqa: E731
+    with torch.no_grad():
+        plain = recompute()
+        logp, gamma, metrics = ac.credit_weights(cfg, model, ids, attention_mask, rm, 3, recompute)
+    assert torch.equal(logp, plain) and model.config._attn_implementation == "sdpa"
+    inside = ac.attention_stats(model, ids, attention_mask, rm, micro_batch=3, forward=recompute)
+    own = ac.attention_stats(model, ids, attention_mask, rm, micro_batch=3)
+    for key in ("waad", "fai", "spans"):
+        assert torch.allclose(inside[key], own[key], atol=1e-5, rtol=1e-5), key
+    own_gamma, _ = ac.token_weights(model, ids, attention_mask, rm, mode="global", micro_batch=3)
+    assert torch.equal(gamma, own_gamma) and 0 <= metrics["time/credit"]
+    with pytest.raises(RuntimeError, match="every row once"):  # a forward that skips rows is refused
+        ac.attention_stats(model, ids, attention_mask, rm, micro_batch=3, forward=lambda: model(input_ids=ids[:2]))
+    assert model.config._attn_implementation == "sdpa"
+
+
 def test_model_without_maps_names_its_class():
     class NoMaps(torch.nn.Module):
         config = None
