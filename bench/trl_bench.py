@@ -1,0 +1,195 @@
+"""One GRPO step, minrl vs TRL's GRPOTrainer, on the same work: seconds per step, interleaved runs, the ratio.
+
+    python bench/trl_bench.py --trl-python /path/to/trl-venv/bin/python          # tiny and 2.5M on CPU
+
+TRL runs in its own environment (never in CI, never a dependency: it pins other versions):
+    python3 -m venv trl-venv && trl-venv/bin/pip install torch==2.13.0
+    trl-venv/bin/pip install -c <(echo torch==2.13.0) trl datasets transformers==5.24.0
+
+Equal work on both sides: the same random-init Qwen2 folder and tokenizer (bench/step_profile.write_inputs), the
+same sort prompts (each "<bos>" + prompt, as minrl formats a prompt for a tokenizer without a chat template), 8
+prompts x 8 samples, up to 32 new tokens at temperature 1 (no top-k / top-p), GRPO with the group std, no KL (TRL
+beta 0: no reference model; minrl --kl-metric-every 0), one optimizer step per batch (TRL num_iterations 1,
+minrl one epoch of one minibatch), the same lr, AdamW, grad clip 1, the same partial-credit reward, no evaluation
+and no checkpoints. Each run is a fresh process of `--steps` steps; a step's time is the wall time between the ends
+of two steps (TRL: a callback at on_step_end; minrl: a train() hook), the first `--warmup` dropped. The sides run
+interleaved (minrl, TRL, minrl, ...) `--repeats` times; the table has the median step time of each side over all
+timed steps and the ratio minrl / TRL, with each side's mean response length (random-init models sample their
+own lengths: close values say the work was equal).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from step_profile import write_inputs  # noqa: E402
+
+from common import check_choice, check_fields, parse_config  # noqa: E402
+from runlog import format_table  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TRL_SCRIPT = r"""
+import json, sys, time
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+args = json.loads(sys.argv[1])
+torch.set_num_threads(args["threads"])
+rows = [json.loads(line) for line in open(args["data"])]
+data = Dataset.from_list([{"prompt": "<bos>" + r["prompt"], "ground_truth": r["ground_truth"]} for r in rows])
+
+
+def digits(completions, ground_truth, **kw):  # minrl's tasks.digits_score
+    out = []
+    for sol, gt in zip(completions, ground_truth):
+        sol, gt = sol.strip(), gt.strip()
+        out.append(sum(a == b for a, b in zip(sol, gt)) / max(len(sol), len(gt)))
+    return out
+
+
+class Clock(TrainerCallback):
+    def __init__(self):
+        self.ends = []
+
+    def on_step_end(self, a, state, control, **kw):
+        self.ends.append(time.perf_counter())
+
+
+tok = AutoTokenizer.from_pretrained(args["model"])
+model = AutoModelForCausalLM.from_pretrained(args["model"])
+cfg = GRPOConfig(
+    output_dir=args["out"], per_device_train_batch_size=args["prompts"] * args["group"], num_generations=args["group"],
+    max_completion_length=args["new_tokens"], temperature=1.0, top_p=1.0, top_k=0, beta=0.0, num_iterations=1,
+    learning_rate=args["lr"], lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, weight_decay=0.0,
+    max_steps=args["steps"], logging_steps=1, report_to="none", save_strategy="no", use_cpu=args["device"] == "cpu",
+    seed=args["seed"], gradient_accumulation_steps=1, dataloader_num_workers=0, disable_tqdm=True,
+)
+clock = Clock()
+trainer = GRPOTrainer(model=model, reward_funcs=digits, args=cfg, train_dataset=data, processing_class=tok,
+                      callbacks=[clock])
+trainer.train()
+lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
+print("RESULT " + json.dumps({"ends": clock.ends, "lengths": lengths}))
+"""
+
+
+@dataclass
+class Config:
+    """`python bench/trl_bench.py`: minrl's GRPO step vs TRL's on the same work."""
+
+    trl_python: str = ""
+    """The python of an environment with TRL installed (see the module docstring); required."""
+    preset: list[str] | None = None
+    """Model configs: tiny, 2.5m (default: both)."""
+    steps: int = 8
+    """Steps per run (the first `warmup` are not timed)."""
+    warmup: int = 2
+    """Untimed steps at the start of each run."""
+    repeats: int = 3
+    """Runs per side, interleaved."""
+    prompts: int = 8
+    """Prompts per step."""
+    group: int = 8
+    """Samples per prompt."""
+    new_tokens: int = 32
+    """Maximum new tokens per sample."""
+    lr: float = 1e-5
+    """Learning rate of both sides (constant)."""
+    threads: int = 2
+    """torch CPU threads of each run."""
+    device: str = "cpu"
+    """cpu | cuda."""
+    seed: int = 0
+    """Seed of the model init, the data and both runs."""
+
+    def __post_init__(self):
+        if not self.trl_python:
+            raise ValueError("config field 'trl_python' is required: the python of a venv with TRL (see --help)")
+        for p in self.preset or []:
+            check_choice("preset", p, ["tiny", "2.5m"])
+        check_fields(self, {"[1, inf)": ("steps", "repeats", "prompts", "group", "new_tokens", "threads")})
+        check_fields(self, {"[0, inf)": ("warmup",), "(0, inf)": ("lr",)})
+        if self.warmup >= self.steps - 1:
+            raise ValueError(f"config field 'warmup' = {self.warmup}: leaves < 2 steps of {self.steps} to time")
+
+
+def minrl_argv(cfg: Config, model: str, data: str, out: str) -> list[str]:
+    """The trainer flags of the same work (module docstring)."""
+    flags = f"--model {model} --data {data} --reward digits --adv-estimator grpo --steps {cfg.steps} "
+    flags += f"--prompts-per-step {cfg.prompts} --group-size {cfg.group} --max-new-tokens {cfg.new_tokens} "
+    flags += f"--temperature 1 --lr {cfg.lr} --lr-schedule constant --warmup-steps 0 --ppo-epochs 1 --minibatches 1 "
+    flags += f"--micro-batch {cfg.prompts * cfg.group} --kl-metric-every 0 --eval-every 0 --no-save-final "
+    return (flags + f"--seed {cfg.seed} --device {cfg.device} --out-dir {out}").split()
+
+
+MINRL_SCRIPT = r"""
+import json, sys, time
+import torch
+sys.path.insert(0, sys.argv[1])
+import ppo_minimal as pm
+from common import parse_config
+torch.set_num_threads(int(sys.argv[2]))
+ends, lengths = [], []
+cfg = parse_config(pm.Config, sys.argv[3:])
+pm.train(cfg, hooks=[lambda step, m: (ends.append(time.perf_counter()), lengths.append(m["rollout/response_len"]))])
+print("RESULT " + json.dumps({"ends": ends, "lengths": lengths}))
+"""
+
+
+def run_side(python: str, argv: list[str]) -> dict:
+    """One run in a fresh process; its step end times and mean response lengths (the RESULT line it prints)."""
+    proc = subprocess.run([python, *argv], capture_output=True, text=True, cwd=ROOT)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"{' '.join(argv[:3])} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def bench_preset(preset: str, cfg: Config) -> dict:
+    """Interleaved runs of both sides on one preset's model: median step seconds, the ratio, response lengths."""
+    times, lengths = {"minrl": [], "trl": []}, {"minrl": [], "trl": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        model, data = write_inputs(preset, Path(tmp), cfg.seed)
+        trl_args = {"model": model, "data": data, "out": tmp + "/trl", "prompts": cfg.prompts, "group": cfg.group,
+                    "new_tokens": cfg.new_tokens, "lr": cfg.lr, "steps": cfg.steps, "device": cfg.device,
+                    "seed": cfg.seed, "threads": cfg.threads}  # fmt: skip
+        sides = {
+            "minrl": [sys.executable, "-c", MINRL_SCRIPT, str(ROOT), str(cfg.threads)]
+            + minrl_argv(cfg, model, data, tmp + "/minrl"),
+            "trl": [cfg.trl_python, "-c", TRL_SCRIPT, json.dumps(trl_args)],
+        }
+        for _ in range(cfg.repeats):
+            for name, cmd in sides.items():
+                out = run_side(cmd[0], cmd[1:])
+                ends = out["ends"][cfg.warmup :]
+                times[name] += [b - a for a, b in zip(ends, ends[1:])]
+                lengths[name] += out["lengths"][cfg.warmup + 1 :]
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"preset": preset, "minrl_s": med["minrl"], "trl_s": med["trl"], "ratio": med["minrl"] / med["trl"],
+            "minrl_len": statistics.mean(lengths["minrl"]), "trl_len": statistics.mean(lengths["trl"]),
+            "steps": len(times["minrl"])}  # fmt: skip
+
+
+def main(argv=None):
+    """`python bench/trl_bench.py --trl-python PY [flags]`: the table, one row per preset."""
+    cfg = parse_config(Config, argv)
+    rows = [bench_preset(p, cfg) for p in cfg.preset or ["tiny", "2.5m"]]
+    print(f"GRPO step seconds, minrl / TRL, {cfg.prompts} prompts x {cfg.group}, <= {cfg.new_tokens} new tokens, "
+          f"{cfg.device}, {cfg.threads} threads, median of {rows[0]['steps']} steps per side")  # fmt: skip
+    print(format_table(rows))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
