@@ -5,8 +5,8 @@
     python ppo_minimal.py --adv-estimator grpo --credit attention --credit-mode coupled   # inside any run
 
 "Attention Illuminates LLM Reasoning: the preplan-and-anchor rhythm enables fine-grained policy optimization"
-(Li et al., arXiv 2510.13554; papers.md 2, DESIGN.md 7.3). After the rollout, one extra no-grad eager-attention
-forward over prompt + response gives per-head maps A[t, s] of a few middle layers; for every head and response row:
+(Li et al., arXiv 2510.13554; papers.md 2, DESIGN.md 7.3). After the rollout, the trainer's no-grad recompute of
+old_logprobs also gives the per-head maps A[t, s] of a few middle layers (detail 2); for every head and response row:
   span     d_h = mean_{t in R} sum_s A_h[t,s] (t - s)                                     (Eq. 7)
   groups   local = bottom 30% of heads by d, global = top 30% (>= 1 head each); maps averaged (Eq. 8)
   WAAD     WAAD_t = sum_s A_loc[t,s] min(t - s, W), W = 10                                 (Def. 4.1, Eq. 9)
@@ -19,8 +19,13 @@ whitening): A~_t = gamma_t A_t (Eq. 12/13).
 
 Implementation details ("our choice" where the paper is silent; DESIGN.md 7.3 fixes most)
 1. Layers kept: unique(round(linspace(L // 3, 2L // 3, 5))), numpy rounding (half to even): 6 layers -> 2, 3, 4.
-2. Hooks on the attention modules (the class transformers records as "attentions", switched to eager for the
-   pass and restored) reduce each map [b, H, N, N] at once to per-head WAAD, FAI [b, H, R] and span sums [H]:
+2. In the trainer, the maps come from inside the forward it runs anyway (the recompute of old_logprobs): for that
+   forward the model's attention implementation is `attention_with_maps` (registered with transformers), which
+   runs the model's own implementation (sdpa, flash, ...) on every layer and, on the kept layers only, also the
+   map softmax(q k^T * scaling) over causal, non-padded keys, as eager attention computes it; the logits are bit
+   for bit those without credit. Standalone (`compute_credit(model, ...)`), a no-grad eager pass of the backbone
+   of its own, hooks on the attention modules (the class transformers records as "attentions"). Either way each
+   map [b, H, N, N] is reduced at once to per-head WAAD, FAI [b, H, R] and span sums [H]:
    at most one layer's maps of one micro-batch exist. WAAD and FAI are linear in A (the FAI window does not
    depend on the head), so those of a group's mean map are the mean of its heads' values: the groups can be
    chosen after the whole batch. Heads are query heads (GQA); spans pool all valid response rows of the batch
@@ -39,7 +44,8 @@ Implementation details ("our choice" where the paper is silent; DESIGN.md 7.3 fi
    A < 0 (v1). The maps come from the policy that sampled (before the update), like old_logprobs.
 7. Metrics: stats/credit_amplified_frac (valid tokens with gamma > 1), stats/credit_gamma_mean,
    stats/fai_pos_frac (valid tokens with FAI > 0), stats/credit_dominated_frac (of the anchors),
-   stats/credit_span_local / _global, time/credit (seconds); the trainer adds perf/credit_overhead.
+   stats/credit_span_local / _global, time/credit (seconds: in the trainer, its time outside the recompute, which
+   also computes the kept layers' maps); the trainer adds perf/credit_overhead (time/credit / step time).
 8. Experiment (our choice): task `chain` (five 2-digit numbers summed step by step, 43-character answers),
    the tiny Qwen2 with 6 layers, 8 query / 4 key-value heads, hidden 64 (MODEL), after an SFT warm start.
 """
@@ -265,40 +271,51 @@ def attention_modules(model) -> list:
     return [(m, getattr(target, "index", 1)) for m in mods]
 
 
-MAPS_IMPL = "minrl_maps"  # the attention implementation registered for a pass inside another forward (detail 2)
-_PASS: dict = {}  # during that pass: id(kept attention module) -> j, "impl" (the model's own), "take", "mask"
+MAPS_IMPL = "minrl_maps"  # the attention implementation of a pass that takes maps inside a forward (detail 2)
 
 
 def attention_with_maps(module, query, key, value, attention_mask, **kw):
-    """The model's own attention implementation, and for a kept layer also its map (as eager attention computes it:
-    softmax(q k^T * scaling) over causal, non-padded keys), handed to the pass; registered as MAPS_IMPL."""
-    out = ALL_ATTENTION_FUNCTIONS[_PASS["impl"]](module, query, key, value, attention_mask, **kw)
-    if (j := _PASS.get(id(module))) is not None:
-        if kw.get("sliding_window"):
-            raise NotImplementedError("attention credit inside a forward: sliding-window attention is not handled")
-        sl = _PASS["rows"](j, query.shape[0])
-        keys = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)  # [b, H, N, d] GQA: each head's keys
-        scores = torch.matmul(query, keys.transpose(2, 3)) * (kw.get("scaling") or query.shape[-1] ** -0.5)
-        N = scores.shape[-1]
-        causal = torch.ones(N, N, dtype=torch.bool, device=scores.device).tril()  # [N, N]
-        allowed = causal & _PASS["mask"][sl].bool()[:, None, None, :]  # [b, 1, N, N]
-        A = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min).softmax(-1, dtype=torch.float32)
-        _PASS["take"](sl, j, A.to(query.dtype))
+    """sdpa, and on a kept layer also its map as eager attention computes it, softmax(q k^T * scaling) over causal,
+    non-padded keys (in fp32), handed to the pass; registered with transformers as MAPS_IMPL by run_with_maps."""
+    out = ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kw)
+    j, state = module._minrl_maps  # set on every attention module for the pass (run_with_maps)
+    if j is not None:
+        t0 = time.perf_counter()
+        if kw.get("sliding_window") or kw.get("softcap") or kw.get("s_aux") is not None:
+            raise NotImplementedError(f"attention credit inside a forward: {sorted(kw)} (the pass of its own has them)")
+        sl = state["rows"](j, query.shape[0])
+        with torch.autocast(query.device.type, enabled=False):  # fp32 maps, also from a bf16 forward
+            q, k = query.float(), key.float().repeat_interleave(query.shape[1] // key.shape[1], dim=1)  # GQA
+            scores = torch.matmul(q, k.transpose(2, 3)) * (kw.get("scaling") or query.shape[-1] ** -0.5)
+            causal = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()  # [N, N]
+            allowed = causal & state["mask"][sl].bool()[:, None, None, :]  # [b, 1, N, N]
+            state["take"](sl, j, scores.masked_fill(~allowed, torch.finfo(torch.float32).min).softmax(-1))
+        if query.device.type == "cuda":
+            torch.cuda.synchronize(query.device)  # time/credit counts the work, not its launch
+        state["spent"] += time.perf_counter() - t0
     return out
 
 
-AttentionInterface.register(MAPS_IMPL, attention_with_maps)
+def maps_inside(model) -> bool:
+    """Whether a forward's own attention calls can give the maps: an sdpa model of full-attention layers only (eager,
+    flash, sliding windows and soft-capping take the eager pass of its own)."""
+    cfg = model.config
+    full = all(t == "full_attention" for t in getattr(cfg, "layer_types", None) or ["full_attention"])
+    return cfg._attn_implementation == "sdpa" and full and not getattr(cfg, "attn_logit_softcapping", None)
 
 
 def run_with_maps(model, input_ids, attention_mask, layers: list[int], on_map, micro_batch: int = 64, forward=None):
-    """on_map(rows slice, j, A [b, H, N, N] fp32) for kept layer layers[j] of each micro-batch; returns forward().
+    """on_map(rows slice, j, A [b, H, N, N] fp32) for kept layer layers[j] of each micro-batch; returns forward()'s
+    output and the seconds spent on maps inside it.
 
-    forward None: a no-grad pass of the backbone (no LM head) of its own, in eager attention (switched for the pass
-    and restored, also on error), whose attention modules return the maps. forward given (the trainer's recompute
-    of old_logprobs, which runs the model once over the batch's rows, in order): the maps are taken inside it by
-    `attention_with_maps` on the kept layers only, every other layer and the logits as without credit.
+    forward: the forward the maps are taken in when maps_inside(model) (the trainer's recompute of old_logprobs:
+    every row once, in order): for it the attention implementation is `attention_with_maps`, the logits bit for bit
+    sdpa's. Otherwise (forward None, or another model) a no-grad eager pass of the backbone (no LM head) of its own,
+    whose attention modules return the maps (forward hooks read them), then forward(). The implementation is
+    restored afterwards, also on error.
     """
-    mods, name, state = attention_modules(model), type(model).__name__, {"next": 0, "sl": None, "seen": []}
+    mods, name, prev = attention_modules(model), type(model).__name__, model.config._attn_implementation
+    state = {"next": 0, "sl": None, "seen": [], "spent": 0.0, "mask": attention_mask}
 
     def rows(j, b):
         """The rows of the current micro-batch: the first kept layer (j = 0) moves on to the next b rows."""
@@ -308,49 +325,49 @@ def run_with_maps(model, input_ids, attention_mask, layers: list[int], on_map, m
         return state["sl"]
 
     def take(sl, j, w):
-        """Check that an attention map came out, then pass it on (eager attention only returns one)."""
+        """Check that an attention map came out, then pass it on."""
         if not isinstance(w, torch.Tensor) or w.dim() != 4 or w.shape[-1] != w.shape[-2]:
             raise RuntimeError(f"{name} returned no attention map under eager attention")
         on_map(sl, j, w.float())
 
-    def hook(j, index):
-        """A forward hook of kept layer j: its attention map is output[index]."""
+    def hook(j, index):  # kept layer j under eager attention: its map is output[index]
+        return lambda module, args, out: take(rows(j, out[0].shape[0]), j, out[index] if len(out) > index else None)
 
-        def on_output(module, args, out):
-            w = out[index] if isinstance(out, tuple) and len(out) > index else None
-            take(rows(j, w.shape[0] if isinstance(w, torch.Tensor) else 0), j, w)
-
-        return on_output
-
-    prev, inside = model.config._attn_implementation, forward is not None
-    if inside:  # the maps come out of the forward's own attention calls
-        AttentionMaskInterface.register(MAPS_IMPL, ALL_MASK_ATTENTION_FUNCTIONS[prev])  # the model's own masks
-        _PASS.update({id(mods[layer][0]): j for j, layer in enumerate(layers)}, impl=prev, mask=attention_mask)
-        _PASS.update(rows=rows, take=take)
-    handles = [] if inside else [mods[layer][0].register_forward_hook(hook(j, mods[layer][1])) for j, layer in
-                                 enumerate(layers)]  # fmt: skip
+    inside = forward is not None and maps_inside(model)
+    state.update(rows=rows, take=take)
+    kept = {layer: j for j, layer in enumerate(layers)}
+    handles = [] if inside else [mods[la][0].register_forward_hook(hook(j, mods[la][1])) for la, j in kept.items()]
+    if inside:
+        AttentionInterface.register(MAPS_IMPL, attention_with_maps)
+        AttentionMaskInterface.register(MAPS_IMPL, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])  # sdpa's masks
+        for layer, (m, _) in enumerate(mods):
+            m._minrl_maps = (kept.get(layer), state)
     try:
         model.set_attn_implementation(MAPS_IMPL if inside else "eager")
         if model.config._attn_implementation != (MAPS_IMPL if inside else "eager"):
             raise RuntimeError(f"{name} cannot switch its attention implementation, which attention credit needs")
-        if inside:
-            out = forward()
-        else:
-            backbone, pos, out = getattr(model, "base_model", model), position_ids_from_mask(attention_mask), None
-            with torch.no_grad():  # no LM head
-                for i in range(0, input_ids.shape[0], micro_batch):
-                    sl = slice(i, i + micro_batch)
-                    backbone(input_ids=input_ids[sl], attention_mask=attention_mask[sl], position_ids=pos[sl],
-                             use_cache=False)  # fmt: skip
+        backbone, pos = getattr(model, "base_model", model), position_ids_from_mask(attention_mask)
+        for i in range(0, input_ids.shape[0], micro_batch) if not inside else ():
+            sl = slice(i, i + micro_batch)
+            with torch.no_grad():
+                backbone(
+                    input_ids=input_ids[sl], attention_mask=attention_mask[sl], position_ids=pos[sl], use_cache=False
+                )
+        if not inside:  # the pass of its own is over: the model as it was for forward()
+            model.set_attn_implementation(prev)
+            for h in handles:  # (removing twice is a no-op)
+                h.remove()
+        out = None if forward is None else forward()
         n = len(state["seen"]) // len(layers)  # micro-batches seen: each has every kept layer once, in order
         if state["next"] != input_ids.shape[0] or not n or state["seen"] != list(range(len(layers))) * n:
             raise RuntimeError(f"{name}: maps of kept layers {layers} came in the order {state['seen'][:12]} for "
                                f"{state['next']} of {input_ids.shape[0]} rows (every row once, in order)")  # fmt: skip
-        return out
+        return out, state["spent"]
     finally:
         for h in handles:
             h.remove()
-        _PASS.clear()
+        for m, _ in mods if inside else ():
+            del m._minrl_maps
         model.set_attn_implementation(prev)
 
 
@@ -373,12 +390,13 @@ def attention_stats(model, input_ids, attention_mask, response_mask, micro_batch
         has_window[sl] = hw[:, N - R :]
         span_sum[j] = span_sum.get(j, 0) + lookback(A).sum((0, 2))  # [H] (other rows are zero)
 
-    run_with_maps(model, input_ids, attention_mask, layers, on_map, micro_batch, forward)
+    _, map_s = run_with_maps(model, input_ids, attention_mask, layers, on_map, micro_batch, forward)
     n_rows = all_reduce_sum(response_mask.sum().double().reshape(1))  # over ranks (detail 2)
     spans = all_reduce_sum(torch.cat([span_sum[j].double() for j in range(len(layers))])) / n_rows.clamp(min=1)
-    js, starts = range(len(layers)), range(0, B, micro_batch)
+    js, starts = range(len(layers)), sorted({start for start, _ in parts})  # the forward's own micro-batches
     cat = lambda i: torch.cat([torch.cat([parts[s, j][i] for j in js], 1) for s in starts])  # [B, nH, R], nH = j*H + h
-    return {"waad": cat(0), "fai": cat(1), "spans": spans.float(), "has_window": has_window, "layers": layers}
+    return {"waad": cat(0), "fai": cat(1), "spans": spans.float(), "has_window": has_window, "layers": layers,
+            "map_s": map_s}  # fmt: skip
 
 
 def compute_credit(model, input_ids, attention_mask, response_mask, *, mode="coupled", q=0.4, intro_window=2,
@@ -403,7 +421,7 @@ def compute_credit(model, input_ids, attention_mask, response_mask, *, mode="cou
     else:
         raise ValueError(f"config field 'credit_mode' = {mode!r}: must be one of ['local', 'global', 'coupled']")
     out = dict(gamma=gamma.masked_fill(~mask, 1.0), waad=waad_r, fai=fai_r, delta=delta, candidates=cand, **parts)
-    return {**out, "local": local, "global": glob, "spans": st["spans"], "layers": st["layers"]}
+    return {**out, "local": local, "global": glob, **{k: st[k] for k in ("spans", "layers", "map_s")}}
 
 
 def token_weights(model, input_ids, attention_mask, response_mask, forward=None, **credit_kw):
@@ -424,6 +442,7 @@ def token_weights(model, input_ids, attention_mask, response_mask, forward=None,
         "stats/credit_span_local": float(c["spans"][c["local"]].mean()),
         "stats/credit_span_global": float(c["spans"][c["global"]].mean()),
         "time/credit": time.perf_counter() - t0,
+        "time/credit_maps": c["map_s"],  # of time/credit: the maps inside `forward`
     }
 
 
@@ -440,7 +459,8 @@ def credit_weights(cfg: CreditArgs, model, input_ids, attention_mask, response_m
     gamma, metrics = token_weights(
         model, input_ids, attention_mask, response_mask, timed, **kw, micro_batch=micro_batch
     )
-    return ran["out"], gamma, {**metrics, "time/credit": metrics["time/credit"] - ran["s"]}
+    own = metrics["time/credit"] - ran["s"] + metrics["time/credit_maps"]  # what credit adds to the forward
+    return ran["out"], gamma, {**metrics, "time/credit": own}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ Implementation details (deviations from veRL marked "ours")
    (shape_advantages; masks multiply per-token terms, the denominator counts every valid token); the critics;
    `train(cfg, hooks=[fn(step, metrics)])`; the live diagnosis; the bug-injection points (INJECT, repro.py).
 6. ours: the embedded default starts from an SFT warm start (warm_start.py), its recipe measured in RESULTS.md;
-   KL is off in the reward and as a loss (as in veRL), stats/kl logged whenever a reference exists.
+   KL is off in the reward and as a loss (as in veRL), stats/kl logged every kl_metric_every iterations.
 7. `--dtype bfloat16` autocasts; weights and AdamW state stay fp32. CPU runs are bitwise reproducible for a seed
    and thread count, resumed runs too (every RNG stream is checkpointed), and so is `--replay` (repro.py).
 """
@@ -136,8 +136,8 @@ class Config(TaskArgs, SampleArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArg
     grad_clip: float = 1.0
     """Gradient norm clipping (policy and critics)."""
     reuse_old_logprobs: bool = True
-    """Exactly on-policy (one epoch and minibatch, no off-policy correction, KL in the reward or credit): the anchor
-    is the first training forward's logprobs, detached, not a separate recompute (TRL's; --no-...: veRL's)."""
+    """Exactly on-policy (one epoch of one minibatch; no off-policy correction, KL in the reward, credit or injection):
+    the anchor is the first training forward's logprobs, detached, not a recompute (TRL's; --no-...: veRL's)."""
     kl_metric_every: int = 1
     """The reference forward for stats/kl every this many iterations when no KL term needs it (0 = never)."""
     no_eos_penalty: float | None = None
@@ -291,7 +291,7 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, *, clip_low=0.2, clip_
     ratio = torch.exp(log_ratio)
     l1, l2 = -advantages * ratio, -advantages * ratio.clamp(1 - clip_low, 1 + clip_high)
     loss = torch.maximum(l1, l2)  # PPO eq. 7, as a loss
-    metrics = {"clipfrac": masked_mean((l2 > l1).float(), mask), "clipfrac_lower": torch.zeros(())}
+    metrics = {"clipfrac": masked_mean((l2 > l1).float(), mask), "clipfrac_lower": mask.new_zeros(())}
     if dual_clip is not None:
         l3 = -advantages * dual_clip
         metrics["clipfrac_lower"] = masked_mean(((loss > l3) & (advantages < 0)).float(), mask)
@@ -367,10 +367,10 @@ def trainer_logprobs(cfg: Config, model, input_ids, attention_mask, R: int, with
 
 
 def compute_advantages(cfg: Config, token_scores, response_mask, old_logp, ref_logp, kl_beta, group_ids, values):
-    """Token rewards, advantages and returns [B, R] (whitened for GAE only, DESIGN.md 7.1), the k1 KL [B, R] and
-    their metrics (old_logp or ref_logp None: no pass, KL 0; KL in the reward needs both). token_scores: [B] one
-    outcome per sequence, placed on its last valid token, or [B, R] the environment's rewards already placed (each
-    turn's at its last action token); one on a masked token is an error."""
+    """Token rewards, advantages and returns [B, R] (whitened for GAE only, DESIGN.md 7.1), the k1 KL [B, R] (0 if
+    old_logp or ref_logp is None: KL in the reward needs both) and their metrics. token_scores: [B] one outcome per
+    sequence, placed on its last valid token, or [B, R] the environment's rewards already placed (each turn's at its
+    last action token); one on a masked token is an error."""
     mask = response_mask.float()
     if token_scores.dim() == 1:
         token_scores = last_valid(mask).float() * token_scores[:, None]  # [B, R]
@@ -378,6 +378,8 @@ def compute_advantages(cfg: Config, token_scores, response_mask, old_logp, ref_l
         raise ValueError(f"scores of shape {tuple(token_scores.shape)}: expected [B] or [B, R] = {tuple(mask.shape)}")
     if (token_scores * (1 - mask)).abs().sum() > 0:
         raise ValueError("a reward sits on a masked token (mask 0): it would be lost; place it on an action token")
+    if cfg.kl_in_reward and (old_logp is None or ref_logp is None):
+        raise ValueError("KL in the reward needs old and reference logprobs before the update (got None)")
     both = old_logp is not None and ref_logp is not None
     kl = kl_estimate(old_logp, ref_logp, "k1") * mask if both else torch.zeros_like(mask)  # [B, R]
     token_rewards = token_scores - kl_beta * kl if cfg.kl_in_reward else token_scores.clone()  # [B, R]
@@ -404,6 +406,10 @@ def shape_advantages(cfg: Config, response_mask, advantages, all_values, gen, ga
     weights, pg_mask, ent_mask, metrics = torch.ones_like(advantages), response_mask, response_mask, {}
     if cfg.adv_estimator == "gae" and cfg.critic == "asyppo":  # AsyPPO: masks from the critics' disagreement
         pg_mask, ent_mask, metrics = asyppo_masks(all_values, response_mask, cfg.asyppo_k, cfg.asyppo_h, gen)
+    if (gamma is None) != (cfg.credit == "none"):
+        raise ValueError(
+            f"credit = {cfg.credit!r} with gamma {'None' if gamma is None else 'given'}: pass credit's gamma"
+        )
     if gamma is not None:  # attention-based token credit: gamma_t multiplies A_t in the loss
         weights = torch.where(advantages < 0, weights, gamma) if cfg.credit_nonneg_only else gamma
     return weights, pg_mask, ent_mask, metrics
@@ -413,9 +419,11 @@ def ppo_update(cfg, policy_train, opt, critics, batch: Batch, world: int, gen, a
     """ppo_epochs x minibatches optimizer steps of the policy (and critics) on one batch; the mean metrics.
     update_actor=False (critic warm-up): the policy loss is computed for its metrics only, without grad or step.
     batch.old_logprobs None (reuse_old_logprobs): the first forward's logprobs, detached, fill it and clip_anchor."""
-    B, micro_rows, step_rows, first = batch.input_ids.shape[0], [], [], []
+    B, micro_rows, step_rows, first, own = batch.input_ids.shape[0], [], [], [], batch.old_logprobs is None
     if batch.old_logprobs is None and cfg.ppo_epochs * cfg.minibatches > 1:
         raise ValueError("a batch without old_logprobs needs ppo_epochs = minibatches = 1 (reuse_old_logprobs)")
+    if cfg.kl_loss and batch.ref_logprobs is None:
+        raise ValueError("kl_loss needs the batch's ref_logprobs (the reference pass: needs_reference)")
     mb_size = B // cfg.minibatches
     for epoch in range(cfg.ppo_epochs):
         perm = torch.randperm(B, generator=gen) if cfg.minibatches > 1 else torch.arange(B)
@@ -434,15 +442,17 @@ def ppo_update(cfg, policy_train, opt, critics, batch: Batch, world: int, gen, a
     devs = [r.pop("ratio_dev") for r in micro_rows]
     keys = {k for r in micro_rows + step_rows for k in r}
     out = {k: float(np.mean([r[k] for r in micro_rows + step_rows if k in r])) for k in keys}
-    out["stats/first_mb_clipfrac"] = max([0.0, *(r["stats/clipfrac"] for r in first)])
-    out["stats/first_mb_ratio_dev"] = max([0.0, *devs[: len(first)]])
+    if not own:  # the ratio at the first minibatch (before any step) must be 1; own anchor: 1 by construction
+        out["stats/first_mb_clipfrac"] = max([0.0, *(r["stats/clipfrac"] for r in first)])
+        out["stats/first_mb_ratio_dev"] = max([0.0, *devs[: len(first)]])
     return {**out, "stats/ratio_max": max(r["stats/ratio_max"] for r in micro_rows)}
 
 
 def host_floats(rows: list[dict]) -> None:
     """Every 0-d tensor value of the metric dicts `rows` replaced by its Python float, in one copy (one GPU sync)."""
     keys = [(r, k) for r in rows for k, v in r.items() if isinstance(v, torch.Tensor)]
-    values = torch.stack([r[k].detach().double().reshape(()) for r, k in keys]).tolist() if keys else []
+    dev = keys[0][0][keys[0][1]].device if keys else None
+    values = torch.stack([r[k].detach().to(dev, torch.float64).reshape(()) for r, k in keys]).tolist() if keys else []
     for (r, k), v in zip(keys, values):
         r[k] = v
 
@@ -481,7 +491,7 @@ def policy_step(cfg: Config, policy_train, opt, mb: Batch, world: int, autocast,
         rows.append({f"stats/{k}": v.detach() for k, v in m.items()})  # 0-d tensors, detached: no graph kept
         rows[-1]["stats/entropy"] = masked_mean(ent.detach(), mmask)
         rows[-1]["ratio_dev"] = ((logp.detach() - old).exp() - 1).abs().mul(mmask).max()
-        logps.append(logp.detach())
+        logps += [logp.detach()] if mi.old_logprobs is None else []
     gn = clipped_step(policy_train, opt, cfg.grad_clip, f"policy at {where}", step=update_actor)
     return rows, {"stats/grad_norm": gn, **losses}, logps
 

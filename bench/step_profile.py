@@ -10,9 +10,13 @@ optimizer step per batch, no KL, no evaluation. Timers wrap, without changing th
 each model forward (the first of a `generate` call is the prefill, the others the per-token decode steps),
 `generate` itself (what is left of it is the sampling step: softmax, multinomial, masks, cache growth), the
 trainer's logprob passes (the no-grad recompute of the PPO anchor, the reference's, the training forward),
-the critic's values and update, `backward`, the optimizer step and the attention-credit pass. Each timer counts
-its own time only (a forward inside `generate` is not counted twice); "python" is the rest of the step: the
-loop, advantages, metrics, logging. Median over the timed steps, after `--warmup` untimed ones.
+the critic's values and update, `backward`, the optimizer step and attention credit's own work (its maps are
+computed inside the recompute: with `--extra "--credit attention"` compare step_s with a run without). Each timer
+counts its own time only (a forward inside `generate` is not counted twice); "python" is the rest of the step:
+the loop, advantages, metrics, logging. Median over the timed steps, after `--warmup` untimed ones (>= 1: a step
+is timed from the end of the one before). On CUDA each timer synchronises, which adds some time of its own. A
+frozen model's forward counts as "reference" (the stale anchor of --inject too), a no-grad one of the policy as
+"recompute" (a critic warm-up's policy forward too).
 """
 
 from __future__ import annotations
@@ -56,13 +60,13 @@ class Config(BenchArgs):
     new_tokens: int = 32
     """max_new_tokens."""
     warmup: int = 2
-    """Untimed steps first."""
+    """Untimed steps first (>= 1)."""
     extra: str = ""
     """More ppo_minimal flags, one string (e.g. "--credit attention --ppo-epochs 2")."""
 
     def __post_init__(self):
         BenchArgs.__post_init__(self)
-        check_fields(self, {"[1, inf)": ("prompts", "group_size", "new_tokens"), "[0, inf)": ("warmup",)})
+        check_fields(self, {"[1, inf)": ("prompts", "group_size", "new_tokens", "warmup")})
 
 
 def write_inputs(preset: str, folder: Path, seed: int, n_rows: int = 512) -> tuple[str, str]:

@@ -10,12 +10,12 @@ Equal work on both sides: the same random-init Qwen2 folder and tokenizer (bench
 same sort prompts (each "<bos>" + prompt, as minrl formats a prompt for a tokenizer without a chat template), 8
 prompts x 8 samples, up to 32 new tokens at temperature 1 (no top-k / top-p), GRPO with the group std, no KL (TRL
 beta 0: no reference model; minrl --kl-metric-every 0), one optimizer step per batch (TRL num_iterations 1,
-minrl one epoch of one minibatch), the same lr, AdamW, grad clip 1, the same partial-credit reward, no evaluation
-and no checkpoints. Each run is a fresh process of `--steps` steps; a step's time is the wall time between the ends
-of two steps (TRL: a callback at on_step_end; minrl: a train() hook), the first `--warmup` dropped. The sides run
-interleaved (minrl, TRL, minrl, ...) `--repeats` times; the table has the median step time of each side over all
-timed steps and the ratio minrl / TRL, with each side's mean response length (random-init models sample their
-own lengths: close values say the work was equal).
+minrl one epoch of one minibatch), the same lr, AdamW, grad clip 1, fp32 (TRL's bf16 default turned off), the
+same partial-credit reward, no evaluation and no checkpoints. Each run is a fresh process of `--steps` steps; a
+step's time is the wall time between the ends of two steps (TRL: a callback at on_step_end; minrl: a train() hook),
+the first `--warmup` dropped. The sides run interleaved (minrl, TRL, minrl, ...) `--repeats` times; the table has
+the median step time of each side over all timed steps and the ratio minrl / TRL, with each side's mean response
+length (random-init models sample their own lengths: close values say the work was equal).
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ cfg = GRPOConfig(
     learning_rate=args["lr"], lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, weight_decay=0.0,
     max_steps=args["steps"], logging_steps=1, report_to="none", save_strategy="no", use_cpu=args["device"] == "cpu",
     seed=args["seed"], gradient_accumulation_steps=1, dataloader_num_workers=0, disable_tqdm=True,
+    bf16=False, fp16=False,  # fp32 as minrl (GRPOConfig turns bf16 on when it is not given)
 )
 clock = Clock()
 trainer = GRPOTrainer(model=model, reward_funcs=digits, args=cfg, train_dataset=data, processing_class=tok,

@@ -312,7 +312,18 @@ def test_maps_inside_the_recompute_equal_a_pass_of_their_own(tiny):
     for key in ("waad", "fai", "spans"):
         assert torch.allclose(inside[key], own[key], atol=1e-5, rtol=1e-5), key
     own_gamma, _ = ac.token_weights(model, ids, attention_mask, rm, mode="global", micro_batch=3)
-    assert torch.equal(gamma, own_gamma) and 0 <= metrics["time/credit"]
+    assert torch.equal(gamma, own_gamma) and metrics["time/credit"] >= metrics["time/credit_maps"] > 0
+    # an eager model (as flash or sliding-window ones) takes the eager pass of its own, then the forward as it was
+    model.set_attn_implementation("eager")
+    try:
+        assert not ac.maps_inside(model)
+        with torch.no_grad():
+            plain_eager = recompute()
+            logp_e, gamma_e, metrics_e = ac.credit_weights(cfg, model, ids, attention_mask, rm, 3, recompute)
+        assert torch.equal(logp_e, plain_eager) and model.config._attn_implementation == "eager"
+        assert torch.equal(gamma_e, own_gamma) and metrics_e["time/credit_maps"] == 0.0
+    finally:
+        model.set_attn_implementation("sdpa")
     with pytest.raises(RuntimeError, match="every row once"):  # a forward that skips rows is refused
         ac.attention_stats(model, ids, attention_mask, rm, micro_batch=3, forward=lambda: model(input_ids=ids[:2]))
     assert model.config._attn_implementation == "sdpa"

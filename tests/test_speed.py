@@ -27,55 +27,93 @@ def folder(tmp_path_factory):
     return root
 
 
-def run(folder, tmp_path, name, **kw):
-    """Three iterations; the metric rows without wall times, and the final weights."""
-    rows, out = [], tmp_path / name
+def run(folder, tmp_path, name, monkeypatch=None, **kw):
+    """Three iterations; the metric rows without wall times, the final weights and the trainer's logprob passes
+    (counted with monkeypatch: "train" with grad, "reference" of the frozen model, "recompute" of the anchor)."""
+    rows, out, passes = [], tmp_path / name, []
     cfg = pm.Config(model=str(folder / "model"), data=str(folder / "data.jsonl"), reward="digits", steps=3,
                     prompts_per_step=4, group_size=4, ppo_epochs=1, minibatches=1, micro_batch=8, eval_every=0,
                     out_dir=str(out), **kw)  # fmt: skip
+    if monkeypatch is not None:
+        real = pm.trainer_logprobs
+
+        def counted(cfg, model, *a, **k):
+            grad, frozen = torch.is_grad_enabled(), not next(model.parameters()).requires_grad
+            passes.append("train" if grad else "reference" if frozen else "recompute")
+            return real(cfg, model, *a, **k)
+
+        monkeypatch.setattr(pm, "trainer_logprobs", counted)
     pm.train(cfg, hooks=[lambda step, m: rows.append({k: v for k, v in m.items() if not k.startswith(TIMES)})])
-    return rows, (out / "policy" / "model.safetensors").read_bytes()
+    return rows, (out / "policy" / "model.safetensors").read_bytes(), passes
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "gae"])
-def test_anchor_from_the_first_forward_equals_the_recompute(folder, tmp_path, estimator):
+def test_anchor_from_the_first_forward_equals_the_recompute(folder, tmp_path, monkeypatch, estimator):
     """One epoch of one minibatch: the update's first forward gives the recompute's logprobs bit for bit, so skipping
-    the recompute changes no metric and no weight (the critic's too, GAE)."""
-    assert pm.reuses_anchor(pm.Config(ppo_epochs=1, minibatches=1)) and not pm.reuses_anchor(pm.Config())
-    reused, w_reused = run(folder, tmp_path, "reuse", adv_estimator=estimator)
-    recomputed, w_recomputed = run(folder, tmp_path, "recompute", adv_estimator=estimator, reuse_old_logprobs=False)
-    assert reused == recomputed and w_reused == w_recomputed
-    assert all(r["stats/first_mb_ratio_dev"] == 0.0 for r in reused)  # the anchor is the first forward itself
+    the recompute changes no metric and no weight (the critic's too, GAE); the run does skip it."""
+    reused, w_reused, passes = run(folder, tmp_path, "reuse", monkeypatch, adv_estimator=estimator)
+    monkeypatch.undo()
+    recomputed, w_recomputed, _ = run(folder, tmp_path, "recompute", adv_estimator=estimator, reuse_old_logprobs=False)
+    assert passes == ["reference", "train", "train"] * 3, passes  # 2 micro-batches, no recompute of the anchor
+    first = ("stats/first_mb_ratio_dev", "stats/first_mb_clipfrac")  # 0 by construction: not logged
+    assert [{k: v for k, v in r.items() if k not in first} for r in recomputed] == reused
+    assert w_reused == w_recomputed and all(r["stats/first_mb_ratio_dev"] < 1e-6 for r in recomputed)
     assert "stats/rollout_vs_old_logp_diff" in reused[0] and "stats/kl" in reused[0]
+    assert not pm.reuses_anchor(pm.Config()) and not pm.reuses_anchor(pm.Config(**ONE, credit="attention"))
+    assert not pm.reuses_anchor(pm.Config(**ONE, off_policy="tis")) and pm.reuses_anchor(pm.Config(**ONE))
 
 
-def test_reference_pass_on_its_cadence(folder, tmp_path):
-    """kl_metric_every: stats/kl (and loss/kl) only on its iterations; every other number unchanged; a KL loss needs
-    the reference on every iteration whatever the cadence."""
-    every, _ = run(folder, tmp_path, "every", adv_estimator="grpo")
-    never, _ = run(folder, tmp_path, "never", adv_estimator="grpo", kl_metric_every=0)
-    second, _ = run(folder, tmp_path, "second", adv_estimator="grpo", kl_metric_every=2)
+ONE = {"ppo_epochs": 1, "minibatches": 1}
+
+
+def test_replay_of_an_update_without_an_anchor(folder, tmp_path):
+    """--dump-batch of an update whose anchor is its first forward (old_logprobs None in the dump) replays exactly."""
+    run(folder, tmp_path, "dump", adv_estimator="grpo", dump_batch=2, kl_metric_every=2)
+    metrics, same = pm.replay(str(tmp_path / "dump" / "batch-2.pt"))
+    assert same and metrics is not None and "loss/kl" not in metrics  # iteration 2: no reference pass
+
+
+def test_reference_pass_on_its_cadence(folder, tmp_path, monkeypatch):
+    """kl_metric_every: the reference's forward, stats/kl and loss/kl only on its iterations; every other number
+    unchanged; a KL loss or KL in the reward needs the reference on every iteration whatever the cadence."""
+    every, _, _ = run(folder, tmp_path, "every", adv_estimator="grpo")
+    never, _, _ = run(folder, tmp_path, "never", adv_estimator="grpo", kl_metric_every=0)
+    second, _, passes = run(folder, tmp_path, "second", monkeypatch, adv_estimator="grpo", kl_metric_every=2)
     kl_keys = ("stats/kl", "loss/kl")
-    for a, b, c in zip(every, never, second):
-        assert {k: v for k, v in a.items() if k not in kl_keys} == b
-        assert {k: v for k, v in a.items() if k not in kl_keys} == {k: v for k, v in c.items() if k not in kl_keys}
+    drop = lambda r: {k: v for k, v in r.items() if k not in kl_keys}  # noqa: E731
+    assert [drop(r) for r in every] == never == [drop(r) for r in second]
+    assert passes == ["reference", "train", "train"] + ["train", "train"] + ["reference", "train", "train"], passes
     assert [("stats/kl" in r, "loss/kl" in r) for r in second] == [(True, True), (False, False), (True, True)]
     assert [second[i]["stats/kl"] for i in (0, 2)] == [every[i]["stats/kl"] for i in (0, 2)]
-    assert all(pm.needs_reference(pm.Config(kl_loss=True, kl_metric_every=0), s) for s in range(3))
+    for kw in ({"kl_loss": True}, {"kl_in_reward": True}):
+        assert all(pm.needs_reference(pm.Config(kl_metric_every=0, **kw), s) for s in range(3))
+    with pytest.raises(ValueError, match="kl_loss needs the batch's ref_logprobs"):
+        pm.ppo_update(pm.Config(kl_loss=True), None, None, None, batch_of(ref_logprobs=None), 1, None, None)
+
+
+def batch_of(**none):
+    """A Batch of ones [2, 3] with the fields named in `none` set to None (critic fields None)."""
+    names = [f.name for f in pm.fields(pm.Batch)]
+    critic = ("old_values", "critic_returns", "shares")
+    return pm.Batch(**{k: None if k in none or k in critic else torch.ones(2, 3) for k in names})
 
 
 def test_host_floats_one_copy_same_values():
+    """Each 0-d tensor becomes the Python float its .item() gives (fp32 and fp64 alike), other values stay."""
     rows = [{"a": torch.tensor(0.1), "b": 2.5}, {"c": torch.tensor(1 / 3, dtype=torch.float64), "d": "x"}]
     pm.host_floats(rows)
     assert rows == [{"a": torch.tensor(0.1).item(), "b": 2.5}, {"c": 1 / 3, "d": "x"}]
-    assert all(type(r["a" if "a" in r else "c"]) is float for r in rows)
+    assert type(rows[0]["a"]) is float and type(rows[1]["c"]) is float
+    pm.host_floats(empty := [{}, {"e": 1}])
+    assert empty == [{}, {"e": 1}]
 
 
 def test_batch_without_anchor_needs_one_minibatch():
-    names = [f.name for f in pm.fields(pm.Batch)]
-    batch = pm.Batch(
-        **{k: None if k in ("old_logprobs", "clip_anchor", "old_values") else torch.ones(2, 3) for k in names}
-    )
-    cfg = pm.Config(ppo_epochs=2)
     with pytest.raises(ValueError, match="ppo_epochs = minibatches = 1"):
-        pm.ppo_update(cfg, None, None, None, batch, 1, torch.Generator(), None)
+        pm.ppo_update(pm.Config(ppo_epochs=2), None, None, None, batch_of(old_logprobs=None), 1, None, None)
+    with pytest.raises(ValueError, match="KL in the reward needs old and reference logprobs"):
+        mask = torch.ones(2, 3)
+        cfg = pm.Config(kl_in_reward=True, adv_estimator="grpo")
+        pm.compute_advantages(cfg, torch.ones(2), mask, None, mask, 0.1, torch.zeros(2, dtype=torch.long), None)
+    with pytest.raises(ValueError, match="pass credit's gamma"):
+        pm.shape_advantages(pm.Config(credit="attention"), torch.ones(2, 3), torch.ones(2, 3), None, None)
