@@ -173,19 +173,24 @@ def generate(
     pad_token_id: int,
     generator: torch.Generator | None = None,
 ) -> Rollout:
-    """Sample up to max_new_tokens per row with a KV cache. prompt_ids/attention_mask: [B, P], left-padded."""
+    """Sample up to max_new_tokens per row with a KV cache. prompt_ids/attention_mask: [B, P], left-padded.
+    The step allocates nothing that grows: the mask, tokens and logprobs are preallocated [B, P+N] / [B, N] buffers
+    filled a column per step, and each row's next position is a running count (cumsum(mask) - 1, incrementally)."""
     if not eos_token_ids:
         raise ValueError("generate needs at least one stop token id (eos_token_ids is empty)")
-    B, dev = prompt_ids.shape[0], prompt_ids.device
+    (B, P), dev, N = prompt_ids.shape, prompt_ids.device, max_new_tokens
     kw, last1 = _cache_kw(model), _last_logits_kw(model, 1)
     stop = torch.tensor(eos_token_ids, device=dev)
-    mask = attention_mask.clone()  # [B, P+t] grows by one column per step
-    inp, cache = prompt_ids, None
-    tokens, logps = [], []
+    mask = attention_mask.new_zeros(B, P + N)  # [B, P+N] column P+t: token t is real (its row was not done)
+    mask[:, :P] = attention_mask
+    tokens = prompt_ids.new_full((B, N), pad_token_id)  # [B, N]
+    logps = torch.zeros(B, N, device=dev)  # [B, N]
+    pos, n_real = position_ids_from_mask(attention_mask), attention_mask.sum(-1, keepdim=True)  # [B, P], [B, 1]
+    inp, cache, n = prompt_ids, None, 0
     done = torch.zeros(B, dtype=torch.bool, device=dev)  # [B] row has emitted its stop token
-    for _ in range(max_new_tokens):
-        pos = position_ids_from_mask(mask)[:, -inp.shape[1] :]  # [B, T_in]
-        out = model(input_ids=inp, attention_mask=mask, position_ids=pos, use_cache=True, **{kw: cache}, **last1)
+    while n < N:
+        out = model(input_ids=inp, attention_mask=mask[:, : P + n], position_ids=pos, use_cache=True,
+                    **{kw: cache}, **last1)  # fmt: skip
         cache = getattr(out, kw)
         logits = out.logits[:, -1, :].float()  # [B, V]
         if temperature > 0:  # the behaviour distribution: truncated, renormalised; its logprobs are recorded
@@ -193,23 +198,22 @@ def generate(
             nxt = torch.multinomial(scaled.softmax(-1), 1, generator=generator).squeeze(1)  # [B]
         else:
             scaled, nxt = logits, logits.argmax(-1)  # [B, V], [B]
-        logp_behav = F.log_softmax(scaled, dim=-1)  # [B, V]
-        nxt = torch.where(done, torch.full_like(nxt, pad_token_id), nxt)  # pad after the stop token
-        tokens.append(nxt)
-        logps.append(logp_behav.gather(-1, nxt[:, None]).squeeze(1).masked_fill(done, 0.0))  # [B]
-        mask = torch.cat([mask, (~done).long()[:, None]], dim=1)  # the new token is real iff row not done
-        done = done | torch.isin(nxt, stop)
+        nxt = nxt.masked_fill(done, pad_token_id)  # pad after the stop token
+        tokens[:, n] = nxt
+        logps[:, n] = F.log_softmax(scaled, -1).gather(-1, nxt[:, None]).squeeze(1).masked_fill(done, 0.0)
+        mask[:, P + n] = ~done  # the new token is real iff its row was not done
+        n_real += (~done)[:, None]
+        pos, done, n = (n_real - 1).clamp(min=0), done | torch.isin(nxt, stop), n + 1
         if done.all():
             break
         inp = nxt[:, None]  # [B, 1]
-    response_ids = torch.stack(tokens, 1)  # [B, R]
-    response_mask = mask[:, prompt_ids.shape[1] :]  # [B, R] 1 up to and including the stop token
+    response_mask = mask[:, P : P + n]  # [B, R] 1 up to and including the stop token
     return Rollout(
         prompt_ids=prompt_ids,
-        response_ids=response_ids,
-        attention_mask=mask,
+        response_ids=tokens[:, :n],
+        attention_mask=mask[:, : P + n],
         response_mask=response_mask,
-        rollout_logprobs=torch.stack(logps, 1) * response_mask,
+        rollout_logprobs=logps[:, :n] * response_mask,
         truncated=~done,
     )
 

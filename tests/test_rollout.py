@@ -14,6 +14,8 @@ from batches import full_batch
 import ppo_minimal as pm
 import tasks
 from rollout import (
+    _cache_kw,
+    _last_logits_kw,
     decode_responses,
     generate,
     position_ids_from_mask,
@@ -450,3 +452,56 @@ def test_model_folder_with_chat_template_trains_on_templated_prompts(tmp_path):
     assert len(rec["prompts"]) == 4 and all(p.startswith("u: ") and p.endswith(">\na: ") for p in rec["prompts"])
     assert rec["error"] is None and math.isfinite(rec["metrics"]["loss/policy"]) and len(res["eval_history"]) == 2
     assert json.loads(rec["config"])["model"] == str(tmp_path / "m")
+
+
+@torch.no_grad()
+def generate_growing(model, prompt_ids, attention_mask, *, max_new_tokens, temperature, top_p, top_k, eos, pad, gen):
+    """The decode loop before the preallocated one (kept as the reference): the mask grows by a column per step,
+    positions are a cumsum of it, tokens and logprobs are stacked lists."""
+    kw, last1, stop = _cache_kw(model), _last_logits_kw(model, 1), torch.tensor([eos])
+    mask, inp, cache, tokens, logps = attention_mask.clone(), prompt_ids, None, [], []
+    done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool)
+    for _ in range(max_new_tokens):
+        pos = ((mask.cumsum(-1) - 1).clamp(min=0))[:, -inp.shape[1] :]
+        out = model(input_ids=inp, attention_mask=mask, position_ids=pos, use_cache=True, **{kw: cache}, **last1)
+        cache, logits = getattr(out, kw), out.logits[:, -1, :].float()
+        if temperature > 0:
+            scaled = truncate_logits(logits / temperature, top_p, top_k)
+            nxt = torch.multinomial(scaled.softmax(-1), 1, generator=gen).squeeze(1)
+        else:
+            scaled, nxt = logits, logits.argmax(-1)
+        nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
+        tokens.append(nxt)
+        logps.append(F.log_softmax(scaled, -1).gather(-1, nxt[:, None]).squeeze(1).masked_fill(done, 0.0))
+        mask = torch.cat([mask, (~done).long()[:, None]], dim=1)
+        done = done | torch.isin(nxt, stop)
+        if done.all():
+            break
+        inp = nxt[:, None]
+    rmask = mask[:, prompt_ids.shape[1] :]
+    return torch.stack(tokens, 1), mask, torch.stack(logps, 1) * rmask, ~done
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+@pytest.mark.parametrize("temperature, top_p, top_k", [(0.0, 1.0, 0), (1.0, 1.0, 0), (0.7, 0.9, 5)])
+def test_preallocated_decode_equals_the_growing_one(model, tok, arch, temperature, top_p, top_k):
+    """The preallocated decode loop gives the growing loop's tokens, masks and truncation flags exactly and its
+    logprobs within 1e-5, greedy and sampled (the same seed), with left padding and rows stopping early."""
+    m = model if arch == "qwen2" else gpt2(tok)
+    ids, attention_mask = prompts(tok, ["12>", "s9876543210>", "5+7=", "000111>", "3>"] * 4)
+    settings = dict(max_new_tokens=20, temperature=temperature, top_p=top_p, top_k=top_k)
+    new = generate(m, ids, attention_mask, **settings, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
+                   generator=torch.Generator().manual_seed(3))  # fmt: skip
+    toks, mask, logps, truncated = generate_growing(
+        m,
+        ids,
+        attention_mask,
+        **settings,
+        eos=tok.eos_token_id,
+        pad=tok.pad_token_id,
+        gen=torch.Generator().manual_seed(3),
+    )
+    assert torch.equal(new.response_ids, toks) and torch.equal(new.attention_mask, mask)
+    assert torch.equal(new.truncated, truncated) and (new.rollout_logprobs - logps).abs().max() < 1e-5
+    stopped = (~new.truncated).sum()
+    assert 0 < stopped < len(new.truncated) or temperature == 0.0  # some rows stop early, some run to the end
