@@ -242,16 +242,13 @@ def batch_fields(saved: dict, names: list[str], where: str) -> dict:
     returns, None for a neutral anchor or weight, no critic keys without a critic) gets them spelled out."""
     if unknown := saved.keys() - {*names, "kl_beta", "policy_version", "returns"}:
         raise ValueError(f"{where}: the batch has fields {sorted(unknown)} that Batch lacks (its fields: {names})")
-    mask, old = saved["response_mask"], saved.get("old_logprobs")
+    mask, old = saved["response_mask"], saved.get("old_logprobs")  # old None: the anchor is the first forward's
     ones = torch.ones_like(mask, dtype=torch.float32)
     neutral = {"clip_anchor": old, "is_weights": ones, "token_weights": ones, "pg_mask": mask, "ent_mask": mask}
     fields = {k: neutral[k] if saved.get(k) is None and k in neutral else saved.get(k) for k in names}
     optional = ("old_values", "critic_returns", "shares", "old_logprobs", "clip_anchor", "ref_logprobs")
     if missing := [k for k, v in fields.items() if v is None and k not in optional]:
-        raise ValueError(
-            f"{where}: the batch lacks the field(s) {missing}: only the critic's, the anchor (filled "
-            "by the update's first forward) and the reference's logprobs may be None"
-        )
+        raise ValueError(f"{where}: the batch lacks {missing}: only critic fields, anchors, ref_logprobs may be None")
     return fields
 
 

@@ -158,6 +158,9 @@ def metric_rows(rank: int, world: int) -> dict:
                                    values[rows])[-1])  # fmt: skip
     m.update(off_policy_weights(old[rows], behav[rows], mask[rows], "tis")[1])
     m.update(gap_stats(old[rows], behav[rows], mask[rows]))
+    m["stats/kl"] = float(
+        common.masked_mean(pm.kl_estimate(old[rows], ref[rows]) * mask[rows], mask[rows], global_=True)
+    )
     m["stats/eos_mask_err_frac"] = eos_mask_errors(ids[rows], mask[rows].long(), [3], R, global_=True)
     return common.reduce_metrics(m)
 
