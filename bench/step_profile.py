@@ -35,12 +35,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rollout_bench import BenchArgs, make_model, sync  # noqa: E402
+from rollout_bench import BenchArgs, make_model, run_presets, sync  # noqa: E402
 
 import ppo_minimal as pm  # noqa: E402
 import rollout  # noqa: E402
 from common import check_fields, parse_config  # noqa: E402
-from runlog import format_table  # noqa: E402
 from tasks import DigitTask, make_tokenizer  # noqa: E402
 
 PHASES = ("prefill", "decode", "sampling", "recompute", "reference", "train_forward", "backward", "optimizer",
@@ -185,14 +184,8 @@ def profile_one(preset: str, cfg: Config) -> dict:
 def main(argv=None):
     """`python bench/step_profile.py [flags]`: the table, one row per preset, shares of the median step."""
     cfg = parse_config(Config, argv)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    rows = [profile_one(p, cfg) for p in cfg.preset or ["tiny", "2.5m"]]
-    batch = f"{cfg.prompts} prompts x {cfg.group_size}, <= {cfg.new_tokens} new tokens, {cfg.adv_estimator}"
-    print(f"one RL step by piece (% of the median step), {batch}, {cfg.device} {cfg.dtype}, "
-          f"{torch.get_num_threads()} threads, median of {cfg.repeats} {cfg.extra}")  # fmt: skip
-    print(format_table(rows))
-    return rows
+    batch = f"{cfg.prompts} prompts x {cfg.group_size}, <= {cfg.new_tokens} new tokens, {cfg.adv_estimator} {cfg.extra}"
+    return run_presets(cfg, profile_one, f"one RL step by piece (% of the median step), {batch}")
 
 
 if __name__ == "__main__":

@@ -129,6 +129,7 @@ def test_critics_main_runs_its_experiment_as_trainer_subprocesses(tmp_path, sft_
     [
         ("bench/rollout_bench.py", "--batch 4 --new-tokens 4", "ratio"),
         ("bench/update_bench.py", "--batch 8 --micro-batch 4 --response-len 8", "ratio"),
+        ("bench/step_profile.py", "--warmup 1 --prompts 2 --group-size 2 --new-tokens 4", "step_s"),
     ],
 )
 def test_benches_print_a_ratio_measured_in_the_same_run(script, flags, column):
@@ -136,6 +137,9 @@ def test_benches_print_a_ratio_measured_in_the_same_run(script, flags, column):
     header, row = out.strip().splitlines()[-2:]
     value = float(row.split()[header.split().index(column)])
     assert row.split()[0] == "tiny" and 0 < value < float("inf"), out
+    if script.endswith("step_profile.py"):  # the timers caught the decode forwards, the backward and the update
+        shares = {c: float(v) for c, v in zip(header.split(), row.split()) if c.endswith("_%")}
+        assert min(shares[k] for k in ("prefill_%", "decode_%", "train_forward_%", "backward_%")) > 0, out
 
 
 def test_async_bench_main_measures_sync_and_async_and_the_prediction(tmp_path, sft_path):
