@@ -20,13 +20,14 @@ whitening): A~_t = gamma_t A_t (Eq. 12/13).
 Implementation details ("our choice" where the paper is silent; DESIGN.md 7.3 fixes most)
 1. Layers kept: unique(round(linspace(L // 3, 2L // 3, 5))), numpy rounding (half to even): 6 layers -> 2, 3, 4.
 2. In the trainer, the maps come from inside the forward it runs anyway (the recompute of old_logprobs): for that
-   forward the model's attention implementation is `attention_with_maps` (registered with transformers), which
-   runs the model's own implementation (sdpa, flash, ...) on every layer and, on the kept layers only, also the
-   map softmax(q k^T * scaling) over causal, non-padded keys, as eager attention computes it; the logits are bit
-   for bit those without credit. Standalone (`compute_credit(model, ...)`), a no-grad eager pass of the backbone
-   of its own, hooks on the attention modules (the class transformers records as "attentions"). Either way each
-   map [b, H, N, N] is reduced at once to per-head WAAD, FAI [b, H, R] and span sums [H]:
-   at most one layer's maps of one micro-batch exist. WAAD and FAI are linear in A (the FAI window does not
+   forward of an sdpa model of full-attention layers (`maps_inside`) the attention implementation is
+   `attention_with_maps` (registered with transformers), which runs sdpa on every layer and, on the kept layers
+   only, also the map softmax(q k^T * scaling) over causal, non-padded keys in fp32, as eager attention computes
+   it; the logits are bit for bit those without credit. Other models (eager, flash, sliding windows, soft-capping)
+   and standalone calls (`compute_credit(model, ...)`) take a no-grad eager pass of the backbone of its own, hooks
+   on the attention modules (the class transformers records as "attentions"), then the forward. Either way each
+   map [b, H, N, N] is reduced at once to per-head WAAD, FAI [b, H, R] and span sums [H]: at most one layer's maps
+   of one micro-batch exist. WAAD and FAI are linear in A (the FAI window does not
    depend on the head), so those of a group's mean map are the mean of its heads' values: the groups can be
    chosen after the whole batch. Heads are query heads (GQA); spans pool all valid response rows of the batch
    (summed over ranks under DDP: all ranks use the same groups); ties go to the lower head index.
@@ -44,8 +45,8 @@ Implementation details ("our choice" where the paper is silent; DESIGN.md 7.3 fi
    A < 0 (v1). The maps come from the policy that sampled (before the update), like old_logprobs.
 7. Metrics: stats/credit_amplified_frac (valid tokens with gamma > 1), stats/credit_gamma_mean,
    stats/fai_pos_frac (valid tokens with FAI > 0), stats/credit_dominated_frac (of the anchors),
-   stats/credit_span_local / _global, time/credit (seconds: in the trainer, its time outside the recompute, which
-   also computes the kept layers' maps); the trainer adds perf/credit_overhead (time/credit / step time).
+   stats/credit_span_local / _global, time/credit (seconds: in the trainer, what credit adds to the recompute:
+   the maps inside it, time/credit_maps, and gamma); the trainer adds perf/credit_overhead (its share of the step).
 8. Experiment (our choice): task `chain` (five 2-digit numbers summed step by step, 43-character answers),
    the tiny Qwen2 with 6 layers, 8 query / 4 key-value heads, hidden 64 (MODEL), after an SFT warm start.
 """
@@ -280,9 +281,11 @@ def attention_with_maps(module, query, key, value, attention_mask, **kw):
     out = ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kw)
     j, state = module._minrl_maps  # set on every attention module for the pass (run_with_maps)
     if j is not None:
+        if bad := [k for k in ("sliding_window", "softcap", "s_aux") if kw.get(k) is not None]:
+            raise NotImplementedError(f"attention credit inside a forward: {bad} (maps_inside should have said no)")
+        if query.device.type == "cuda":
+            torch.cuda.synchronize(query.device)  # time/credit_maps: this work only, not the forward queued before
         t0 = time.perf_counter()
-        if kw.get("sliding_window") or kw.get("softcap") or kw.get("s_aux") is not None:
-            raise NotImplementedError(f"attention credit inside a forward: {sorted(kw)} (the pass of its own has them)")
         sl = state["rows"](j, query.shape[0])
         with torch.autocast(query.device.type, enabled=False):  # fp32 maps, also from a bf16 forward
             q, k = query.float(), key.float().repeat_interleave(query.shape[1] // key.shape[1], dim=1)  # GQA
@@ -299,8 +302,8 @@ def attention_with_maps(module, query, key, value, attention_mask, **kw):
 def maps_inside(model) -> bool:
     """Whether a forward's own attention calls can give the maps: an sdpa model of full-attention layers only (eager,
     flash, sliding windows and soft-capping take the eager pass of its own)."""
-    cfg = model.config
-    full = all(t == "full_attention" for t in getattr(cfg, "layer_types", None) or ["full_attention"])
+    cfg, types = model.config, getattr(model.config, "layer_types", None)  # without layer types: a window or none
+    full = all(t == "full_attention" for t in types) if types else not getattr(cfg, "sliding_window", None)
     return cfg._attn_implementation == "sdpa" and full and not getattr(cfg, "attn_logit_softcapping", None)
 
 

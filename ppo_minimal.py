@@ -451,7 +451,7 @@ def ppo_update(cfg, policy_train, opt, critics, batch: Batch, world: int, gen, a
 def host_floats(rows: list[dict]) -> None:
     """Every 0-d tensor value of the metric dicts `rows` replaced by its Python float, in one copy (one GPU sync)."""
     keys = [(r, k) for r in rows for k, v in r.items() if isinstance(v, torch.Tensor)]
-    dev = keys[0][0][keys[0][1]].device if keys else None
+    dev = next((r[k].device for r, k in keys if r[k].device.type != "cpu"), torch.device("cpu"))  # the GPU's, if any
     values = torch.stack([r[k].detach().to(dev, torch.float64).reshape(()) for r, k in keys]).tolist() if keys else []
     for (r, k), v in zip(keys, values):
         r[k] = v
@@ -728,7 +728,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         m["stats/kl_coef"] = kl_beta
         m.update({"stats/lr": opt.param_groups[0]["lr"], "time/rollout": t1 - t0, "time/reward": t2 - t1})
         m.update({"perf/tokens_per_s": mask.sum().item() / (t3 - t0), "time/train": t3 - t2})
-        if "time/credit" in credit:  # attention credit: its time outside the recompute it rides on, a share of the step
+        if "time/credit" in credit:  # attention credit: what it adds to the recompute, as a share of the step
             m["perf/credit_overhead"] = credit["time/credit"] / (t3 - t0)
         if device.type == "cuda":
             m["perf/max_mem_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20

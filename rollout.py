@@ -173,18 +173,18 @@ def generate(
     pad_token_id: int,
     generator: torch.Generator | None = None,
 ) -> Rollout:
-    """Sample up to max_new_tokens per row with a KV cache. prompt_ids/attention_mask: [B, P], left-padded.
-    The step allocates nothing that grows: the mask, tokens and logprobs are preallocated [B, P+N] / [B, N] buffers
-    filled a column per step, and each row's next position is a running count (cumsum(mask) - 1, incrementally)."""
-    if not eos_token_ids:
-        raise ValueError("generate needs at least one stop token id (eos_token_ids is empty)")
+    """Sample up to max_new_tokens per row with a KV cache. prompt_ids/attention_mask: [B, P], left-padded. Apart
+    from the KV cache, nothing grows per step: the mask, tokens and logprobs are preallocated [B, P+N] / [B, N],
+    filled a column per step; each row's next position is a running count (cumsum(mask) - 1, incrementally)."""
+    if not eos_token_ids or max_new_tokens < 1:
+        raise ValueError(f"generate needs a stop token id and max_new_tokens >= 1 ({eos_token_ids}, {max_new_tokens})")
     (B, P), dev, N = prompt_ids.shape, prompt_ids.device, max_new_tokens
     kw, last1 = _cache_kw(model), _last_logits_kw(model, 1)
     stop = torch.tensor(eos_token_ids, device=dev)
-    mask = attention_mask.new_zeros(B, P + N)  # [B, P+N] column P+t: token t is real (its row was not done)
+    mask = attention_mask.new_zeros(B, P + N, dtype=torch.long)  # [B, P+N] column P+t: token t is real (row not done)
     mask[:, :P] = attention_mask
     tokens = prompt_ids.new_full((B, N), pad_token_id)  # [B, N]
-    logps = torch.zeros(B, N, device=dev)  # [B, N]
+    logps = torch.zeros(B, N, device=dev, dtype=torch.float32)  # [B, N]
     pos, n_real = position_ids_from_mask(attention_mask), attention_mask.sum(-1, keepdim=True)  # [B, P], [B, 1]
     inp, cache, n = prompt_ids, None, 0
     done = torch.zeros(B, dtype=torch.bool, device=dev)  # [B] row has emitted its stop token
@@ -208,14 +208,9 @@ def generate(
             break
         inp = nxt[:, None]  # [B, 1]
     response_mask = mask[:, P : P + n]  # [B, R] 1 up to and including the stop token
-    return Rollout(
-        prompt_ids=prompt_ids,
-        response_ids=tokens[:, :n],
-        attention_mask=mask[:, : P + n],
-        response_mask=response_mask,
-        rollout_logprobs=logps[:, :n] * response_mask,
-        truncated=~done,
-    )
+    return Rollout(prompt_ids=prompt_ids, response_ids=tokens[:, :n], attention_mask=mask[:, : P + n],
+                   response_mask=response_mask, rollout_logprobs=logps[:, :n] * response_mask,
+                   truncated=~done)  # fmt: skip
 
 
 def sequence_logprobs(

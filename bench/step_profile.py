@@ -21,6 +21,7 @@ frozen model's forward counts as "reference" (the stale anchor of --inject too),
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import sys
@@ -90,6 +91,7 @@ class Timers:
     def wrap(self, fn, phase_of):
         """fn, timed under phase_of(*args) (a phase name, or None: not timed)."""
 
+        @functools.wraps(fn)  # the signature stays inspectable (rollout._cache_kw, _last_logits_kw read it)
         def timed(*args, **kw):
             phase = phase_of(*args, **kw)
             if phase is None:

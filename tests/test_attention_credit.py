@@ -295,7 +295,7 @@ def test_token_weights_metrics_and_bound(tiny):
     assert torch.equal(g1, torch.ones_like(g1))
 
 
-def test_maps_inside_the_recompute_equal_a_pass_of_their_own(tiny):
+def test_maps_inside_the_recompute_equal_a_pass_of_their_own(tiny, monkeypatch):
     """The trainer's path: the maps of the kept layers are taken inside its recompute of old_logprobs (the model's
     own sdpa attention everywhere else), so the logprobs are bit for bit those without credit, the maps those of an
     eager pass of their own within fp32 rounding (its earlier layers ran eager), gamma the same."""
@@ -313,20 +313,31 @@ def test_maps_inside_the_recompute_equal_a_pass_of_their_own(tiny):
         assert torch.allclose(inside[key], own[key], atol=1e-5, rtol=1e-5), key
     own_gamma, _ = ac.token_weights(model, ids, attention_mask, rm, mode="global", micro_batch=3)
     assert torch.equal(gamma, own_gamma) and metrics["time/credit"] >= metrics["time/credit_maps"] > 0
-    # an eager model (as flash or sliding-window ones) takes the eager pass of its own, then the forward as it was
-    model.set_attn_implementation("eager")
-    try:
-        assert not ac.maps_inside(model)
-        with torch.no_grad():
-            plain_eager = recompute()
-            logp_e, gamma_e, metrics_e = ac.credit_weights(cfg, model, ids, attention_mask, rm, 3, recompute)
-        assert torch.equal(logp_e, plain_eager) and model.config._attn_implementation == "eager"
-        assert torch.equal(gamma_e, own_gamma) and metrics_e["time/credit_maps"] == 0.0
-    finally:
-        model.set_attn_implementation("sdpa")
     with pytest.raises(RuntimeError, match="every row once"):  # a forward that skips rows is refused
         ac.attention_stats(model, ids, attention_mask, rm, micro_batch=3, forward=lambda: model(input_ids=ids[:2]))
     assert model.config._attn_implementation == "sdpa"
+    assert not any(hasattr(m, "_minrl_maps") for m, _ in ac.attention_modules(model))  # also after the error
+    # a model the inside path cannot serve takes the eager pass of its own, then the forward on its own attention
+    # again (here the sdpa model with maps_inside said no: its logprobs are sdpa's, bit for bit)
+    monkeypatch.setattr(ac, "maps_inside", lambda m: False)
+    with torch.no_grad():
+        logp_e, gamma_e, metrics_e = ac.credit_weights(cfg, model, ids, attention_mask, rm, 3, recompute)
+    assert torch.equal(logp_e, plain) and model.config._attn_implementation == "sdpa"
+    assert torch.equal(gamma_e, own_gamma) and metrics_e["time/credit_maps"] == 0.0
+
+
+def test_which_models_take_the_maps_inside_their_forward(tiny):
+    """sdpa with full attention only; eager, a sliding window (Mistral: no layer_types) or soft-capping do not."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    model, _ = tiny
+    assert ac.maps_inside(model)
+    small = dict(vocab_size=60, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, attn_implementation="sdpa")  # fmt: skip
+    assert not ac.maps_inside(MistralForCausalLM(MistralConfig(**small, sliding_window=16)))
+    assert ac.maps_inside(MistralForCausalLM(MistralConfig(**small, sliding_window=None)))
+    eager = MistralForCausalLM(MistralConfig(**{**small, "attn_implementation": "eager"}, sliding_window=None))
+    assert not ac.maps_inside(eager)
 
 
 def test_model_without_maps_names_its_class():

@@ -69,6 +69,8 @@ ONE = {"ppo_epochs": 1, "minibatches": 1}
 def test_replay_of_an_update_without_an_anchor(folder, tmp_path):
     """--dump-batch of an update whose anchor is its first forward (old_logprobs None in the dump) replays exactly."""
     run(folder, tmp_path, "dump", adv_estimator="grpo", dump_batch=2, kl_metric_every=2)
+    saved = torch.load(tmp_path / "dump" / "batch-2.pt", weights_only=True)["batch"]
+    assert saved["old_logprobs"] is None and saved["ref_logprobs"] is None  # what the update did not get before
     metrics, same = pm.replay(str(tmp_path / "dump" / "batch-2.pt"))
     assert same and metrics is not None and "loss/kl" not in metrics  # iteration 2: no reference pass
 
