@@ -352,7 +352,8 @@ def test_critic_vf_clipfrac_averages_every_micro_batch_of_every_critic(monkeypat
     vms = [critics.make_value_model(make_tiny_model(tok).eval()) for _ in range(2)]
     crit = critics.Critics(vms, lr=1e-3, adam_eps=1e-8, ddp=False)
     fracs, real = iter([0.1, 0.2, 0.3, 0.4]), pm.value_loss
-    monkeypatch.setattr(pm, "value_loss", lambda *a, **k: (real(*a, **k)[0], {"vf_clipfrac": next(fracs)}))
+    clip = lambda: torch.tensor(next(fracs))  # noqa: E731  (value_loss's metric is a 0-d tensor)
+    monkeypatch.setattr(pm, "value_loss", lambda *a, **k: (real(*a, **k)[0], {"vf_clipfrac": clip()}))
     B, R = 4, 3
     ids = torch.randint(4, len(tok), (B, 5 + R))
     z = torch.zeros(B, R)
@@ -360,7 +361,7 @@ def test_critic_vf_clipfrac_averages_every_micro_batch_of_every_critic(monkeypat
                        old_logprobs=z, ref_logprobs=z, advantages=z, old_values=torch.zeros(B, 2, R),
                        critic_returns=torch.ones(B, 2, R), shares=torch.ones(B, 2, dtype=torch.bool))  # fmt: skip
     out = pm.critic_update(pm.Config(micro_batch=2), crit, batch, 1, contextlib.nullcontext)
-    assert out["critic/vf_clipfrac"] == pytest.approx(0.25)
+    assert float(out["critic/vf_clipfrac"]) == pytest.approx(0.25)  # (0-d: ppo_update copies them to the host)
 
 
 def test_aggregate_seq_mean_token_mean_differs_from_token_mean():
