@@ -37,16 +37,20 @@ Modelling assumptions (our choices unless cited; every default is a Config field
    ones expire. Waste = GPU-time of dropped (also timed-out: timeout_s after admission) and migrated turns.
 7. Tail batching (RollPacker; colocated, redundant > 0): aborted prompts are deferred; once `batch` of them wait,
    the next step admits exactly them (no redundancy) and waits for all. No GRPO groups: trajectories are independent.
+Code: `simulate(cfg)` runs `Sim(cfg)`: records of the trajectories (`Traj`) and the workers (`Worker`), one method
+per event and per decision named by the assumption it implements; decode between two events is solved in closed
+form (decode_time / decode_steps), so the cost is per event (about two per turn), never per token.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import itertools
 import math
+import operator
 from collections import deque
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
 from pathlib import Path
 from typing import Literal
 
@@ -269,264 +273,372 @@ def make_workload(cfg: Config, chunk: int, n: int, rows=None) -> list[tuple]:
     return [(t[:m], e[:m]) for t, e, m in zip(tok.tolist(), env.tolist(), live.sum(1).tolist())]
 
 
-def simulate(cfg: Config) -> dict:
-    """Run one schedule for cfg.steps training steps: metrics, Gantt segments, staleness, per-trajectory arrays."""
-    c, rows = cost_model(cfg), load_lengths(cfg.lengths_file) if cfg.lengths_file else None
-    g, B, co, tm = cfg.gpus_per_worker, cfg.batch, cfg.schedule == "colocated", cfg.schedule == "timemux"
-    W, alpha, n_train = cfg.n_gpus // g, 0 if co else cfg.alpha, math.ceil(cfg.theta * B) if tm else B
-    release, expands = list(range(W if co else cfg.train_gpus // g)), co or (tm and not cfg.tm_dedicated)
-    a1, amax, kv_s, kv_cap, pre_s = (c[k] for k in ("step_min", "step_max", "kv_s", "kv_cap", "prefill_s"))
-    mx, obs, p0, inf, chunk = cfg.max_seqs, cfg.obs_tokens, cfg.prompt_tokens, math.inf, B + cfg.redundant
-    # workers: at time tA[w] each running sequence has done vA[w] decode steps; cA[w] = their context sum;
-    # share[w] = GPU-seconds charged so far to each running sequence; fin[w] = time of the next turn completion
-    tA, vA, cA, share, nA, resv, fin = *([0.0] * W for _ in range(6)), [inf] * W
-    heaps, wq, segs, busy = [[] for _ in range(W)], [deque() for _ in range(W)], [[] for _ in range(W)], [None] * W
-    inpool = [not (w in release and (cfg.schedule == "disagg" or cfg.tm_dedicated)) for w in range(W)]
-    pool = [w for w in range(W) if inpool[w]]
-    # trajectories, by admission order: workload row, start version, context before the current turn, its KV
-    # reservation, generated tokens, final context, turn, worker caching its prefix (wk) / decoding it (at: -1
-    # none, -2 queued), epoch (bumped when a turn is cancelled), status, vA and share at join, GPU-seconds used
-    row, ver, ctx, need, gen, ctxf, turn, wk, at, ep, st, vj, sj, charge, nfin = ([] for _ in range(15))
-    fixed = ((turn, 0), (wk, -1), (at, -1), (ep, 0), (st, RUNNING), (vj, 0.0), (sj, 0.0), (charge, 0.0), (nfin, 0))
-    tmo, running, gq, deferred, buf, stale, ends, trig, ev = deque(), set(), deque(), deque(), {}, [], [], [], []
-    nxt, hpush, hpop = itertools.count().__next__, heapq.heappush, heapq.heappop
-    S = dict(v=0, step=0, live=0, busy=False, long=False, waste=0.0, useful=0.0, mig=0, drain=0.0)
-    room = lambda w, i: nA[w] < mx and resv[w] + need[i] <= kv_cap  # worker w can start i's turn now
-    chunks = itertools.takewhile(len, (make_workload(cfg, k, chunk, rows) for k in itertools.count()))
-    source = itertools.chain.from_iterable(chunks)  # drawn lazily, seeded per chunk; ends if a file is read once
+@dataclass(slots=True, eq=False)
+class Traj:
+    """A trajectory, by admission order `id`. toks / envs (its workload row) are None once it has left for good."""
 
-    def seg(w, t0, t1, role):  # record [t0, t1) of role on worker w, merged into a touching same-role segment
-        s = segs[w]
-        if s and s[-1][2] == role and s[-1][1] >= t0 - 1e-9:
-            s[-1][1] = max(s[-1][1], t1)
-        elif t1 > t0:
-            s.append([t0, t1, role])
+    id: int
+    toks: list | None  # action tokens of each turn
+    envs: list | None  # environment seconds after each turn (the last one is the reward)
+    ver: int  # policy version at admission
+    ctx: int  # context before the current turn
+    need: int  # KV tokens the current turn reserves: its final context (assumption 3)
+    gen: int  # generated tokens of all its turns
+    ctxf: int  # final context: the tokens training reads
+    turn: int = 0  # current turn
+    wk: int = -1  # worker caching its prefix (-1: none)
+    at: int = -1  # worker decoding its current turn (-1: none, -2: queued)
+    ep: int = 0  # epoch: bumped when its current turn is cancelled, so heap and queue entries of that turn go stale
+    st: int = RUNNING  # status
+    vj: float = 0.0  # its worker's `steps` when the current turn joined
+    sj: float = 0.0  # its worker's `share` when the current turn joined, less its own prefill
+    charge: float = 0.0  # GPU-seconds of its finished and cancelled turns
+    nfin: int = 0  # times it finished (1 at most: a check of the bookkeeping)
 
-    def adv(w, t):  # decode on w from tA[w] up to t (no progress while paused: tA[w] > t)
-        d, n = t - tA[w], nA[w]
+
+@dataclass(slots=True, eq=False)
+class Worker:
+    """An inference engine. At time `t` each of its `n` running sequences has done `steps` decode steps (from an
+    arbitrary origin), their contexts sum to `ctx`, and each has been charged `share` GPU-seconds so far."""
+
+    k: int  # its index: trajectories name their worker by it
+    inpool: bool  # serves rollout now
+    t: float = 0.0
+    steps: float = 0.0
+    ctx: float = 0.0
+    share: float = 0.0
+    n: int = 0
+    resv: float = 0.0  # KV tokens reserved by its running turns
+    busy: float | None = None  # start of the busy stretch under way (None: idle)
+    heap: list = field(default_factory=list)  # (`steps` at which a turn completes, traj id, epoch, traj)
+    queue: deque = field(default_factory=deque)  # (traj, epoch) waiting for this worker (prefix affinity)
+    segs: list = field(default_factory=list)  # [t0, t1, role] of its GPUs, touching same-role stretches merged
+
+
+RESV = operator.attrgetter("resv")  # a worker's reserved KV tokens (dispatch's least-loaded key)
+
+
+def add_segment(segs: list, t0: float, t1: float, role: int) -> None:
+    """Record [t0, t1) of role, merged into the last segment if it has that role and touches t0."""
+    if segs and segs[-1][2] == role and segs[-1][1] >= t0 - 1e-9:
+        segs[-1][1] = max(segs[-1][1], t1)
+    elif t1 > t0:
+        segs.append([t0, t1, role])
+
+
+class Sim:
+    """One schedule's run: the trajectories, the workers, the queues and the event heap (assumptions 1-7).
+    Events: a turn completion (the earliest of the workers' `fin`), a timeout (FIFO `tmo`), or a heap event
+    (EV_ENV: a turn's environment step is over; EV_TRAINED; EV_STEP). simulate() is its public face."""
+
+    def __init__(self, cfg: Config):
+        c, g, B = cost_model(cfg), cfg.gpus_per_worker, cfg.batch
+        rows = load_lengths(cfg.lengths_file) if cfg.lengths_file else None  # replayed lengths (assumption 1)
+        self.cfg, self.c, self.g, self.mx, self.obs = cfg, c, g, cfg.max_seqs, cfg.obs_tokens
+        keys = ("step_min", "step_max", "kv_s", "kv_cap", "prefill_s")  # the cost model, read on every event
+        self.a1, self.amax, self.kv_s, self.kv_cap, self.pre_s = (c[k] for k in keys)
+        # the schedule: who trains, when a step triggers, how stale a trajectory may be
+        self.co, self.tm = cfg.schedule == "colocated", cfg.schedule == "timemux"
+        W, self.alpha = cfg.n_gpus // g, 0 if self.co else cfg.alpha
+        self.n_train = math.ceil(cfg.theta * B) if self.tm else B  # trajectories per training step
+        self.chunk = B + cfg.redundant  # admitted per version beyond the cap's base; the workload's chunk size
+        self.release = list(range(W if self.co else cfg.train_gpus // g))  # the workers that also (or only) train
+        self.expands = self.co or (self.tm and not cfg.tm_dedicated)  # the release set rolls out between steps
+        dedicated = cfg.schedule == "disagg" or cfg.tm_dedicated
+        self.workers = [Worker(k, inpool=not (k in self.release and dedicated)) for k in range(W)]
+        self.pool = [w for w in self.workers if w.inpool]  # the workers serving rollout, by index
+        self.fin = [math.inf] * W  # fin[k]: when worker k's next turn completes (a list: the event loop's min)
+        # the trajectories: all by admission order (= id), the ids running, the done ids by start version
+        self.trajs, self.running, self.buf = [], set(), {}
+        self.gq, self.deferred = deque(), deque()  # global FIFO queue of (traj, epoch); aborted rows (assumption 7)
+        self.tmo, self.ev, self.nxt = deque(), [], itertools.count().__next__  # (deadline, id) FIFO; event heap
+        # the run so far: version, steps, admitted - left, migrations; a step under way; a long round (RollPacker)
+        self.v = self.step = self.live = self.mig = 0
+        self.busy = self.long = False
+        self.waste = self.useful = self.drain = 0.0  # GPU-s of dropped and of trained trajectories; shrink drain s
+        self.stale, self.ends, self.trig = [], [], []  # staleness of each trained one; step end and trigger times
+        chunks = itertools.takewhile(len, (make_workload(cfg, k, self.chunk, rows) for k in itertools.count()))
+        self.source = itertools.chain.from_iterable(chunks)  # drawn lazily, seeded per chunk; ends if read once
+
+    # --- workers: decode between events (assumption 2) ---
+    def step_s(self, w: Worker) -> float:
+        """Seconds of w's next decode step: the weights its batch touches, then its sequences' KV cache."""
+        return (self.amax if self.a1 * w.n > self.amax else self.a1 * w.n) + self.kv_s * w.ctx
+
+    def adv(self, w: Worker, t: float) -> None:
+        """Decode on w from w.t up to t (no progress while paused: w.t > t)."""
+        d, n = t - w.t, w.n
         if d > 0 and n:
-            u = decode_steps(d, (amax if a1 * n > amax else a1 * n) + kv_s * cA[w], kv_s * n)
-            vA[w], cA[w], share[w] = vA[w] + u, cA[w] + n * u, share[w] + g * d / n
-        tA[w] = t if t > tA[w] else tA[w]
+            u = decode_steps(d, self.step_s(w), self.kv_s * n)  # each step is kv_s * n longer than the last
+            w.steps, w.ctx, w.share = w.steps + u, w.ctx + n * u, w.share + self.g * d / n
+        w.t = t if t > w.t else w.t
 
-    def resched(w):  # fin[w] = when w's next turn completes (assumption 2)
-        h = heaps[w]
-        while h and ep[h[0][1]] != h[0][2]:  # drop cancelled turns
-            hpop(h)
+    def resched(self, w: Worker) -> None:
+        """fin[w.k] = when w's next turn completes (entries of cancelled turns are dropped first)."""
+        h = w.heap
+        while h and h[0][3].ep != h[0][2]:
+            heappop(h)
         if not h:
-            fin[w] = inf
+            self.fin[w.k] = math.inf
             return
-        n, u = nA[w], h[0][0] - vA[w]
-        fin[w] = tA[w] + decode_time(u if u > 0 else 0.0, (amax if a1 * n > amax else a1 * n) + kv_s * cA[w], kv_s * n)
+        u = h[0][0] - w.steps  # decode steps left to the first completion
+        self.fin[w.k] = w.t + decode_time(u if u > 0 else 0.0, self.step_s(w), self.kv_s * w.n)
 
-    def place(i, w, t):  # start i's current turn on w: prefill (stalls w's decode), then decode
-        adv(w, t)
-        p = pre_s * (obs if wk[i] == w and turn[i] else ctx[i])  # the prefix is cached on the same worker
-        busy[w] = tA[w] if busy[w] is None else busy[w]
-        tA[w] += p
-        vj[i], sj[i], wk[i], at[i] = vA[w], share[w] - g * p, w, w  # the prefill is charged to i alone
-        nA[w], cA[w], resv[w] = nA[w] + 1, cA[w] + ctx[i], resv[w] + need[i]
-        hpush(heaps[w], (vA[w] + row[i][0][turn[i]], i, ep[i]))
+    def room(self, w: Worker, x: Traj) -> bool:
+        """w can start x's turn now (assumption 3)."""
+        return w.n < self.mx and w.resv + x.need <= self.kv_cap
 
-    def leave(i, w):  # take i off w (after adv); returns the GPU-seconds its current turn used
-        nA[w], resv[w], at[i] = nA[w] - 1, resv[w] - need[i], -1
-        cA[w] = cA[w] - ctx[i] - (vA[w] - vj[i]) if nA[w] else 0.0
-        if not nA[w]:  # idle once the current pause (a prefill) is over
-            seg(w, busy[w], tA[w], 0)
-            busy[w] = None
-        return share[w] - sj[i]
+    def place(self, x: Traj, w: Worker, t: float) -> None:
+        """Start x's current turn on w: prefill (stalls w's decode, charged to x alone), then decode."""
+        self.adv(w, t)
+        p = self.pre_s * (self.obs if x.wk == w.k and x.turn else x.ctx)  # the prefix is cached on w
+        w.busy = w.t if w.busy is None else w.busy
+        w.t += p
+        x.vj, x.sj, x.wk, x.at = w.steps, w.share - self.g * p, w.k, w.k
+        w.n, w.ctx, w.resv = w.n + 1, w.ctx + x.ctx, w.resv + x.need
+        heappush(w.heap, (w.steps + x.toks[x.turn], x.id, x.ep, x))  # the id breaks ties: x is never compared
 
-    def fill(w, t):  # w has room: serve its own (affinity) queue, then the global FIFO queue
-        for q in (wq[w], gq) if inpool[w] and (wq[w] or gq) else ():
-            while q and (ep[q[0][0]] != q[0][1] or room(w, q[0][0])):
-                i, e = q.popleft()
-                if e == ep[i]:
-                    place(i, w, t)
+    def leave(self, x: Traj, w: Worker) -> float:
+        """Take x off w (after adv): the GPU-seconds its current turn used."""
+        w.n, w.resv, x.at = w.n - 1, w.resv - x.need, -1
+        w.ctx = w.ctx - x.ctx - (w.steps - x.vj) if w.n else 0.0
+        if not w.n:  # idle once the current pause (a prefill) is over
+            add_segment(w.segs, w.busy, w.t, 0)
+            w.busy = None
+        return w.share - x.sj
+
+    def fill(self, w: Worker, t: float) -> None:
+        """w has room: serve its own (affinity) queue, then the global FIFO queue."""
+        for q in (w.queue, self.gq) if w.inpool and (w.queue or self.gq) else ():
+            while q and (q[0][0].ep != q[0][1] or self.room(w, q[0][0])):
+                x, e = q.popleft()
+                if e == x.ep:
+                    self.place(x, w, t)
             if q:
                 break
-        resched(w)
+        self.resched(w)
 
-    def dispatch(i, t):  # route i's next turn (assumption 5)
-        w = wk[i] if wk[i] >= 0 and inpool[wk[i]] else -1  # the worker caching its prefix
-        x = w if w >= 0 and not wq[w] and room(w, i) else -1
-        if x < 0 and pool and not gq and (w < 0 or cfg.dispatch == "sample"):  # else least-loaded (re-prefill)
-            x = y if room(y := min(pool, key=resv.__getitem__), i) else -1
-        if x >= 0:
-            place(i, x, t)
-            return resched(x)
-        (wq[w] if w >= 0 else gq).append((i, ep[i]))  # wait for its own worker, or for any (global queue)
-        at[i] = -2
+    # --- trajectories: admission, routing, turns (assumptions 5-6) ---
+    def dispatch(self, x: Traj, t: float) -> None:
+        """Route x's next turn: its prefix's worker if it has room, else the least-loaded one, else a queue."""
+        w = self.workers[x.wk] if x.wk >= 0 and self.workers[x.wk].inpool else None
+        y = w if w is not None and not w.queue and self.room(w, x) else None
+        if y is None and self.pool and not self.gq and (w is None or self.cfg.dispatch == "sample"):  # re-prefill
+            y = z if self.room(z := min(self.pool, key=RESV), x) else None  # the least-loaded worker
+        if y is not None:
+            self.place(x, y, t)
+            return self.resched(y)
+        (w.queue if w is not None else self.gq).append((x, x.ep))  # its own worker's queue, or any
+        x.at = -2
 
-    def admit(t):  # admission cap (assumption 6)
-        cap, j = (S["v"] + 1 + alpha) * n_train + (0 if S["long"] else chunk - n_train), 0
-        while S["live"] < cap and not (cfg.dispatch == "batch" and (running and not j or not pool)):
-            if (r := deferred.popleft() if S["long"] and deferred else next(source, None)) is None:
+    def admit(self, t: float) -> None:
+        """Admit trajectories up to the cap of assumption 6 (a long round: the deferred ones, assumption 7)."""
+        cfg, p0, batch = self.cfg, self.cfg.prompt_tokens, self.cfg.dispatch == "batch"
+        cap, j = (self.v + 1 + self.alpha) * self.n_train + (0 if self.long else self.chunk - self.n_train), 0
+        while self.live < cap and not (batch and (self.running and not j or not self.pool)):
+            if (r := self.deferred.popleft() if self.long and self.deferred else next(self.source, None)) is None:
                 return  # a replay file read "once" is exhausted
-            i, n = len(row), sum(r[0])
-            for lst, x in (*fixed, (row, r), (ver, S["v"]), (ctx, p0), (need, p0 + r[0][0]), (gen, n)):
-                lst.append(x)
-            ctxf.append(p0 + n + obs * (len(r[0]) - 1))
-            running.add(i)
-            tmo.append((t + cfg.timeout_s, i))  # deadlines in admission order are sorted: a FIFO, not the heap
-            S["live"], j = S["live"] + 1, j + 1
-            if cfg.dispatch == "batch":
-                wk[i] = pool[j % len(pool)]  # static round-robin assignment
-            dispatch(i, t)
+            n = sum(r[0])
+            x = Traj(
+                len(self.trajs), r[0], r[1], self.v, p0, p0 + r[0][0], n, p0 + n + cfg.obs_tokens * (len(r[0]) - 1)
+            )
+            self.trajs.append(x)
+            self.running.add(x.id)
+            self.tmo.append((t + cfg.timeout_s, x.id))  # deadlines in admission order are sorted: a FIFO
+            self.live, j = self.live + 1, j + 1
+            if batch:
+                x.wk = self.pool[j % len(self.pool)].k  # static round-robin assignment
+            self.dispatch(x, t)
 
-    def drop(i, code, t):  # i leaves for good without being trained on: its work is waste; it gets replaced
-        if (w := at[i]) >= 0:
-            adv(w, t)
-            charge[i] += leave(i, w)
-            fill(w, t)
-        if code == ABORTED and cfg.tail_batching:
-            deferred.append(row[i])
-        running.discard(i)
-        ep[i], st[i], row[i], S["waste"], S["live"] = ep[i] + 1, code, None, S["waste"] + charge[i], S["live"] - 1
+    def drop(self, x: Traj, code: int, t: float) -> None:
+        """x leaves for good without being trained on: its work is waste; admission replaces it."""
+        if x.at >= 0:
+            w = self.workers[x.at]
+            self.adv(w, t)
+            x.charge += self.leave(x, w)
+            self.fill(w, t)
+        if code == ABORTED and self.cfg.tail_batching:
+            self.deferred.append((x.toks, x.envs))
+        self.running.discard(x.id)
+        x.ep, x.st, x.toks, x.envs = x.ep + 1, code, None, None
+        self.waste, self.live = self.waste + x.charge, self.live - 1
 
-    def finish(w, t):  # every sequence on w whose turn is done goes to its environment step
-        adv(w, t)
-        h, lim = heaps[w], vA[w] + 1e-6
+    def finish(self, w: Worker, t: float) -> None:
+        """Every sequence on w whose turn is done goes to its environment step."""
+        self.adv(w, t)
+        h, lim = w.heap, w.steps + 1e-6
         while h:
-            vf, i, e = h[0]
-            if e == ep[i]:  # (entries of cancelled turns are skipped)
+            vf, _, e, x = h[0]
+            if e == x.ep:  # (entries of cancelled turns are skipped)
                 if vf > lim:
                     break
-                charge[i] += leave(i, w)
-                hpush(ev, (t + row[i][1][turn[i]], nxt(), EV_ENV, i, e))
-            hpop(h)
-        fill(w, t)
+                x.charge += self.leave(x, w)
+                heappush(self.ev, (t + x.envs[x.turn], self.nxt(), EV_ENV, x, e))
+            heappop(h)
+        self.fill(w, t)
 
-    def env_done(i, t):  # EV_ENV: the next turn, or the trajectory is done
-        k, toks = turn[i] + 1, row[i][0]
-        turn[i] = k
-        if k < len(toks):
-            ctx[i] += toks[k - 1] + obs
-            need[i] = ctx[i] + toks[k]
-            return dispatch(i, t)
-        running.discard(i)
-        st[i], nfin[i] = DONE, nfin[i] + 1
-        buf.setdefault(ver[i], deque()).append(i)
-        try_train(t)
+    def env_done(self, x: Traj, t: float) -> None:
+        """EV_ENV: x's next turn, or x is done."""
+        x.turn += 1
+        if x.turn < len(x.toks):
+            x.ctx += x.toks[x.turn - 1] + self.obs
+            x.need = x.ctx + x.toks[x.turn]
+            return self.dispatch(x, t)
+        self.running.discard(x.id)
+        x.st, x.nfin = DONE, x.nfin + 1
+        self.buf.setdefault(x.ver, deque()).append(x.id)
+        self.try_train(t)
 
-    def try_train(t):  # the trigger: n_train usable done trajectories and an idle trainer
-        v = S["v"]
-        for i in [i for x in [x for x in buf if x < v - alpha] for i in buf.pop(x)]:  # too stale for version v
-            drop(i, EXPIRED, t)
-        admit(t)
-        if S["busy"] or S["step"] >= cfg.steps or sum(map(len, buf.values())) < n_train:
+    # --- training steps, shrink and expand (assumptions 4, 5, 6) ---
+    def try_train(self, t: float) -> None:
+        """The trigger: n_train usable done trajectories and an idle trainer; starts a training step."""
+        v, trajs = self.v, self.trajs
+        for i in [i for x in [x for x in self.buf if x < v - self.alpha] for i in self.buf.pop(x)]:  # too stale
+            self.drop(trajs[i], EXPIRED, t)
+        self.admit(t)
+        if self.busy or self.step >= self.cfg.steps or sum(map(len, self.buf.values())) < self.n_train:
             return
-        S["busy"], batch = True, []
-        for x in sorted(buf):  # oldest version first, then finishing order
-            while buf[x] and len(batch) < n_train:
-                batch.append(buf[x].popleft())
-        for i in batch:
-            st[i], row[i], S["useful"] = CONSUMED, None, S["useful"] + charge[i]
-            stale.append(v - ver[i])
-        for i in sorted(i for i in running if ver[i] <= v - alpha):  # no later step may use them (ROLL gc)
-            drop(i, ABORTED, t)
-        trig.append(t)
-        t0 = t if cfg.schedule == "disagg" else shrink(t)
-        dt = c["train_gpu_s"] * sum(ctxf[i] for i in batch) / (len(release) * g)
-        for w in release:
-            seg(w, t0, t0 + dt, 1)
-        hpush(ev, (t0 + dt, nxt(), EV_TRAINED, 0, 0))
+        self.busy, batch = True, []
+        for x in sorted(self.buf):  # oldest version first, then finishing order
+            while self.buf[x] and len(batch) < self.n_train:
+                batch.append(trajs[self.buf[x].popleft()])
+        for x in batch:
+            x.st, x.toks, x.envs, self.useful = CONSUMED, None, None, self.useful + x.charge
+            self.stale.append(v - x.ver)
+        for i in sorted(i for i in self.running if trajs[i].ver <= v - self.alpha):  # no later step may use them
+            self.drop(trajs[i], ABORTED, t)
+        self.trig.append(t)
+        t0 = t if self.cfg.schedule == "disagg" else self.shrink(t)
+        dt = self.c["train_gpu_s"] * sum(x.ctxf for x in batch) / (len(self.release) * self.cfg.gpus_per_worker)
+        for k in self.release:
+            add_segment(self.workers[k].segs, t0, t0 + dt, 1)
+        heappush(self.ev, (t0 + dt, self.nxt(), EV_TRAINED, 0, 0))
 
-    def shrink(t):  # the train set leaves rollout: its turns migrate (restart + re-prefill elsewhere), drain, offload
+    def shrink(self, t: float) -> float:
+        """The train set leaves rollout: its turns migrate (restart + re-prefill elsewhere), drain, offload."""
         moved, t0 = [], t
-        for w in [w for w in release if inpool[w]]:
-            adv(w, t)
-            inpool[w], t0 = False, max(t0, tA[w])
-            moved += [i for _, i, e in heaps[w] if e == ep[i]] + [i for i, e in wq[w] if e == ep[i]]
-        moved = [i for i in moved if evict(i, t)]
-        for w in release:
-            heaps[w], fin[w] = [], inf
-            wq[w].clear()
-            seg(w, t0, t0 + cfg.shrink_s, 3)
-        pool[:], S["drain"] = [w for w in range(W) if inpool[w]], S["drain"] + t0 - t
-        for i in moved:
-            dispatch(i, t)
-        return t0 + cfg.shrink_s
+        for w in [self.workers[k] for k in self.release if self.workers[k].inpool]:
+            self.adv(w, t)
+            w.inpool, t0 = False, max(t0, w.t)
+            moved += [x for _, _, e, x in w.heap if e == x.ep] + [x for x, e in w.queue if e == x.ep]
+        moved = [x for x in moved if self.evict(x, t)]
+        for k in self.release:
+            w = self.workers[k]
+            w.heap, self.fin[k] = [], math.inf
+            w.queue.clear()
+            add_segment(w.segs, t0, t0 + self.cfg.shrink_s, 3)
+        self.pool[:], self.drain = [w for w in self.workers if w.inpool], self.drain + t0 - t
+        for x in moved:
+            self.dispatch(x, t)
+        return t0 + self.cfg.shrink_s
 
-    def evict(i, t):  # migration: i's turn leaves its worker or queue to restart elsewhere (False: in its env step)
-        w, wk[i] = at[i], -1  # the prefix-cache affinity is lost
-        if w >= 0:
-            adv(w, t)
-            S["waste"] += leave(i, w)
-        if w != -1:
-            ep[i], S["mig"] = ep[i] + 1, S["mig"] + 1
-        return w != -1
+    def evict(self, x: Traj, t: float) -> bool:
+        """Migration: x's turn leaves its worker or queue to restart elsewhere (False: x is in its env step)."""
+        k, x.wk = x.at, -1  # the prefix-cache affinity is lost
+        if k >= 0:
+            self.adv(self.workers[k], t)
+            self.waste += self.leave(x, self.workers[k])
+        if k != -1:  # on a worker or queued (-2)
+            x.ep, self.mig = x.ep + 1, self.mig + 1
+        return k != -1
 
-    def trained(_, t):  # EV_TRAINED: weight sync on every GPU (rollout pauses for it), then the expand
-        s, e = c["sync_s"], cfg.expand_s if expands else 0.0
-        for w in range(W):
-            adv(w, t)
-            if busy[w] is not None:  # split the busy stretch around the sync
-                seg(w, busy[w], tA[w], 0)
-                busy[w] = tA[w] + s if nA[w] else None
-            seg(w, tA[w], tA[w] + s, 2)
-            seg(w, tA[w] + s, tA[w] + s + (0.0 if inpool[w] else e), 4)  # the train set expands
-            tA[w] += s
-            resched(w)
-        hpush(ev, (t + s + e, nxt(), EV_STEP, 0, 0))
+    def trained(self, t: float) -> None:
+        """EV_TRAINED: weight sync on every GPU (rollout pauses for it), then the train set expands."""
+        s, e = self.c["sync_s"], self.cfg.expand_s if self.expands else 0.0
+        for w in self.workers:
+            self.adv(w, t)
+            if w.busy is not None:  # split the busy stretch around the sync
+                add_segment(w.segs, w.busy, w.t, 0)
+                w.busy = w.t + s if w.n else None
+            add_segment(w.segs, w.t, w.t + s, 2)
+            add_segment(w.segs, w.t + s, w.t + s + (0.0 if w.inpool else e), 4)
+            w.t += s
+            self.resched(w)
+        heappush(self.ev, (t + s + e, self.nxt(), EV_STEP, 0, 0))
 
-    def step_end(_, t):  # EV_STEP: new policy version; the train set rejoins rollout (colocated, timemux)
-        S["v"], S["step"], S["busy"] = S["v"] + 1, S["step"] + 1, False
-        S["long"] = cfg.tail_batching and len(deferred) >= B  # RollPacker long round
-        ends.append(t)
-        for w in release if expands else ():
-            inpool[w], tA[w] = True, t
-        pool[:] = [w for w in range(W) if inpool[w]]
-        placed = [i for i in sorted(running) if wk[i] >= 0] if tm and expands else []
-        for i in [i for i in placed[: len(placed) * len(release) // W] if evict(i, t)]:  # ROLL rebalance_on_expand
-            dispatch(i, t)
-        admit(t)
-        for w in sorted(pool, key=lambda w: w not in release):  # the returning workers first
-            fill(w, t)
-        try_train(t)
+    def step_end(self, t: float) -> None:
+        """EV_STEP: a new policy version; the train set rejoins rollout (colocated, timemux)."""
+        self.v, self.step, self.busy = self.v + 1, self.step + 1, False
+        self.long = self.cfg.tail_batching and len(self.deferred) >= self.cfg.batch  # a RollPacker long round
+        self.ends.append(t)
+        for k in self.release if self.expands else ():
+            self.workers[k].inpool, self.workers[k].t = True, t
+        self.pool[:] = [w for w in self.workers if w.inpool]
+        trajs = self.trajs
+        placed = [i for i in sorted(self.running) if trajs[i].wk >= 0] if self.tm and self.expands else []
+        moved = placed[: len(placed) * len(self.release) // len(self.workers)]  # ROLL rebalance_on_expand
+        for i in [i for i in moved if self.evict(trajs[i], t)]:
+            self.dispatch(trajs[i], t)
+        self.admit(t)
+        for w in sorted(self.pool, key=lambda w: w.k not in self.release):  # the returning workers first
+            self.fill(w, t)
+        self.try_train(t)
 
-    admit(0.0)
-    t, nev = 0.0, 0
-    while S["step"] < cfg.steps:  # next event: a turn completion, a timeout, or a heap event (env, train, step)
-        m, te, td, nev = min(fin), ev[0][0] if ev else inf, tmo[0][0] if tmo else inf, nev + 1
-        if m <= te and m <= td and m < inf:
-            t = m
-            finish(fin.index(m), t)
-        elif td < te:
-            t, i = tmo.popleft()
-            if st[i] == RUNNING:
-                drop(i, TIMEOUT, t)
-                admit(t)
-        elif ev:
-            t, _, kind, x, y = hpop(ev)
-            if kind != EV_ENV or y == ep[x]:  # (the env event of a cancelled turn is stale)
-                (env_done, trained, step_end)[kind](x, t)
-        else:
-            break
-    wall = ends[-1] if ends else t
-    for w in range(W):  # close the busy stretches still open
-        adv(w, wall)
-        if busy[w] is not None:
-            seg(w, busy[w], tA[w], 0)
-    gpu_s, raw = np.zeros(len(ROLES)), 0.0  # GPU-seconds by role within [0, wall]; all rollout GPU-seconds
-    for s in segs:
-        a = np.array(s, dtype=float).reshape(-1, 3)  # [segments, (t0, t1, role)]
-        np.add.at(gpu_s, a[:, 2].astype(int), g * np.clip(np.minimum(a[:, 1], wall) - a[:, 0], 0, None))
-        raw += g * np.sum((a[:, 1] - a[:, 0])[a[:, 2] == 0])
-    inflight = sum(charge[i] + (share[at[i]] - sj[i] if at[i] >= 0 else 0.0) for i in running)
-    inflight += sum(charge[i] for q in buf.values() for i in q)
-    sts, gens, den = np.array(st), np.array(gen), max(wall, 1e-12) * cfg.n_gpus
-    ok, n_of = sts == CONSUMED, lambda code: int(np.sum(sts == code))
-    return dict(
-        schedule=cfg.schedule, steps=S["step"], wall_s=wall, step_s=wall / max(S["step"], 1),
-        traj_per_s=ok.sum() * cfg.n_gpus / den, tok_per_s=gens[ok].sum() * cfg.n_gpus / den,
-        rollout=(gpu_s[0] - S["waste"]) / den, waste=S["waste"] / den, train=gpu_s[1] / den, sync=gpu_s[2] / den,
-        overhead=(gpu_s[3] + gpu_s[4]) / den, idle=round(1 - gpu_s.sum() / den, 12), timeouts=n_of(TIMEOUT),
-        aborted=n_of(ABORTED), expired=n_of(EXPIRED), migrated=S["mig"], events=nev,
-        stale_mean=float(np.mean(stale)) if stale else 0.0, shrink_wait_s=S["drain"] / max(len(trig), 1),
-        staleness=np.bincount(np.array(stale, dtype=int), minlength=alpha + 1), segments=segs, ends=ends, trig=trig,
-        gpus_per_worker=g, gpu_s=dict(zip(ROLES, gpu_s)), useful_s=S["useful"], waste_s=S["waste"],
-        inflight_s=inflight, rollout_raw_s=raw, traj=dict(ver=np.array(ver), status=sts, nfin=np.array(nfin), gen=gens),
-    )  # fmt: skip
+    # --- the event loop and the metrics ---
+    def run(self) -> dict:
+        """Events until cfg.steps training steps are done, then the metrics."""
+        self.admit(0.0)
+        t, nev, fin, ev, tmo, trajs, workers = 0.0, 0, self.fin, self.ev, self.tmo, self.trajs, self.workers
+        while self.step < self.cfg.steps:  # the earliest of: a turn completion, a timeout, a heap event
+            m, te, td, nev = min(fin), ev[0][0] if ev else math.inf, tmo[0][0] if tmo else math.inf, nev + 1
+            if m <= te and m <= td and m < math.inf:
+                t = m
+                self.finish(workers[fin.index(m)], t)
+            elif td < te:
+                t, i = tmo.popleft()
+                if trajs[i].st == RUNNING:
+                    self.drop(trajs[i], TIMEOUT, t)
+                    self.admit(t)
+            elif ev:
+                t, _, kind, x, e = heappop(ev)
+                if kind == EV_ENV:
+                    if e == x.ep:  # (the env event of a cancelled turn is stale)
+                        self.env_done(x, t)
+                else:
+                    (self.trained if kind == EV_TRAINED else self.step_end)(t)
+            else:
+                break
+        return self.metrics(self.ends[-1] if self.ends else t, nev)
+
+    def metrics(self, wall: float, nev: int) -> dict:
+        """Throughput, GPU shares by role within [0, wall], staleness and the per-trajectory arrays."""
+        cfg, g, trajs = self.cfg, self.cfg.gpus_per_worker, self.trajs
+        for w in self.workers:  # close the busy stretches still open
+            self.adv(w, wall)
+            if w.busy is not None:
+                add_segment(w.segs, w.busy, w.t, 0)
+        gpu_s, raw = np.zeros(len(ROLES)), 0.0  # GPU-seconds by role within [0, wall]; all rollout GPU-seconds
+        for w in self.workers:
+            a = np.array(w.segs, dtype=float).reshape(-1, 3)  # [segments, (t0, t1, role)]
+            np.add.at(gpu_s, a[:, 2].astype(int), g * np.clip(np.minimum(a[:, 1], wall) - a[:, 0], 0, None))
+            raw += g * np.sum((a[:, 1] - a[:, 0])[a[:, 2] == 0])
+        share = lambda x: self.workers[x.at].share - x.sj if x.at >= 0 else 0.0  # of the turn under way
+        inflight = sum(trajs[i].charge + share(trajs[i]) for i in self.running)
+        inflight += sum(trajs[i].charge for q in self.buf.values() for i in q)
+        sts, gens, den = (
+            np.array([x.st for x in trajs]),
+            np.array([x.gen for x in trajs]),
+            max(wall, 1e-12) * cfg.n_gpus,
+        )
+        ok, n_of, stale = sts == CONSUMED, lambda code: int(np.sum(sts == code)), self.stale
+        return dict(
+            schedule=cfg.schedule, steps=self.step, wall_s=wall, step_s=wall / max(self.step, 1),
+            traj_per_s=ok.sum() * cfg.n_gpus / den, tok_per_s=gens[ok].sum() * cfg.n_gpus / den,
+            rollout=(gpu_s[0] - self.waste) / den, waste=self.waste / den, train=gpu_s[1] / den, sync=gpu_s[2] / den,
+            overhead=(gpu_s[3] + gpu_s[4]) / den, idle=round(1 - gpu_s.sum() / den, 12), timeouts=n_of(TIMEOUT),
+            aborted=n_of(ABORTED), expired=n_of(EXPIRED), migrated=self.mig, events=nev,
+            stale_mean=float(np.mean(stale)) if stale else 0.0, shrink_wait_s=self.drain / max(len(self.trig), 1),
+            staleness=np.bincount(np.array(stale, dtype=int), minlength=self.alpha + 1),
+            segments=[w.segs for w in self.workers], ends=self.ends, trig=self.trig, gpus_per_worker=g,
+            gpu_s=dict(zip(ROLES, gpu_s)), useful_s=self.useful, waste_s=self.waste, inflight_s=inflight,
+            rollout_raw_s=raw, traj=dict(ver=np.array([x.ver for x in trajs]), status=sts,
+                                         nfin=np.array([x.nfin for x in trajs]), gen=gens),
+        )  # fmt: skip
+
+
+def simulate(cfg: Config) -> dict:
+    """Run one schedule for cfg.steps training steps: metrics, Gantt segments, staleness, per-trajectory arrays."""
+    return Sim(cfg).run()
 
 
 def traj_per_s(cfg: Config) -> float:

@@ -423,3 +423,24 @@ def test_compare_in_processes_equals_serial():
     assert [r["schedule"] for r in par] == list(S.SCHEDULES)
     for a, b in zip(par, ser):
         assert all(a[k] == b[k] for k in SCALARS) and a["segments"] == b["segments"]
+
+
+def test_outputs_equal_the_recorded_implementation(tmp_path):
+    """simulate() gives, float for float, the outputs the implementation before the rewrite into records wrote
+    (tests/golden/scheduler_outputs.json, by tests/golden/record_scheduler.py at b6ecd88): 49 runs over both presets
+    (scaled down), 3 schedules, several seeds, and the knobs that take other paths (batch dispatch, redundancy,
+    tail batching, a dedicated train set, timeouts, a KV-bound cluster, replayed lengths)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parent / "golden" / "record_scheduler.py"
+    spec = importlib.util.spec_from_file_location("record_scheduler", path)
+    rec = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rec)
+    want = json.loads(rec.OUT.read_text())
+    got = json.loads(json.dumps(rec.run_cases(rec.write_lengths(str(tmp_path)))))  # the file's float round trip
+    assert sorted(got) == sorted(want)
+    for key in want:
+        moved = {k: (want[key][k], got[key].get(k)) for k in want[key] if got[key].get(k) != want[key][k]}
+        assert not moved, f"{key}: {moved}"

@@ -1,0 +1,87 @@
+"""Record scheduler.simulate's outputs on a set of configs: tests/golden/scheduler_outputs.json.
+
+    python tests/golden/record_scheduler.py
+
+The file in the repository was written by the implementation before the rewrite into records (commit b6ecd88);
+tests/test_scheduler.py checks that today's simulate() gives the same outputs, float for float. Running this
+script on today's code rewrites the file: `git diff` then shows any output that moved.
+"""
+
+import dataclasses
+import hashlib
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+import scheduler as S  # noqa: E402
+
+OUT = Path(__file__).with_name("scheduler_outputs.json")
+LENGTHS = [[120, 40, 300], [800], [60, 60, 60, 60, 60], [2500, 10], [90, 400], [30], [700, 700], [5, 5, 5, 5]]
+SMALL = dict(n_gpus=8, train_gpus=4, batch=24, steps=4, turns_median=3.0, max_turns=8, tokens_median=200.0,
+             prompt_tokens=1000, obs_tokens=200, gpus_per_worker=1, total_params_b=8.2, active_params_b=8.2,
+             kv_bytes_per_token=147456.0)  # fmt: skip
+# name: (fields, schedules, seeds); "LENGTHS" in lengths_file is replaced by a file of the rows above
+CASES = {
+    "agentic-160gpu": (S.PRESETS["agentic-160gpu"] | dict(batch=64, steps=4), S.SCHEDULES, (0, 1, 2)),
+    "rlvr-async": (S.PRESETS["rlvr-async"] | dict(batch=64, steps=3), S.SCHEDULES, (0, 1)),
+    "small": (SMALL, S.SCHEDULES, (0, 1, 2)),
+    "small-alpha2-theta": (SMALL | dict(alpha=2, theta=0.5), ("disagg", "timemux"), (0, 1)),
+    "small-batch-dispatch": (SMALL | dict(dispatch="batch"), S.SCHEDULES, (0,)),
+    "small-redundant-tail": (SMALL | dict(redundant=8, tail_batching=True), ("colocated",), (0, 1)),
+    "small-redundant": (SMALL | dict(redundant=8), S.SCHEDULES, (0,)),
+    "small-dedicated": (SMALL | dict(tm_dedicated=True), ("timemux",), (0,)),
+    "small-timeouts": (SMALL | dict(timeout_s=40.0, max_seqs=4), S.SCHEDULES, (0,)),
+    "small-kv-bound": (SMALL | dict(gpu_mem_gb=20.0, max_context=8000, tail=1.2), S.SCHEDULES, (0,)),
+    "replay-random": (SMALL | dict(lengths_file="LENGTHS", max_turns=5), S.SCHEDULES, (0,)),
+    "replay-once": (SMALL | dict(lengths_file="LENGTHS", replay_order="once", batch=4, steps=2), S.SCHEDULES, (0,)),
+}  # fmt: skip
+
+
+def digest(x) -> str:
+    """sha256 of repr(x): segments and per-trajectory arrays, compared without storing them."""
+    return hashlib.sha256(repr(x).encode()).hexdigest()[:16]
+
+
+def summary(r: dict) -> dict:
+    """The outputs of one simulate(): every scalar as a float (JSON keeps the exact value), the rest digested."""
+    out = {k: float(v) for k, v in r.items() if isinstance(v, (int, float, np.floating, np.integer))}
+    out |= dict(staleness=r["staleness"].tolist(), ends=digest(r["ends"]), trig=digest(r["trig"]))
+    out |= dict(segments=digest(r["segments"]), gpu_s=digest(r["gpu_s"]))
+    out |= {f"traj_{k}": digest(v.tolist()) for k, v in r["traj"].items()}
+    return out
+
+
+def run_cases(lengths_path: str) -> dict:
+    """{case/schedule/seed: summary} over CASES."""
+    res = {}
+    for name, (fields, schedules, seeds) in CASES.items():
+        fields = fields | ({"lengths_file": lengths_path} if fields.get("lengths_file") == "LENGTHS" else {})
+        for s in schedules:
+            for seed in seeds:
+                cfg = dataclasses.replace(S.Config(), **(fields | dict(schedule=s, seed=seed)))
+                res[f"{name}/{s}/{seed}"] = summary(S.simulate(cfg))
+    return res
+
+
+def write_lengths(folder: str) -> str:
+    """The LENGTHS rows as a lengths_file in folder."""
+    path = Path(folder) / "lengths.txt"
+    path.write_text("\n".join(" ".join(map(str, r)) for r in LENGTHS) + "\n")
+    return str(path)
+
+
+def main():
+    """Write OUT from the current implementation."""
+    with tempfile.TemporaryDirectory() as d:
+        res = run_cases(write_lengths(d))
+    OUT.write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")
+    print(f"{len(res)} runs -> {OUT}")
+
+
+if __name__ == "__main__":
+    main()
