@@ -1,0 +1,94 @@
+"""examples/repro_template.py, the copyable one-file GRPO iteration, against ppo_minimal.py: the same defaults, the
+same advantages, and one update on a fixed batch with the same loss, gradient norm and gradient (CPU, seconds)."""
+
+import contextlib
+import copy
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+import ppo_minimal as pm
+from tasks import make_tiny_model, make_tokenizer
+
+PATH = Path(__file__).resolve().parents[1] / "examples" / "repro_template.py"
+spec = importlib.util.spec_from_file_location("repro_template", PATH)
+T = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(T)
+
+
+class GradRecorder(torch.optim.Optimizer):
+    """An optimizer whose step() keeps a copy of every gradient (the clipped one both updates hand to step)."""
+
+    def __init__(self, params):
+        super().__init__(params, {})
+        self.grads = None
+
+    def step(self, closure=None):
+        self.grads = [p.grad.detach().clone() for g in self.param_groups for p in g["params"]]
+
+
+def fixed_batch(B=8, P=5, R=6, V=56, seed=0):
+    """Ids [B, P+R] with left-padded prompts and responses stopping early, anchors off the current policy by up to
+    e^1.5 (so clipping and the dual clip both bind on some tokens), advantages of both signs."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, V, (B, P + R), generator=g)
+    attn = torch.ones(B, P + R, dtype=torch.long)
+    attn[::3, :2] = 0  # left padding on some prompts
+    resp_len = torch.randint(1, R + 1, (B,), generator=g)
+    resp_mask = (torch.arange(R)[None] < resp_len[:, None]).long()  # [B, R] a response of resp_len tokens
+    attn[:, P:] = resp_mask
+    ids = ids * attn  # pad id 0 where masked
+    adv = (torch.randn(B, generator=g) * 2)[:, None] * resp_mask  # [B, R]
+    noise = (torch.rand(B, R, generator=g) * 3 - 1.5) * resp_mask
+    return ids, attn, resp_mask, adv, noise
+
+
+def test_defaults_are_ppo_minimal_defaults():
+    """The template's constants are the trainer's defaults, and those defaults have no KL or entropy term."""
+    cfg = pm.Config()
+    ours = (T.TEMPERATURE, T.CLIP_LOW, T.CLIP_HIGH, T.DUAL_CLIP, T.GRAD_CLIP, T.LR)
+    assert ours == (cfg.temperature, cfg.clip_low, cfg.clip_high, cfg.dual_clip, cfg.grad_clip, cfg.lr)
+    assert (cfg.loss_agg, cfg.ent_coef, cfg.kl_loss, cfg.kl_in_reward) == ("token-mean", 0, False, False)
+
+
+def test_grpo_advantages_equal_ppo_minimal():
+    rewards = torch.rand(24, generator=torch.Generator().manual_seed(1))
+    rewards[4:8] = 0.5  # a group without variance: advantages 0
+    want = pm.group_advantages(rewards, torch.arange(24) // 4)
+    torch.testing.assert_close(T.grpo_advantages(rewards, 4), want, rtol=1e-6, atol=1e-7)  # fp32: other sum order
+
+
+def test_one_update_equals_ppo_minimal_update_on_the_same_batch():
+    torch.manual_seed(0)
+    model = make_tiny_model(make_tokenizer()).eval()
+    ids, attn, resp_mask, adv, noise = fixed_batch()
+    with torch.no_grad():
+        old = T.logprobs(model, ids, attn, resp_mask.shape[1]) + noise  # [B, R] an anchor the ratio moves from
+    ours, theirs = model, copy.deepcopy(model)
+    opt_a, opt_b = GradRecorder(ours.parameters()), GradRecorder(theirs.parameters())
+    loss_a, gn_a = T.update(ours, opt_a, ids, attn, resp_mask, old, adv)
+
+    ones = torch.ones_like(adv)
+    mb = pm.Batch(input_ids=ids, attention_mask=attn, response_mask=resp_mask, old_logprobs=old, clip_anchor=old,
+                  ref_logprobs=None, advantages=adv, token_weights=ones, pg_mask=resp_mask, ent_mask=resp_mask,
+                  is_weights=ones, old_values=None, critic_returns=None, shares=None)  # fmt: skip
+    rows, step, _ = pm.policy_step(pm.Config(), theirs, opt_b, mb, 1, contextlib.nullcontext, True, "test")
+    assert 0 < rows[0]["stats/clipfrac"] < 1 and rows[0]["stats/clipfrac_lower"] > 0  # both clips bind
+    torch.testing.assert_close(loss_a.double(), step["loss/policy"], rtol=1e-6, atol=1e-8)
+    torch.testing.assert_close(gn_a, step["stats/grad_norm"], rtol=1e-5, atol=1e-7)
+    assert gn_a > T.GRAD_CLIP  # the clip changes the gradient handed to step: compared after it
+    for a, b in zip(opt_a.grads, opt_b.grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-8)
+
+
+def test_main_runs_on_the_tiny_model_and_on_a_saved_hf_folder(tmp_path, monkeypatch, capsys):
+    tok = make_tokenizer()
+    make_tiny_model(tok).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    for extra in ([], ["--model", str(tmp_path)]):
+        monkeypatch.setattr(sys, "argv", ["repro_template.py", "--steps", "2", *extra])
+        T.main()
+        lines = [ln for ln in capsys.readouterr().out.splitlines() if ln[:2] in ("1 ", "2 ")]
+        assert len(lines) == 2 and all("'grad_norm'" in ln and "nan" not in ln for ln in lines), lines
