@@ -7,19 +7,19 @@ into the smallest reproduction of a bug seen in a large framework.
 The iteration: sample G responses per prompt at temperature T (HF generate), score them (`reward`: edit it),
 GRPO advantages A = (r - mean_g) / (std_g + 1e-6) (unbiased std, Shao et al. 2024 eq. 3 as veRL computes it), the
 anchor logprobs recomputed by the trainer, the clipped PPO loss with veRL's dual clip, token-mean over every
-valid response token, one AdamW step after clipping the gradient norm. These are ppo_minimal.py's defaults (GRPO,
-no KL, no entropy bonus), and tests/test_repro_template.py checks that one update here and one update of
-ppo_minimal.py on the same batch give the same loss and gradient: the copy cannot drift from the reference.
-Conventions (veRL's): prompts left-padded, responses right-padded; response_mask 1 on each sampled token up to
-and including the first EOS; the logits at position P + t - 1, divided by T, score response token t; position ids
-count the real tokens of a row. Nothing here imports the project.
+valid response token, one AdamW step after clipping the gradient norm. The constants are ppo_minimal.py's
+defaults; the same iteration there is `--adv-estimator grpo --ppo-epochs 1 --minibatches 1 --lr-schedule constant
+--warmup-steps 0`, and tests/test_repro_template.py checks that one update here and one of ppo_minimal.py on the
+same batch give the same loss and gradient, so the copy cannot drift from the reference unseen.
+veRL's conventions: left-padded prompts; response_mask 1 up to and including the first EOS; logits at P + t - 1,
+over T, score response token t; position ids count a row's real tokens. Nothing here imports the project.
 """
 
 import argparse
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 TEMPERATURE, CLIP_LOW, CLIP_HIGH, DUAL_CLIP, GRAD_CLIP, LR = 0.6, 0.2, 0.2, 3.0, 1.0, 2e-4  # ppo_minimal's defaults
 
@@ -27,9 +27,10 @@ TEMPERATURE, CLIP_LOW, CLIP_HIGH, DUAL_CLIP, GRAD_CLIP, LR = 0.6, 0.2, 0.2, 3.0,
 def tiny_model_and_tokenizer():
     """A character-level tokenizer over digits and a 2-layer Qwen2 from a config (random init: nothing to fetch)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    vocab = {t: i for i, t in enumerate(["<pad>", "<bos>", "<eos>", ">", *"0123456789"])}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    vocab = {t: i for i, t in enumerate(["<pad>", "<bos>", "<eos>", "<unk>", ">", *"0123456789"])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))  # other characters: <unk>, never <pad>
     tok.pre_tokenizer, tok.decoder = pre_tokenizers.Split(Regex("."), "isolated"), decoders.Fuse()  # 1 char 1 token
     tok = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>")
     cfg = Qwen2Config(vocab_size=len(vocab), hidden_size=64, intermediate_size=256, num_hidden_layers=2,
@@ -52,25 +53,41 @@ def logprobs(model, input_ids, attention_mask, R: int, temperature: float = TEMP
     return F.log_softmax(logits, -1).gather(-1, input_ids[:, -R:, None]).squeeze(-1)  # [B, R]
 
 
+def stop_ids(model, tok) -> list[int]:
+    """The tokenizer's EOS and every EOS of the model's generation config (chat models have several)."""
+    ids = model.generation_config.eos_token_id
+    return sorted({tok.eos_token_id, *(ids if isinstance(ids, list) else [] if ids is None else [ids])} - {None})
+
+
 @torch.no_grad()
 def sample(model, tok, prompts: list[str], G: int, max_new_tokens: int, generator=None):
     """G responses per prompt: input_ids and attention_mask [B, P+R], response_mask [B, R], the texts."""
     enc = tok([p for p in prompts for _ in range(G)], return_tensors="pt", padding=True, padding_side="left")
     if generator is not None:
         torch.manual_seed(int(torch.randint(2**31, (1,), generator=generator)))  # generate draws from the global RNG
-    stops = dict(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    out = model.generate(**enc, do_sample=True, temperature=TEMPERATURE, top_p=1.0, top_k=0,
-                         max_new_tokens=max_new_tokens, **stops)  # fmt: skip
+    stops = stop_ids(model, tok)
+    gc = GenerationConfig(
+        do_sample=True,
+        temperature=TEMPERATURE,
+        top_p=1.0,
+        top_k=0,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=stops,
+    )  # fresh: no repetition penalty etc.
+    out = model.generate(**enc, generation_config=gc)  # samples softmax(logits / T), what logprobs() scores
     resp = out[:, enc.input_ids.shape[1] :]  # [B, R]
-    is_eos = (resp == tok.eos_token_id).long()
+    is_eos = torch.isin(resp, torch.tensor(stops)).long()  # [B, R]
     response_mask = ((is_eos.cumsum(-1) - is_eos) == 0).long()  # [B, R] up to and including the first EOS
     attention_mask = torch.cat([enc.attention_mask, response_mask], 1)  # [B, P+R]
-    texts = tok.batch_decode(resp * response_mask, skip_special_tokens=True)
+    texts = [tok.decode(r[:n], skip_special_tokens=True) for r, n in zip(resp, response_mask.sum(-1).tolist())]
     return out, attention_mask, response_mask, texts
 
 
 def grpo_advantages(rewards, G: int, eps: float = 1e-6):
     """[B] rewards of consecutive groups of G -> [B] advantages (r - mean_g) / (std_g + eps), unbiased std."""
+    if G < 2:
+        raise ValueError(f"GRPO needs groups of G >= 2 responses (got {G}): one has no baseline")
     r = rewards.view(-1, G)  # [N, G]
     return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + eps)).view(-1)  # [B]
 
@@ -118,7 +135,8 @@ def main():
     args = ap.parse_args()
     torch.manual_seed(0)
     if args.model:
-        model, tok = AutoModelForCausalLM.from_pretrained(args.model), AutoTokenizer.from_pretrained(args.model)
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)  # fp32 weights and AdamW
+        tok = AutoTokenizer.from_pretrained(args.model)
         tok.pad_token = tok.pad_token or tok.eos_token
     else:
         model, tok = tiny_model_and_tokenizer()

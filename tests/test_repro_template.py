@@ -1,9 +1,11 @@
 """examples/repro_template.py, the copyable one-file GRPO iteration, against ppo_minimal.py: the same defaults, the
 same advantages, and one update on a fixed batch with the same loss, gradient norm and gradient (CPU, seconds)."""
 
+import ast
 import contextlib
 import copy
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -90,5 +92,36 @@ def test_main_runs_on_the_tiny_model_and_on_a_saved_hf_folder(tmp_path, monkeypa
     for extra in ([], ["--model", str(tmp_path)]):
         monkeypatch.setattr(sys, "argv", ["repro_template.py", "--steps", "2", *extra])
         T.main()
-        lines = [ln for ln in capsys.readouterr().out.splitlines() if ln[:2] in ("1 ", "2 ")]
-        assert len(lines) == 2 and all("'grad_norm'" in ln and "nan" not in ln for ln in lines), lines
+        rows = [ast.literal_eval(ln[2:]) for ln in capsys.readouterr().out.splitlines() if ln[:2] in ("1 ", "2 ")]
+        assert len(rows) == 2 and all(math.isfinite(r[k]) for r in rows for k in ("reward", "loss", "grad_norm")), rows
+
+
+def digits_first_tokenizer():
+    """The template's vocabulary reordered so that id 0 is the ordinary token "7" (as "!" is in Qwen2 or GPT-2)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(["7", "<pad>", "<bos>", "<eos>", "<unk>", ">", *"01234568" + "9"])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.Split(Regex("."), "isolated"), decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<eos>", bos_token="<bos>", eos_token="<eos>")
+
+
+def test_sample_masks_every_stop_id_with_pad_equal_to_eos():
+    """A chat model's case: pad == EOS, a second stop id in the generation config, and id 0 an ordinary token. The
+    mask follows the stop-token rule (rollout.eos_mask_errors: 0) and each text is exactly its masked tokens."""
+    from rollout import eos_mask_errors
+
+    torch.manual_seed(0)
+    model, tok = T.tiny_model_and_tokenizer()[0], digits_first_tokenizer()
+    model.generation_config.eos_token_id = [tok.eos_token_id, tok.convert_tokens_to_ids("0")]
+    stops = T.stop_ids(model, tok)
+    assert stops == [3, 6]
+    ids, attn, mask, texts = T.sample(model, tok, ["<bos>1234>", "<bos>50>"], 8, 12, torch.Generator().manual_seed(0))
+    resp = ids[:, -mask.shape[1] :]
+    assert eos_mask_errors(resp, mask, stops, max_len=12) == 0.0
+    ends = [int(resp[i, n - 1]) for i, n in enumerate(mask.sum(-1).tolist()) if n < 12]
+    assert 3 in ends and 6 in ends, ends  # rows stopped by either stop id
+    kept = [tok.convert_ids_to_tokens(r[m.bool()].tolist()) for r, m in zip(resp, mask)]  # the masked tokens
+    want = ["".join(t for t in ts if t not in tok.all_special_tokens) for ts in kept]
+    assert texts == want and torch.equal(attn[:, -mask.shape[1] :], mask)
