@@ -37,9 +37,9 @@ Modelling assumptions (our choices unless cited; every default is a Config field
    ones expire. Waste = GPU-time of dropped (also timed-out: timeout_s after admission) and migrated turns.
 7. Tail batching (RollPacker; colocated, redundant > 0): aborted prompts are deferred; once `batch` of them wait,
    the next step admits exactly them (no redundancy) and waits for all. No GRPO groups: trajectories are independent.
-Code: `simulate(cfg)` runs `Sim(cfg)`: records of the trajectories (`Traj`) and the workers (`Worker`), one method
-per event and per decision named by the assumption it implements; decode between two events is solved in closed
-form (decode_time / decode_steps), so the cost is per event (about two per turn), never per token.
+Code: `simulate(cfg)` runs `Sim(cfg)`: records of the trajectories (`Traj`) and the workers (`Worker`), and a
+method per event and per decision, its docstring naming the assumption it implements; decode between two events
+is solved in closed form (decode_time / decode_steps), so the cost is per event (two per turn), never per token.
 """
 
 from __future__ import annotations
@@ -338,29 +338,29 @@ class Sim:
         keys = ("step_min", "step_max", "kv_s", "kv_cap", "prefill_s")  # the cost model, read on every event
         self.a1, self.amax, self.kv_s, self.kv_cap, self.pre_s = (c[k] for k in keys)
         # the schedule: who trains, when a step triggers, how stale a trajectory may be
-        self.co, self.tm = cfg.schedule == "colocated", cfg.schedule == "timemux"
-        W, self.alpha = cfg.n_gpus // g, 0 if self.co else cfg.alpha
+        co, self.tm = cfg.schedule == "colocated", cfg.schedule == "timemux"
+        W, self.alpha = cfg.n_gpus // g, 0 if co else cfg.alpha
         self.n_train = math.ceil(cfg.theta * B) if self.tm else B  # trajectories per training step
         self.chunk = B + cfg.redundant  # admitted per version beyond the cap's base; the workload's chunk size
-        self.release = list(range(W if self.co else cfg.train_gpus // g))  # the workers that also (or only) train
-        self.expands = self.co or (self.tm and not cfg.tm_dedicated)  # the release set rolls out between steps
+        self.release = list(range(W if co else cfg.train_gpus // g))  # the workers that also (or only) train
+        self.expands = co or (self.tm and not cfg.tm_dedicated)  # the release set rolls out between steps
         dedicated = cfg.schedule == "disagg" or cfg.tm_dedicated
         self.workers = [Worker(k, inpool=not (k in self.release and dedicated)) for k in range(W)]
         self.pool = [w for w in self.workers if w.inpool]  # the workers serving rollout, by index
         self.fin = [math.inf] * W  # fin[k]: when worker k's next turn completes (a list: the event loop's min)
-        # the trajectories: all by admission order (= id), the ids running, the done ids by start version
+        # the trajectories: all by admission order (= id), the ids running, the done ids by start version; ids, not
+        # records, in `running` and `buf`: their iteration order fixes the order of float sums (inflight_s)
         self.trajs, self.running, self.buf = [], set(), {}
         self.gq, self.deferred = deque(), deque()  # global FIFO queue of (traj, epoch); aborted rows (assumption 7)
         self.tmo, self.ev, self.nxt = deque(), [], itertools.count().__next__  # (deadline, id) FIFO; event heap
         # the run so far: version, steps, admitted - left, migrations; a step under way; a long round (RollPacker)
         self.v = self.step = self.live = self.mig = 0
-        self.busy = self.long = False
+        self.training = self.long = False
         self.waste = self.useful = self.drain = 0.0  # GPU-s of dropped and of trained trajectories; shrink drain s
         self.stale, self.ends, self.trig = [], [], []  # staleness of each trained one; step end and trigger times
         chunks = itertools.takewhile(len, (make_workload(cfg, k, self.chunk, rows) for k in itertools.count()))
         self.source = itertools.chain.from_iterable(chunks)  # drawn lazily, seeded per chunk; ends if read once
 
-    # --- workers: decode between events (assumption 2) ---
     def step_s(self, w: Worker) -> float:
         """Seconds of w's next decode step: the weights its batch touches, then its sequences' KV cache."""
         return (self.amax if self.a1 * w.n > self.amax else self.a1 * w.n) + self.kv_s * w.ctx
@@ -418,7 +418,6 @@ class Sim:
                 break
         self.resched(w)
 
-    # --- trajectories: admission, routing, turns (assumptions 5-6) ---
     def dispatch(self, x: Traj, t: float) -> None:
         """Route x's next turn: its prefix's worker if it has room, else the least-loaded one, else a queue."""
         w = self.workers[x.wk] if x.wk >= 0 and self.workers[x.wk].inpool else None
@@ -489,19 +488,18 @@ class Sim:
         self.buf.setdefault(x.ver, deque()).append(x.id)
         self.try_train(t)
 
-    # --- training steps, shrink and expand (assumptions 4, 5, 6) ---
     def try_train(self, t: float) -> None:
         """The trigger: n_train usable done trajectories and an idle trainer; starts a training step."""
         v, trajs = self.v, self.trajs
-        for i in [i for x in [x for x in self.buf if x < v - self.alpha] for i in self.buf.pop(x)]:  # too stale
+        for i in [i for ver in [ver for ver in self.buf if ver < v - self.alpha] for i in self.buf.pop(ver)]:  # stale
             self.drop(trajs[i], EXPIRED, t)
         self.admit(t)
-        if self.busy or self.step >= self.cfg.steps or sum(map(len, self.buf.values())) < self.n_train:
+        if self.training or self.step >= self.cfg.steps or sum(map(len, self.buf.values())) < self.n_train:
             return
-        self.busy, batch = True, []
-        for x in sorted(self.buf):  # oldest version first, then finishing order
-            while self.buf[x] and len(batch) < self.n_train:
-                batch.append(trajs[self.buf[x].popleft()])
+        self.training, batch = True, []
+        for ver in sorted(self.buf):  # oldest version first, then finishing order
+            while self.buf[ver] and len(batch) < self.n_train:
+                batch.append(trajs[self.buf[ver].popleft()])
         for x in batch:
             x.st, x.toks, x.envs, self.useful = CONSUMED, None, None, self.useful + x.charge
             self.stale.append(v - x.ver)
@@ -509,7 +507,7 @@ class Sim:
             self.drop(trajs[i], ABORTED, t)
         self.trig.append(t)
         t0 = t if self.cfg.schedule == "disagg" else self.shrink(t)
-        dt = self.c["train_gpu_s"] * sum(x.ctxf for x in batch) / (len(self.release) * self.cfg.gpus_per_worker)
+        dt = self.c["train_gpu_s"] * sum(x.ctxf for x in batch) / (len(self.release) * self.g)
         for k in self.release:
             add_segment(self.workers[k].segs, t0, t0 + dt, 1)
         heappush(self.ev, (t0 + dt, self.nxt(), EV_TRAINED, 0, 0))
@@ -527,7 +525,7 @@ class Sim:
             w.heap, self.fin[k] = [], math.inf
             w.queue.clear()
             add_segment(w.segs, t0, t0 + self.cfg.shrink_s, 3)
-        self.pool[:], self.drain = [w for w in self.workers if w.inpool], self.drain + t0 - t
+        self.pool, self.drain = [w for w in self.workers if w.inpool], self.drain + t0 - t
         for x in moved:
             self.dispatch(x, t)
         return t0 + self.cfg.shrink_s
@@ -558,12 +556,12 @@ class Sim:
 
     def step_end(self, t: float) -> None:
         """EV_STEP: a new policy version; the train set rejoins rollout (colocated, timemux)."""
-        self.v, self.step, self.busy = self.v + 1, self.step + 1, False
+        self.v, self.step, self.training = self.v + 1, self.step + 1, False
         self.long = self.cfg.tail_batching and len(self.deferred) >= self.cfg.batch  # a RollPacker long round
         self.ends.append(t)
         for k in self.release if self.expands else ():
             self.workers[k].inpool, self.workers[k].t = True, t
-        self.pool[:] = [w for w in self.workers if w.inpool]
+        self.pool = [w for w in self.workers if w.inpool]
         trajs = self.trajs
         placed = [i for i in sorted(self.running) if trajs[i].wk >= 0] if self.tm and self.expands else []
         moved = placed[: len(placed) * len(self.release) // len(self.workers)]  # ROLL rebalance_on_expand
@@ -574,7 +572,6 @@ class Sim:
             self.fill(w, t)
         self.try_train(t)
 
-    # --- the event loop and the metrics ---
     def run(self) -> dict:
         """Events until cfg.steps training steps are done, then the metrics."""
         self.admit(0.0)

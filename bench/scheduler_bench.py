@@ -29,7 +29,7 @@ from runlog import format_table, n_processes  # noqa: E402
 
 # The implementation before the rewrite into records (b6ecd88), full preset on this machine (2 cores, idle):
 # `python bench/scheduler_bench.py` printed 2,346,836 events in 21.7 s of CPU, 108,263 events per CPU-second =
-# 0.123 x the bare heap loop (878,568 events/s in that run).
+# 0.123 x the bare heap loop (878,568 events/s in that run). One run: RESULTS.md has runs spread over 0.10-0.14x.
 RECORDED = dict(events_per_cpu_s=108_263, vs_bare_loop=0.123, cpu_s=21.7)
 
 

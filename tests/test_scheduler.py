@@ -427,9 +427,10 @@ def test_compare_in_processes_equals_serial():
 
 def test_outputs_equal_the_recorded_implementation(tmp_path):
     """simulate() gives, float for float, the outputs the implementation before the rewrite into records wrote
-    (tests/golden/scheduler_outputs.json, by tests/golden/record_scheduler.py at b6ecd88): 49 runs over both presets
+    (tests/golden/scheduler_outputs.json, by tests/golden/record_scheduler.py at b6ecd88): 55 runs over both presets
     (scaled down), 3 schedules, several seeds, and the knobs that take other paths (batch dispatch, redundancy,
-    tail batching, a dedicated train set, timeouts, a KV-bound cluster, replayed lengths)."""
+    tail batching, a dedicated train set, timeouts in every schedule, expired trajectories, a KV-bound cluster,
+    replayed lengths)."""
     import importlib.util
     import json
     from pathlib import Path

@@ -1,10 +1,11 @@
 """Record scheduler.simulate's outputs on a set of configs: tests/golden/scheduler_outputs.json.
 
-    python tests/golden/record_scheduler.py
+    python tests/golden/record_scheduler.py        # from the scheduler.py of this checkout
 
-The file in the repository was written by the implementation before the rewrite into records (commit b6ecd88);
-tests/test_scheduler.py checks that today's simulate() gives the same outputs, float for float. Running this
-script on today's code rewrites the file: `git diff` then shows any output that moved.
+The file in the repository was written by the implementation before the rewrite into records (commit b6ecd88):
+`git worktree add /tmp/old b6ecd88`, this script copied to /tmp/old/tests/golden/ and run there, its output
+copied back. tests/test_scheduler.py checks that today's simulate() gives the same outputs, float for float.
+Running the script here rewrites the file from today's code: `git diff` then shows any output that moved.
 """
 
 import dataclasses
@@ -36,6 +37,9 @@ CASES = {
     "small-redundant": (SMALL | dict(redundant=8), S.SCHEDULES, (0,)),
     "small-dedicated": (SMALL | dict(tm_dedicated=True), ("timemux",), (0,)),
     "small-timeouts": (SMALL | dict(timeout_s=40.0, max_seqs=4), S.SCHEDULES, (0,)),
+    "small-timeouts-all": (SMALL | dict(timeout_s=25.0, max_seqs=2), S.SCHEDULES, (0,)),  # in every schedule
+    "small-expired": (SMALL | dict(theta=0.5, redundant=8), ("timemux",), (0,)),  # done ones too stale: 3
+    "small-expired-theta": (SMALL | dict(theta=0.25), ("timemux",), (0, 1)),
     "small-kv-bound": (SMALL | dict(gpu_mem_gb=20.0, max_context=8000, tail=1.2), S.SCHEDULES, (0,)),
     "replay-random": (SMALL | dict(lengths_file="LENGTHS", max_turns=5), S.SCHEDULES, (0,)),
     "replay-once": (SMALL | dict(lengths_file="LENGTHS", replay_order="once", batch=4, steps=2), S.SCHEDULES, (0,)),
@@ -51,7 +55,7 @@ def summary(r: dict) -> dict:
     """The outputs of one simulate(): every scalar as a float (JSON keeps the exact value), the rest digested."""
     out = {k: float(v) for k, v in r.items() if isinstance(v, (int, float, np.floating, np.integer))}
     out |= dict(staleness=r["staleness"].tolist(), ends=digest(r["ends"]), trig=digest(r["trig"]))
-    out |= dict(segments=digest(r["segments"]), gpu_s=digest(r["gpu_s"]))
+    out |= dict(segments=digest(r["segments"])) | {f"gpu_s_{k}": float(v) for k, v in r["gpu_s"].items()}
     out |= {f"traj_{k}": digest(v.tolist()) for k, v in r["traj"].items()}
     return out
 
