@@ -18,7 +18,7 @@ Implementation details (our choices)
    with labels on action tokens (+ EOS) only and observations tokenised exactly as rollout_env does; the check
    is greedy success on 256 episodes. An episode is ~4.6x a single-turn pair's tokens (calc: 73 on average, 76
    padded, vs 16), so the trainer's warm start takes 64 of them per step, about the tokens of 256 pairs; a check
-   plays whole episodes (2.6 s on 2 cores, ~6 steps' worth), so it runs every 10 steps. calc: 170 steps, 0.39
+   plays whole episodes (2.6 s on 2 cores, more than a step of 256), so it runs every 10 steps. calc: 170 steps, 0.39
    greedy, against 195 steps at 256 episodes (0.44) for 4.6x the compute (NOTES-CPU.md).
 4. Targets per task (SFT_TARGETS): `sort` stops at 0.15, the others at 0.30 (README "Learning").
 5. Under torch.distributed only rank 0 builds (transformers' save_pretrained writes no model on another rank);

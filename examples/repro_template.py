@@ -55,8 +55,8 @@ def logprobs(model, input_ids, attention_mask, R: int, temperature: float = TEMP
 
 def stop_ids(model, tok) -> list[int]:
     """The tokenizer's EOS and every EOS of the model's generation config (chat models have several)."""
-    ids = model.generation_config.eos_token_id
-    return sorted({tok.eos_token_id, *(ids if isinstance(ids, list) else [] if ids is None else [ids])} - {None})
+    ids = model.generation_config.eos_token_id  # None, an int or a list
+    return sorted({i for i in [tok.eos_token_id, *(ids if isinstance(ids, list) else [ids])] if i is not None})
 
 
 @torch.no_grad()
