@@ -53,11 +53,12 @@ import torch
 import torch.distributed as dist
 
 from common import check_fields, dist_store, make_autocast, parse_config, setup_dist, train_alone
+from data import load_task
 from envs import TaskEnv, env_overrides, make_env, multi_turn, rollout_kw
 from ppo_minimal import Config, train
 from rollout import Rollout, cat_rollouts, rollout_env
 from runlog import format_table, read_jsonl
-from tasks import load_policy, make_task, stop_token_ids
+from tasks import load_policy, stop_token_ids
 from warm_start import sft_config_for, sft_warm_start
 
 
@@ -216,7 +217,7 @@ def rollout_worker(cfg: AsyncConfig, rank: int, group, store, source: str) -> No
     _, _, _, device = setup_dist(timeout_s=cfg.dist_timeout, device=cfg.device)
     policy, tokenizer = load_policy(source, device)
     eos_ids, autocast = stop_token_ids(policy, tokenizer), make_autocast(cfg.dtype, device)
-    task = None if multi_turn(cfg) else make_task(cfg.task, cfg.data, cfg.reward, tokenizer, cfg.max_prompt_len)
+    task = None if multi_turn(cfg) else load_task(cfg, tokenizer, device)
     chan, gen = Channel(store, group, rank, 0), torch.Generator(device=device).manual_seed(cfg.seed + rank)
     version, queue, done, last_heard = -1, deque(), 0, time.time()
     while True:
@@ -239,7 +240,7 @@ def rollout_worker(cfg: AsyncConfig, rank: int, group, store, source: str) -> No
         t0 = time.time()
         with autocast():
             samples, episodes = rollout_env(policy, tokenizer, envs, seeds, eos_ids, generator=gen, **rollout_kw(cfg))
-        keep = ("return", "success", "turns", "malformed", "cut", "context_cut")
+        keep = ("return", "success", "turns", "malformed", "cut", "context_cut", "reward_info")
         info = [{**{k: e[k] for k in keep}, "env_s": [sum(e["env_s"])]} for e in episodes]
         header = {"kind": "samples", "rid": rid, "version": version, "pad": tokenizer.pad_token_id, "episodes": info}
         P, R = samples.prompt_ids.shape[1], samples.response_ids.shape[1]

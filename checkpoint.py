@@ -43,7 +43,12 @@ MARKER = "checkpoint.json"
 RUN_FIELDS = ("out_dir", "save_every", "resume", "resume_allow", "tensorboard", "save_final", "strict", "dist_timeout")
 RUN_FIELDS += ("dump_batch", "replay")  # where a run writes, how it reports: free to change on resume
 IDENTITY = ("task", "reward", "sft_target", "adv_estimator", "critic", "critic_model", "critic_depth", "n_critics")
-IDENTITY += ("model_config_sha256", "tokenizer_sha256", "data_sha256")  # never change (a moved model: allow its path)
+IDENTITY += (
+    "model_config_sha256",
+    "tokenizer_sha256",
+    "data_sha256",
+    "user_files_sha256",
+)  # never change (a moved model: allow its path)
 
 
 def sha256_json(obj) -> str:
@@ -53,19 +58,39 @@ def sha256_json(obj) -> str:
 def run_fingerprint(cfg, world: int, source: str, ref, tokenizer) -> dict:
     """What a checkpoint must share with the run that resumes it: the config, the world size, the model source
     (`cfg.model` or the warm start's folder) and hashes of the reference model's config (without the keys that name
-    a path, a dtype or the library version), of the tokenizer's vocabulary and special tokens, and of --data."""
+    a path, a dtype or the library version), of the tokenizer's vocabulary and special tokens, and of the user's data
+    and reward files (--data, --eval-data, --reward FILE.py, --reward-model)."""
     unstable = ("_name_or_path", "dtype", "torch_dtype", "transformers_version")
     model_config = {k: v for k, v in ref.config.to_diff_dict().items() if k not in unstable}
     specials = {k: getattr(tokenizer, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")}
-    data = hashlib.sha256(Path(cfg.data).read_bytes()).hexdigest() if getattr(cfg, "data", None) else None
+    user = [getattr(cfg, k, None) for k in ("data", "eval_data", "reward_model")]
+    user += [spec.split(":")[0] for spec in getattr(cfg, "reward", None) or [] if ".py" in spec]
     return {
         "config": json.loads(json.dumps(asdict(cfg))),  # tuples as lists, as saved
         "world_size": world,
         "model_source": source,
         "model_config_sha256": sha256_json(model_config),
         "tokenizer_sha256": sha256_json([sorted(tokenizer.get_vocab().items()), specials]),
-        "data_sha256": data,
+        "data_sha256": files_sha256(user[0]),
+        **(
+            {"user_files_sha256": {p: files_sha256(p) for p in user[1:] if p}} if any(user[1:]) else {}
+        ),  # (older: none)
     }
+
+
+def files_sha256(path: str | None) -> str | None:
+    """A file's content hash, or a folder's (every file's, by relative path); None for None. Streamed: a reward
+    model's weights are never read whole."""
+    if path is None:
+        return None
+    p, whole = Path(path), hashlib.sha256()
+    for f in [p] if p.is_file() else sorted(x for x in p.rglob("*") if x.is_file()):
+        with open(f, "rb") as data:
+            digest = hashlib.file_digest(data, "sha256")
+        if p.is_file():
+            return digest.hexdigest()
+        whole.update(str(f.relative_to(p)).encode() + b"\0" + digest.digest())
+    return whole.hexdigest()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -185,9 +210,11 @@ def check_resume(ckpt: str, cfg, fingerprint: dict) -> int:
     defaults = {f.name: f.default if f.default_factory is MISSING else f.default_factory() for f in fields(cfg)}
     defaults = json.loads(json.dumps(defaults, default=str))  # as a checkpoint holds them (tuples as lists)
     diffs = {k: (saved.get(k), now[k]) for k in now if k != "config" and saved.get(k) != now[k]}
+    same_reward = lambda r: [r] if isinstance(r, str) else r or ["math_exact"]  # noqa: E731 (one name before 2026-12-02)
     for k in now["config"].keys() - set(RUN_FIELDS):
-        if (old := saved["config"].get(k, defaults.get(k))) != now["config"][k]:
-            diffs[k] = (old, now["config"][k])
+        old, new = saved["config"].get(k, defaults.get(k)), now["config"][k]
+        if (same_reward(old) != same_reward(new)) if k == "reward" else old != new:
+            diffs[k] = (old, new)
     refused = {k: v for k, v in diffs.items() if k in IDENTITY or k not in cfg.resume_allow}
     show = lambda d: "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, (a, b) in sorted(d.items()))
     if refused:

@@ -62,6 +62,14 @@ def _parser_for(tp):
     return tp, None, None
 
 
+class _ListFlag(argparse.Action):
+    """A list field: `--x a b` and `--x a --x b` both give [a, b] (the default is replaced, never extended)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        so_far = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, ([] if so_far is self.default else list(so_far)) + list(values))
+
+
 def parse_config(cls, argv: list[str] | None = None, description: str | None = None):
     """Build `cls` (a dataclass) from command-line flags; `--help` lists every field once, with its default."""
     hints = typing.get_type_hints(cls)
@@ -77,6 +85,7 @@ def parse_config(cls, argv: list[str] | None = None, description: str | None = N
             default, seen = f.default if f.default is not dataclasses.MISSING else f.default_factory(), seen | {f.name}
             kind = dict(zip(("type", "choices", "nargs"), _parser_for(hints[f.name])))
             kind = {"action": argparse.BooleanOptionalAction} if hints[f.name] is bool else kind
+            kind = {**kind, "action": _ListFlag} if kind.get("nargs") else kind
             help_ = docs.get(f.name, "").replace("%", "%%")  # argparse formats help strings with %
             group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=default, help=help_, **kind)
     argv = sys.argv[1:] if argv is None else argv

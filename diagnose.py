@@ -118,6 +118,12 @@ NAME_MAP = (
     ("sampling/sampling_logp_difference/mean", "stats/rollout_vs_old_logp_diff"),
     ("stats/score_std", "rollout/reward_std"),  # our own name for it up to 2026-12 (one name per quantity now)
 )  # fmt: skip
+# what the trainer's TensorBoard and W&B get beside our names: veRL's (KL: its name depends on where the KL goes)
+VERL_PREFIXES = ("critic/", "actor/", "response_length/", "training/")
+VERL_ALIASES = {
+    ours: theirs for theirs, ours in reversed(NAME_MAP) if theirs.startswith(VERL_PREFIXES) and ours != "stats/kl"
+}
+VERL_ALIASES.update({"stats/lr": "actor/lr", "time/rollout": "timing_s/gen", "time/reward": "timing_s/reward"})
 # what logprob_mismatch reads; the threshold of stats/<x> is logprob_mismatch.<x>
 MISMATCH = ("stats/first_mb_clipfrac", "stats/first_mb_ratio_dev", "stats/rollout_vs_old_logp_diff")
 MISMATCH += ("stats/rollout_vs_old_prob_diff",)
@@ -125,6 +131,15 @@ ONLY_OURS = ("rollout/acc", "stats/token_reward_kl_abs", "stats/adv_abs_mean", "
 ONLY_OURS += ("critic/grad_norm_0", "stats/eos_mask_err_frac")
 KNOWN = frozenset(ONLY_OURS + MISMATCH) | {ours for _, ours in NAME_MAP}  # every name a check reads, and more
 FOREIGN = frozenset(theirs for theirs, _ in NAME_MAP)
+
+
+def verl_aliases(metrics: dict, source: str) -> dict:
+    """veRL's names of the metrics that have one; held-out ones as veRL's val-core/<data source>/<var>/<stat>."""
+    out = {VERL_ALIASES[k]: v for k, v in metrics.items() if k in VERL_ALIASES}
+    for k, v in metrics.items():
+        if k == "eval/acc" or k.startswith("eval/mean@"):  # greedy eval/acc: veRL's default validation (n = 1)
+            out[f"val-core/{source}/acc/mean@1" if k == "eval/acc" else f"val-core/{source}/reward/{k[5:]}"] = v
+    return out
 
 
 def to_ours(metrics: dict) -> dict:

@@ -279,19 +279,39 @@ class GuessNumberEnv(_EmbeddedEnv):
 
 
 class TaskEnv:
-    """A single-turn task as a one-turn environment: reset gives the prompt, step scores the response."""
+    """A single-turn task as a one-turn environment: reset gives the prompt, step scores the response (solved: a
+    score >= 1). The user's data (a task with `score_batch`) is scored for the whole turn at once by score_turn."""
 
     def __init__(self, task, problem: dict):
-        self.task, self.problem, self.name = task, problem, task.name
+        self.task, self.problem, self.name, self.scored = task, problem, task.name, None
 
-    def reset(self, seed: int | None = None) -> tuple[str, dict]:
-        """The task's prompt as the first observation."""
+    def reset(self, seed: int | None = None) -> tuple[str | list[dict], dict]:
+        """The task's prompt (a text, or chat messages) as the first observation."""
+        self.scored = None
         return self.problem["prompt"], {}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        """Score the response with the task's reward; the episode ends."""
-        score = float(self.task.compute_score(action, self.problem["ground_truth"]))
-        return "", score, True, False, {"success": score == 1.0}
+        """Score the response with the task's reward, or take score_turn's (score, solved, its reward metrics);
+        the episode ends."""
+        if self.scored is None:  # a procedural task: its reward right here (time/reward: rollout.rollout_metrics)
+            t0 = time.perf_counter()
+            score = float(self.task.compute_score(action, self.problem["ground_truth"]))
+            self.scored = score, score >= 1.0, {"time/reward": time.perf_counter() - t0}
+        return "", self.scored[0], True, False, {"success": self.scored[1], "reward_info": self.scored[2]}
+
+
+def score_turn(envs: list, texts: list[str], ids: list[list[int]]) -> None:
+    """Before a turn's envs step: the TaskEnvs of a task with `score_batch` (data.DataTask: the user's reward
+    functions in their worker pool, a reward model) get (score, solved, reward metrics) in one call per task."""
+    by_task = {}
+    for env, text, act in zip(envs, texts, ids):
+        if isinstance(env, TaskEnv) and hasattr(env.task, "score_batch"):
+            by_task.setdefault(id(env.task), []).append((env, text, act))
+    for group in by_task.values():
+        scored = group[0][0].task.score_batch([e.problem for e, _, _ in group], [t for _, t, _ in group],
+                                              [a for _, _, a in group])  # fmt: skip
+        for (env, _, _), *this in zip(group, *scored):
+            env.scored = tuple(this)
 
 
 class GemEnv:

@@ -49,6 +49,7 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -61,20 +62,24 @@ from attention_credit import CreditArgs, credit_weights
 from checkpoint import check_resume, load_pt, resume_checkpoint, run_fingerprint, save_checkpoint
 from common import DistArgs, check_fields, check_range, make_autocast, masked_mean, masked_whiten, parse_config
 from critics import CriticArgs, Critics, asyppo_masks, critic_footprint, make_critics, partition_shares, value_stats
-from diagnose import LiveDiagnoser
+from data import DataArgs, DataTask, load_task
+from diagnose import LiveDiagnoser, verl_aliases
 from envs import ENVS, EnvArgs, multi_turn, rollout_kw, sample_episodes
+from evaluation import EvalArgs, evaluate, evaluate_all, held_out
 from offpolicy import OffPolicyArgs, gap_stats, off_policy_weights
 from repro import ReproArgs
-from rollout import SampleArgs, evaluate, last_valid, rollout_env, rollout_metrics
+from rewards import RewardArgs
+from rollout import SampleArgs, last_valid, rollout_env, rollout_metrics
 from runlog import MetricsLogger, RunArgs, write_result
-from tasks import TASKS, TaskArgs, load_policy, make_task, stop_token_ids
+from tasks import TASKS, TaskArgs, load_policy, stop_token_ids
 from warm_start import sft_config_for, sft_target_for, sft_warm_start
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")  # Config.loss_agg
 
 
 @dataclass
-class Config(TaskArgs, SampleArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArgs, DistArgs, RunArgs, ReproArgs):
+class Config(TaskArgs, DataArgs, RewardArgs, SampleArgs, EvalArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArgs,
+             DistArgs, RunArgs, ReproArgs):  # fmt: skip
     """The trainer's knobs: PPO's own here, each concept's in the Args class it inherits (`--help` lists all)."""
 
     adv_estimator: Literal["gae", "grpo", "rloo"] = "gae"
@@ -142,10 +147,6 @@ class Config(TaskArgs, SampleArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArg
     """The reference forward for stats/kl every this many iterations when no KL term needs it (0 = never)."""
     no_eos_penalty: float | None = None
     """Score given to a response that hit max_new_tokens without EOS (None = keep its score)."""
-    eval_every: int = 10
-    """Greedy evaluation on held-out prompts every this many iterations (0 = never)."""
-    eval_n: int = 500
-    """Held-out prompts per evaluation."""
     seed: int = 0
     """Seed (sampling uses seed + rank)."""
     strict: bool = False
@@ -154,14 +155,18 @@ class Config(TaskArgs, SampleArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArg
     def __post_init__(self):
         repro.apply_stated_config(self)  # first: an injection's stated config fills fields left at their default
         check_fields(self, RANGES)  # PPO's own fields (a None derived below passes)
-        for base in Config.__bases__:  # then each concept's own checks, in its Args class
+        for base in [b for b in Config.__bases__ if "__post_init__" in vars(b)]:  # each concept's checks, its own
             base.__post_init__(self)
         if self.ent_coef is None:  # derived once here, printed with the config
             self.ent_coef = 1e-3 if self.critic == "asyppo" and self.adv_estimator == "gae" else 0.0
         self.sft_target = sft_target_for(self.task) if self.sft_target is None else self.sft_target  # derived, too
         if self.data is None and not self.task.startswith("gem:") and self.task not in TASKS + tuple(ENVS):
             raise ValueError(f"config field 'task' = {self.task!r}: must be one of {[*TASKS, *ENVS]} or gem:<id>")
+        if self.data is not None and self.model is None and os.environ.get("RANK", "0") == "0":
+            print("[minrl] WARNING --data without --model trains the character-level tiny model on your text")
         for bad, why in (
+            (self.task.startswith("gem:") and self.data is None and self.model is None,
+             f"'task' = {self.task!r}: a gem environment needs --model (it has no SFT solver)"),
             (self.min_lr_ratio and self.lr_schedule != "cosine",
              f"'min_lr_ratio' = {self.min_lr_ratio} needs lr_schedule 'cosine' (a constant lr has no floor)"),
             (self.critic == "asyppo" and self.group_size % self.n_critics,
@@ -188,9 +193,9 @@ class Config(TaskArgs, SampleArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArg
 
 
 RANGES = {  # allowed interval -> fields, checked at construction (common.check_fields)
-    "[0, inf)": ("steps", "eval_every", "warmup_steps", "lr", "kl_coef", "kl_loss_coef", "ent_coef", "seed",
+    "[0, inf)": ("steps", "warmup_steps", "lr", "kl_coef", "kl_loss_coef", "ent_coef", "seed",
                  "kl_metric_every"),
-    "[1, inf)": ("prompts_per_step", "group_size", "ppo_epochs", "minibatches", "micro_batch", "eval_n"),
+    "[1, inf)": ("prompts_per_step", "group_size", "ppo_epochs", "minibatches", "micro_batch"),
     "(0, inf)": ("clip_high", "value_clip", "adam_eps", "grad_clip", "loss_scale_factor"),
     "[0, 1]": ("gamma", "lam", "min_lr_ratio"),
     "(0, 1]": ("sft_target",), "(0, 1)": ("clip_low",), "(1, inf)": ("dual_clip",), "(-inf, inf)": ("no_eos_penalty",),
@@ -607,6 +612,22 @@ def build_models(cfg: Config, device, world: int):
     return policy, policy_train, opt, ref, tokenizer, stop_token_ids(policy, tokenizer), critics, fingerprint
 
 
+def open_run_log(cfg: Config, task, policy, start: int, rank: int, world: int, device, n_local: int) -> MetricsLogger:
+    """The run's metrics logger (the printed columns; TensorBoard and W&B get veRL's names too, val-core/<source>
+    with the data's source), its config.json and its one-line header."""
+    table = "step rollout/reward_mean rollout/acc eval/acc rollout/response_len stats/kl stats/entropy stats/clipfrac"
+    table += " loss/policy loss/value critic/explained_var stats/grad_norm perf/tokens_per_s"  # the printed columns
+    name = cfg.task if task is None else task.name
+    logger = MetricsLogger.of(
+        cfg, table.split(), rank == 0, start, partial(verl_aliases, source=getattr(task, "source", name))
+    )
+    if rank == 0:
+        (Path(cfg.out_dir) / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
+        n_params = sum(p.numel() for p in policy.parameters()) / 1e6
+        print(f"[minrl] {cfg.adv_estimator}, {name}, world {world}, {device}, {n_params:.2f}M params, {n_local} seqs")
+    return logger
+
+
 def train(cfg: Config, hooks=(), sampler=None) -> dict:
     """The RL loop: the last metrics row plus "eval_history" [(step, acc)], also in out_dir/result.json. sampler:
     None samples here with the current policy; else `sampler(step, policy)` returns (rollout with policy_version,
@@ -617,33 +638,27 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     sampling = rollout_kw(cfg)  # rollout_env's limits and sampling settings (envs.py)
     policy, policy_train, opt, ref, tokenizer, eos_ids, critics, fingerprint = build_models(cfg, device, world)
     anchor = repro.stale_anchor(cfg.inject, policy)  # computes old_logprobs: the policy; INJECT stale_old_logprobs
-    task = None if multi_turn(cfg) else make_task(cfg.task, cfg.data, cfg.reward, tokenizer, cfg.max_prompt_len)
+    task = None if multi_turn(cfg) else load_task(cfg, tokenizer, device)  # a procedural task, or --data's rows
     kl_beta = cfg.kl_coef  # beta of KL in the reward (kl_controller)
     rng = np.random.default_rng(cfg.seed + rank)  # tasks and env seeds: seed + rank
     sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + rank)  # the sampler: seed + rank
     shuffle_gen = torch.Generator().manual_seed(cfg.seed)  # minibatches: the same on every rank
     part_gen = torch.Generator().manual_seed(cfg.seed + rank)  # AsyPPO's partition: its own stream
     gens = {"sample_gen": sample_gen, "shuffle_gen": shuffle_gen, "part_gen": part_gen}  # (checkpointed)
-    eval_set = sample_episodes(task, cfg.task, "eval", cfg.eval_n, np.random.default_rng(12345))  # every seed's
+    eval_sets = held_out(task, cfg.task, cfg.eval_n, cfg.eval_samples)  # every seed's (greedy, sampled N times)
     start, history, diag = 0, {"eval": []}, LiveDiagnoser()
     if cfg.resume:  # checked in build_models; the lr is recomputed every iteration from the (allowed) config
         state = resume_checkpoint(cfg.resume, rank, opt, critics, rng, gens)
         start, history, kl_beta = state["step"], json.loads(state["history"]), state["kl_beta"]
         diag.load_state(state.get("diag", "{}"))  # the live diagnosis goes on from its baselines (older: anew)
     out_dir, metrics, footprint = Path(cfg.out_dir), {}, {}
-    table = "step rollout/reward_mean rollout/acc eval/acc rollout/response_len stats/kl stats/entropy stats/clipfrac"
-    table += " loss/policy loss/value critic/explained_var stats/grad_norm perf/tokens_per_s"  # the printed columns
-    logger = MetricsLogger(out_dir, table.split(), enabled=rank == 0, tensorboard=cfg.tensorboard, start_step=start)
-    if rank == 0:
-        (out_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
-        n_params, name = sum(p.numel() for p in policy.parameters()) / 1e6, cfg.task if task is None else task.name
-        print(f"[minrl] {cfg.adv_estimator}, {name}, world {world}, {device}, {n_params:.2f}M params, {n_local} seqs")
+    logger = open_run_log(cfg, task, policy, start, rank, world, device, n_local)
     if critics is not None:  # critic params and training memory vs one actor-sized critic (one micro-batch)
         ids = torch.full((cfg.micro_batch, cfg.max_prompt_len + cfg.max_new_tokens), eos_ids[0], device=device)
         footprint = critic_footprint(critics.models, policy, ids, torch.ones_like(ids), cfg.max_new_tokens)
     if cfg.eval_every and start == 0 and cfg.steps > 0:  # the starting point, before any update
         with autocast():
-            history["eval"].append((0, evaluate(policy, tokenizer, eval_set, eos_ids, rank, world, **sampling)))
+            history["eval"].append((0, evaluate(policy, tokenizer, eval_sets[0], eos_ids, rank, world, **sampling)))
         if rank == 0:
             print(f"[minrl] eval/acc before training: {history['eval'][0][1]:.3f}")
     for step in range(start, cfg.steps):
@@ -726,7 +741,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
             m["stats/kl"] = float(masked_mean(kl_estimate(old_logprobs, ref_logprobs) * mask, mask, global_=True))
         m.update(gap_stats(old_logprobs, behav, mask, rollout.policy_version, step))
         m["stats/kl_coef"] = kl_beta
-        m.update({"stats/lr": opt.param_groups[0]["lr"], "time/rollout": t1 - t0, "time/reward": t2 - t1})
+        m.update({"stats/lr": opt.param_groups[0]["lr"], "time/rollout": t1 - t0})  # (the reward calls inside too)
         m.update({"perf/tokens_per_s": mask.sum().item() / (t3 - t0), "time/train": t3 - t2})
         if "time/credit" in credit:  # attention credit: what it adds to the recompute, as a share of the step
             m["perf/credit_overhead"] = credit["time/credit"] / (t3 - t0)
@@ -738,7 +753,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         metrics = m = common.reduce_metrics(m, device)  # pooled over ranks; the last iteration's row is the result
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
             with autocast():
-                m["eval/acc"] = evaluate(policy, tokenizer, eval_set, eos_ids, rank, world, **sampling)
+                m.update(evaluate_all(policy, tokenizer, eval_sets, eos_ids, cfg.eval_samples, rank, world, **sampling))
             history["eval"].append((step + 1, m["eval/acc"]))
         logger.log(step + 1, m)
         findings = diag.update(step + 1, m)  # diagnose.py, on every rank: one reduced row, so the same findings
@@ -753,6 +768,9 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
             ckpt = out_dir / f"ckpt-{step + 1}"  # atomic: ckpt-N.tmp, fsync, completion marker, rename
             save_checkpoint(ckpt, rank, fingerprint, state, policy, tokenizer, opt, critics, rng, gens)
     result = {**metrics, "eval_history": history["eval"]}
+    logger.close()  # W&B's offline run folder complete
+    if isinstance(task, DataTask):  # the reward workers stop
+        task.close()
     if rank == 0:  # result.json, curves.png and, unless --no-save-final, the policy as a save_pretrained folder
         write_result(out_dir, result, curves=cfg.steps > start, model=(policy, tokenizer) if cfg.save_final else None)
     return result

@@ -3,8 +3,8 @@
     python rollout.py        # sample from the random-init tiny model: tokens/s, the logprob gap, a few responses
 
 `generate` samples one turn with a KV cache; `rollout_env` runs multi-turn episodes (envs.py) on it, a single-turn
-task being the one-turn case; `sequence_logprobs` is the trainer's recompute; `evaluate` is greedy success on held-out
-episodes. Tensors (DESIGN.md 3): B sequences, P prompt length (left-padded), R response length (right-padded).
+task being the one-turn case; `sequence_logprobs` is the trainer's recompute (held-out evaluation: evaluation.py).
+Tensors (DESIGN.md 3): B sequences, P prompt length (left-padded), R response length (right-padded).
 - `response_mask` [B, R] is 1 on generated tokens up to AND including the first stop token, 0 after.
 - `rollout_logprobs` [B, R]: the sampled tokens' logprobs under the behaviour policy, the distribution they were
   drawn from: softmax(logits / T) after top-p / top-k truncation, renormalised. With top_p = 1 and top_k = 0 (the
@@ -37,7 +37,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import all_reduce_sum, check_fields, masked_mean
+from common import check_fields, masked_mean
+from envs import score_turn
 from tasks import format_prompt, make_task, make_tiny_model, make_tokenizer, observation_ids
 
 
@@ -256,8 +257,8 @@ def _checked(env, method: str, episode: int, turn: int, **kw):
     where = f"environment {getattr(env, 'name', type(env).__name__)!r} at turn {turn} of episode {episode}"
     try:
         out = getattr(env, method)(**kw)
-        if method == "reset":
-            return str(out[0]), dict(out[1] or {})
+        if method == "reset":  # a text, or a data row's chat messages (tasks.format_prompt)
+            return out[0] if isinstance(out[0], list) else str(out[0]), dict(out[1] or {})
         obs, reward, terminated, truncated, info = out
         reward = float(reward)
     except Exception as e:
@@ -334,26 +335,27 @@ def rollout_env(
         r_ids, r_mask = turn_samples.response_ids.cpu(), turn_samples.response_mask.cpu()  # [b, r] each
         r_logp = turn_samples.rollout_logprobs.cpu()  # [b, r]
         t_gen = time.perf_counter() - t_gen  # this turn's batched generation
+        acts = [r_ids[j, : min(int(r_mask[j].sum()), budget[i])].tolist() for j, i in enumerate(live)]
+        texts = [tokenizer.decode(a, skip_special_tokens=True) for a in acts]
+        score_turn([envs[i] for i in live], texts, acts)  # the user's rewards: one batch call per turn (envs.py)
         still = []
         for j, i in enumerate(live):
-            n = min(int(r_mask[j].sum()), budget[i])
             info[i]["gen_s"].append(t_gen)
             step = dict(episode=i, turn=turn, max_new_tokens=max_new_tokens, max_turns=max_turns)
             room = max_context - len(prompts[i])  # tokens this episode's response may still grow to
-            if _take_turn(envs[i], tokenizer, tracks[i], info[i], r_ids[j, :n].tolist(), r_logp[j, :n].tolist(),
+            if _take_turn(envs[i], tokenizer, tracks[i], info[i], acts[j], texts[j], r_logp[j, : len(acts[j])].tolist(),
                           eos_ids, room, **step):  # fmt: skip
                 still.append(i)
         live = still
     return _pack(ids, attention_mask, tracks, tokenizer.pad_token_id, dev), info
 
 
-def _take_turn(env, tokenizer, track: dict, info: dict, action: list[int], logp: list[float], eos_ids, room: int, *,
-               episode: int, turn: int, max_new_tokens: int, max_turns: int) -> bool:  # fmt: skip
+def _take_turn(env, tokenizer, track: dict, info: dict, action: list[int], text: str, logp: list[float], eos_ids, room,
+               *, episode: int, turn: int, max_new_tokens: int, max_turns: int) -> bool:  # fmt: skip
     """One episode's turn after sampling: the action's ids join its track (mask 1), its text steps the env, the
     observation's ids join with mask 0. Returns whether the episode goes on (room: tokens it may still hold)."""
     n, chat = len(action), bool(getattr(tokenizer, "chat_template", None))
     stopped = n > 0 and action[-1] in eos_ids
-    text = tokenizer.decode(action, skip_special_tokens=True)
     t0 = time.perf_counter()
     obs, reward, terminated, truncated, step_info = _checked(env, "step", episode, turn, action=text)
     info["env_s"].append(time.perf_counter() - t0)
@@ -365,6 +367,7 @@ def _take_turn(env, tokenizer, track: dict, info: dict, action: list[int], logp:
     info["return"] += reward
     info["turns"] = turn
     info["malformed"] += int(bool(step_info.get("malformed")))
+    info["reward_info"] = step_info.get("reward_info", {})  # --data: reward/<term>, time/reward (rewards.py)
     info["success"] = info["success"] or bool(step_info.get("success"))
     track["no_stop"] = not stopped
     info["no_stop_actions"] += int(not stopped)
@@ -436,8 +439,13 @@ def eos_mask_errors(response_ids, response_mask, eos_ids, max_len: int, rows=Non
 
 
 def rollout_metrics(rollout: Rollout, episodes: list[dict], eos_ids, max_new_tokens: int) -> dict:
-    """The rollout/* metrics of a batch of episodes (README glossary), stats/eos_mask_err_frac and time/env."""
+    """The rollout/* metrics of a batch of episodes (README glossary), stats/eos_mask_err_frac, time/env and, for
+    --data, each episode's reward_info: reward/<term> averaged over the episodes it scored, time/reward summed."""
     mask = rollout.response_mask.float()  # [B, R]
+    terms = {}
+    for e in episodes:
+        for k, v in e.get("reward_info", {}).items():  # set by the first turn
+            terms.setdefault(k, []).append(v)
     full = torch.tensor([not e["context_cut"] for e in episodes], device=mask.device)  # [B] no action cut short
     mean = lambda key: float(np.mean([e[key] for e in episodes]))
     acc = torch.tensor([float(e["success"]) for e in episodes], device=mask.device)  # [B] exact answers / solved
@@ -452,30 +460,9 @@ def rollout_metrics(rollout: Rollout, episodes: list[dict], eos_ids, max_new_tok
             rollout.response_ids, rollout.response_mask, eos_ids, max_new_tokens, rows=full, global_=True
         ),
         "time/env": float(sum(sum(e["env_s"]) for e in episodes)),  # inside env.step (part of time/rollout)
+        "time/reward": 0.0,  # the reward functions' seconds (an environment's: inside time/env)
+        **{k: float(np.sum(v) if k.startswith("time/") else np.mean(v)) for k, v in terms.items()},
     }
-
-
-# ----------------------------------------------------------------------------------------------
-# Greedy evaluation: the share of episodes solved at temperature 0
-
-
-@torch.no_grad()
-def greedy_success(model, tokenizer, envs, seeds, eos_ids, *, batch: int = 256, **limits) -> int:
-    """Number of episodes solved (info["success"]) with greedy decoding, `batch` episodes per rollout_env call.
-    limits: rollout_env's max_prompt_len, max_new_tokens, max_turns, max_context."""
-    hits = 0
-    for i in range(0, len(envs), batch):
-        _, info = rollout_env(model, tokenizer, envs[i : i + batch], seeds[i : i + batch], eos_ids, **limits)
-        hits += sum(e["success"] for e in info)
-    return hits
-
-
-def evaluate(model, tokenizer, episodes: list, eos_ids, rank: int = 0, world: int = 1, **limits) -> float:
-    """Greedy success on held-out episodes [(env, seed)], sharded over the ranks and summed over them."""
-    mine = episodes[rank::world]
-    hits = greedy_success(model, tokenizer, [e for e, _ in mine], [s for _, s in mine], eos_ids, **limits)
-    t = all_reduce_sum(torch.tensor([hits, len(mine)], dtype=torch.float64, device=next(model.parameters()).device))
-    return (t[0] / t[1]).item()
 
 
 def main():

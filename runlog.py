@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from checkpoint import IDENTITY, find_checkpoint
@@ -43,7 +43,10 @@ class RunArgs:
     resume_allow: tuple[str, ...] = ()
     """Config fields (and world_size) that may differ from the checkpoint's on --resume, e.g. steps lr."""
     tensorboard: bool = False
-    """Also log to TensorBoard (needs the tensorboard package)."""
+    """Also log to TensorBoard (needs the tensorboard package), with veRL's metric names as aliases."""
+    wandb_project: str | None = None
+    """Also log to Weights & Biases in this project, offline (`wandb sync` uploads it; WANDB_MODE overrides), with
+    veRL's metric names as aliases (needs: pip install wandb)."""
     save_final: bool = True
     """Save the final policy and tokenizer in out_dir/policy (save_pretrained: AutoModelForCausalLM loads it)."""
 
@@ -60,7 +63,7 @@ class RunArgs:
 
 
 # ----------------------------------------------------------------------------------------------
-# Metrics: aligned table + JSONL (+ TensorBoard if asked)
+# Metrics: aligned table + JSONL (+ TensorBoard, W&B if asked)
 
 
 def format_row(values: dict, columns: list[str], width: int = 10) -> str:
@@ -92,12 +95,12 @@ class MetricsLogger:
     """One row per step: printed as an aligned table (rank 0), appended to `metrics.jsonl`.
 
     An existing metrics.jsonl keeps only its rows up to `start_step` (0 for a fresh run, the checkpoint's
-    step on resume), so a rerun or a resume never mixes two runs' rows in one file."""
+    step on resume), so a rerun or a resume never mixes two runs' rows in one file. `aliases(metrics)`: more
+    names for the same values, for TensorBoard and W&B only (the trainer's: diagnose.verl_aliases)."""
 
-    def __init__(
-        self, out_dir: str | Path, columns: list[str], enabled: bool = True, tensorboard: bool = False, start_step=0
-    ):
-        self.columns, self.enabled, self.n = columns, enabled, 0
+    def __init__(self, out_dir: str | Path, columns: list[str], enabled: bool = True, tensorboard: bool = False,
+                 start_step=0, wandb_project=None, config: dict | None = None, aliases=None):  # fmt: skip
+        self.columns, self.enabled, self.n, self.aliases, self.wandb = columns, enabled, 0, aliases, None
         self.labels = column_labels(columns)
         self.width = max(10, *(len(c) for c in self.labels))
         self.path = Path(out_dir) / "metrics.jsonl"
@@ -114,6 +117,21 @@ class MetricsLogger:
                 from torch.utils.tensorboard import SummaryWriter  # needs the `tensorboard` package
 
                 self.tb = SummaryWriter(str(self.path.parent / "tb"))
+            if wandb_project:
+                try:
+                    import wandb
+                except ImportError as e:
+                    raise ImportError("--wandb-project needs wandb: pip install wandb") from e
+                mode = os.environ.get("WANDB_MODE", "offline")  # offline: nothing leaves the machine unless synced
+                where = str(self.path.parent.resolve())  # absolute: W&B's service process has a cwd of its own
+                self.wandb = wandb.init(
+                    project=wandb_project, dir=where, mode=mode, config=config, name=self.path.parent.name
+                )  # fmt: skip  (a resume: a new run, from its step)
+
+    @classmethod
+    def of(cls, cfg, columns: list[str], enabled: bool, start_step: int, aliases=None) -> MetricsLogger:
+        """The logger of a run configured by `cfg` (RunArgs fields: out_dir, tensorboard, wandb_project)."""
+        return cls(cfg.out_dir, columns, enabled, cfg.tensorboard, start_step, cfg.wandb_project, asdict(cfg), aliases)
 
     def _rows_of_previous_run(self) -> list[dict]:
         """The existing file's rows; a half-written last line (a killed run) is dropped, other damage raises."""
@@ -140,13 +158,23 @@ class MetricsLogger:
         row = {"step": step, **metrics}
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
+        both = {**metrics, **(self.aliases(metrics) if self.aliases else {})}  # + other names (veRL's)
         if self.tb is not None:
-            for k, v in metrics.items():
+            for k, v in both.items():
                 self.tb.add_scalar(k, v, step)
+        if self.wandb is not None:
+            self.wandb.log(both, step=step)
         if self.n % 20 == 0:
             print(" ".join(c.rjust(self.width) for c in self.labels), flush=True)
         print(format_row(row, self.columns, self.width), flush=True)
         self.n += 1
+
+    def close(self) -> None:
+        """Flush and close TensorBoard and W&B (the offline run folder is complete after this)."""
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
@@ -223,8 +251,11 @@ def run_trainers(runs: list[tuple[list[str], str]], jobs: int = 1) -> list[tuple
     """run_trainer(argv, out_dir) of each run, `jobs` at a time, in order. With jobs > 1 each run gets
     cores / jobs threads unless OMP_NUM_THREADS is set (runs oversubscribing the cores slow each other down)."""
     threads = None if jobs == 1 or "OMP_NUM_THREADS" in os.environ else max(1, n_processes(0, 1 << 30) // jobs)
+    from tqdm.auto import tqdm  # installed with transformers
+
     with ThreadPoolExecutor(jobs) as ex:
-        return list(ex.map(lambda run: run_trainer(*run, threads=threads), runs))
+        done = ex.map(lambda run: run_trainer(*run, threads=threads), runs)
+        return list(tqdm(done, total=len(runs), desc=f"trainer runs ({jobs} at a time)", disable=len(runs) < 2))
 
 
 def write_result(out_dir, result: dict, curves: bool = True, model=None) -> None:

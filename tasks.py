@@ -1,4 +1,4 @@
-"""Single-turn verifiable tasks and their rewards, the user's data, the embedded tiny model, model loading.
+"""Single-turn procedural tasks, the embedded tiny model and tokenizer, prompts as the model sees them, model loading.
 
     python tasks.py                  # samples of every task, the embedded model's size
     python tasks.py --task add       # the same for one task
@@ -9,8 +9,7 @@ What lives here
    digits), `chain` (sum of five 2-digit numbers written step by step with zero-padded partial sums,
    43-character answers: long enough for attention_credit.py's windows). Partial credit = matching
    characters at matching positions / max(len(answer), len(truth)).
-2. `JsonlTask`: the user's own data (one `{"prompt", "ground_truth"}` per line) scored by a reward
-   chosen by name from `REWARDS` (`exact`, `math_exact`, `digits`); `check_rows` checks every row at load.
+2. The user's own data and reward functions are data.py and rewards.py.
 3. A character-level tokenizer built locally as a real `transformers.PreTrainedTokenizerFast`
    (`make_tokenizer`; it round-trips through `save_pretrained` / `AutoTokenizer.from_pretrained`), and
    `make_tiny_model(tokenizer)`: a Qwen2-style config with random init (about 0.5 M parameters, fp32).
@@ -22,33 +21,26 @@ Implementation details (our choices)
 1. Disjoint splits: a problem belongs to the eval split iff crc32(prompt) % 10 == 0. Train sampling
    rejects eval problems and vice versa, so no held-out prompt ever appears in training, whatever the
    size of the problem space (2-digit addition has only 10,000 problems).
-2. Reward parsing is string comparison and a regular expression for numbers; nothing from a model
-   reaches eval/exec. `math_exact` compares the last number in the output with the ground truth exactly
-   (fractions.Fraction: no float rounding); a ground truth a reward cannot score is an error at load (file:line).
-3. Prompts for the tiny model are `<bos>` + text; the answer ends with `<eos>`. Models with a chat
-   template get the prompt as one user message (see `format_prompt`).
-4. Loaded models run with dropout off (`.eval()`) in fp32; a tokenizer without a pad token gets its eos as
+2. Prompts for the tiny model are `<bos>` + text; the answer ends with `<eos>`. Models with a chat
+   template get the prompt as one user message, or the row's chat messages (see `format_prompt`).
+3. Loaded models run with dropout off (`.eval()`) in fp32; a tokenizer without a pad token gets its eos as
    pad (logged: masks are carried explicitly, never rebuilt from ids, so that is harmless).
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import math
-import os
 import pickle
-import re
 import zlib
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-from common import check_choice
+from rewards import digits_score
 
 CHARS = "0123456789abcdefghijklmnopqrstuvwxyz+-*/=()<>.,:?! \n"  # the embedded tokenizer's vocabulary
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
@@ -60,25 +52,14 @@ SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 
 @dataclass
 class TaskArgs:
-    """The model and the task or data to train on; the trainer's Config inherits these fields."""
+    """The model and the task to train on (the user's data: data.DataArgs); the trainer's Config inherits these."""
 
     model: str | None = None
     """HF model name or local folder (AutoModelForCausalLM); None = the embedded tiny model after SFT."""
     task: str = "sort"
     """Task reverse | add | sort | chain, or multi-turn environment calc | guess | gem:<id> (ignored with --data)."""
-    data: str | None = None
-    """JSONL file of {"prompt", "ground_truth"} lines to train on instead of a procedural task."""
-    reward: str = "math_exact"
-    """Reward for --data: math_exact | exact | digits."""
     sft_target: float | None = None
     """Embedded default: greedy accuracy at which the SFT warm start stops (None = the task's, in warm_start.py)."""
-
-    def __post_init__(self):
-        check_choice("reward", self.reward, tuple(REWARDS))
-        if self.task.startswith("gem:") and self.data is None and self.model is None:
-            raise ValueError(f"config field 'task' = {self.task!r}: a gem environment needs --model (no SFT solver)")
-        if self.data is not None and self.model is None and os.environ.get("RANK", "0") == "0":
-            print("[minrl] WARNING --data without --model trains the character-level tiny model on your text")
 
 
 class Task(Protocol):
@@ -96,42 +77,6 @@ class Task(Protocol):
 def is_eval_problem(prompt: str) -> bool:
     """The split rule shared by every task: a fixed 10 % of the problem space is held out."""
     return zlib.crc32(prompt.encode()) % 10 == 0
-
-
-# ----------------------------------------------------------------------------------------------
-# Rewards (safe parsing only)
-
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-
-
-def digits_score(solution_str: str, ground_truth: str) -> float:
-    """Partial credit: characters equal at equal positions / max(len(solution), len(truth))."""
-    sol, gt = solution_str.strip(), ground_truth.strip()
-    if not gt:
-        raise ValueError("digits_score: empty ground truth")
-    hits = sum(a == b for a, b in zip(sol, gt))
-    return hits / max(len(sol), len(gt))
-
-
-def exact_score(solution_str: str, ground_truth: str) -> float:
-    """1.0 iff the stripped strings are equal."""
-    return float(solution_str.strip() == ground_truth.strip())
-
-
-def exact_number(text: str) -> Fraction:
-    """An integer or decimal (an exponent allowed: "1e-12") as an exact Fraction: no float rounding, no size limit.
-    ValueError for anything else ("nan", "inf", "1,000")."""
-    return Fraction(text.strip())
-
-
-def math_exact_score(solution_str: str, ground_truth: str) -> float:
-    """1.0 iff the last number in the solution equals the ground-truth number exactly ("0.50" equals "0.5"; "0" is
-    not "1e-12"; 20-digit integers compare digit for digit)."""
-    found = _NUMBER.findall(solution_str)
-    return float(bool(found) and exact_number(found[-1]) == exact_number(ground_truth))
-
-
-REWARDS = {"digits": digits_score, "exact": exact_score, "math_exact": math_exact_score}
 
 
 def score_responses(task, texts: list[str], problems: list[dict]) -> list[float]:
@@ -184,122 +129,15 @@ class DigitTask:
         return out
 
     def compute_score(self, solution_str: str, ground_truth: str) -> float:
-        """The reward chosen by name (--reward) on one response."""
+        """Partial credit (rewards.digits_score) of one response."""
         return digits_score(solution_str, ground_truth)
-
-
-@dataclass
-class JsonlTask:
-    """The user's data: a JSONL file of {"prompt", "ground_truth"}, split by `is_eval_problem`, every row checked at
-    load (check_rows; with a tokenizer, also the prompts' token lengths)."""
-
-    path: str
-    reward: str = "math_exact"
-    tokenizer: object = None
-    max_prompt_len: int | None = None
-
-    def __post_init__(self):
-        if self.reward not in REWARDS:
-            raise ValueError(f"config field 'reward' = {self.reward!r}: must be one of {list(REWARDS)}")
-        p = Path(self.path)
-        if not p.is_file():
-            raise FileNotFoundError(f"--data file {self.path!r} does not exist")
-        self.name, rows, where = f"jsonl:{p.name}", [], []
-        for i, raw in enumerate(p.read_bytes().split(b"\n"), 1):  # bytes: a str would split at U+2028 too
-            try:
-                line = raw.decode("utf-8-sig" if i == 1 else "utf-8")
-            except UnicodeDecodeError as e:
-                bad = raw[e.start : e.start + 4]
-                raise ValueError(f"{self.path}:{i}: not UTF-8 (byte {e.start + 1} of the line: {bad!r}): re-encode "
-                                 f"the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None  # fmt: skip
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{self.path}:{i}: not valid JSON ({e.msg}): {line[:80]!r}") from None
-            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or "ground_truth" not in row:
-                raise ValueError(f'{self.path}:{i}: expected {{"prompt": str, "ground_truth": ...}}, got {line[:80]!r}')
-            rows.append({"prompt": row["prompt"], "ground_truth": str(row["ground_truth"])})
-            where.append(f"{self.path}:{i}")
-        check_rows(rows, where, self.reward, self.tokenizer, self.max_prompt_len)
-        self.rows = {"train": [], "eval": []}
-        for item in rows:
-            self.rows["eval" if is_eval_problem(item["prompt"]) else "train"].append(item)
-        if not self.rows["train"]:
-            n_eval = len(self.rows["eval"])
-            raise ValueError(f"{self.path}: no training rows ({n_eval} rows, all in the held-out 10 % by prompt hash)")
-        if not self.rows["eval"]:
-            print(f"[minrl] {self.path}: no prompt falls in the held-out split; evaluation uses training rows")
-
-    def sample(self, n: int, split: str, rng: np.random.Generator) -> list[dict]:
-        """n rows of the split, drawn with replacement."""
-        rows = self.rows[split] or self.rows["train"]  # no held-out row: logged once in __post_init__
-        return [rows[i] for i in rng.integers(0, len(rows), size=n)]
-
-    def compute_score(self, solution_str: str, ground_truth: str) -> float:
-        """The chosen reward function (--reward) of the response against the row's ground truth."""
-        return REWARDS[self.reward](solution_str, ground_truth)
-
-
-def check_ground_truth(reward: str, ground_truth: str, where: str) -> None:
-    """At load, not at the step that samples it: a ground truth the built-in reward cannot score is an error."""
-    if reward == "math_exact":
-        try:
-            exact_number(ground_truth)
-        except (ValueError, ZeroDivisionError):
-            what = "is not a number math_exact can compare (an integer or decimal such as 42 or -0.5): fix it"
-            raise ValueError(f"{where}: ground_truth {ground_truth[:40]!r} {what} or use --reward exact") from None
-    elif reward == "digits" and not ground_truth.strip():
-        raise ValueError(f"{where}: empty ground_truth: digits scores characters against it")
-
-
-def check_rows(rows: list[dict], where: list[str], reward: str, tokenizer=None, max_prompt_len=None) -> None:
-    """Every row of the user's data at load, not at the step that first samples it; `where`: each row's file:line
-    (any reader of any format passes its own). Errors: a ground truth the reward cannot score, two ground truths for
-    one prompt, an empty prompt, and (with a tokenizer) a prompt longer than max_prompt_len tokens as the model sees
-    it (format_prompt). Reported with counts: exact duplicate rows (kept: they weigh more) and characters the
-    tokenizer maps to its unknown token (a prompt's the model cannot read, a ground truth's it cannot write)."""
-    first, dups = {}, 0
-    for row, at in zip(rows, where):
-        check_ground_truth(reward, row["ground_truth"], at)
-        if not row["prompt"].strip():
-            raise ValueError(f"{at}: empty prompt")
-        seen = first.setdefault(row["prompt"], (row["ground_truth"], at))
-        if seen[0] != row["ground_truth"]:
-            here = f"{at}: prompt {row['prompt'][:60]!r} has ground_truth {row['ground_truth'][:40]!r} here"
-            raise ValueError(f"{here} but {seen[0][:40]!r} at {seen[1]}: one prompt, one answer (fix or drop one)")
-        dups += seen[1] != at
-    source = where[0].rsplit(":", 1)[0] if where else "data"
-    if dups:
-        print(f"[minrl] {source}: {dups} of {len(rows)} rows repeat an earlier row (kept: sampled more often)")
-    if tokenizer is None or max_prompt_len is None:
-        return
-    lengths = [len(ids) for ids in tokenizer([format_prompt(tokenizer, r["prompt"]) for r in rows],
-                                             add_special_tokens=False).input_ids]  # fmt: skip
-    over = [(at, n) for at, n in zip(where, lengths) if n > max_prompt_len]
-    if over:
-        shown = ", ".join(f"{at} ({n} tokens)" for at, n in over[:3])
-        what = f"{len(over)} prompts are longer than max_prompt_len={max_prompt_len} tokens as the model sees them"
-        raise ValueError(f"{source}: {what}: {shown}{', ...' * (len(over) > 3)}; raise --max-prompt-len or drop them")
-    unk = tokenizer.unk_token_id
-    for key in ("prompt", "ground_truth") if unk is not None else ():
-        counts = collections.Counter(c for r in rows for c in r[key])
-        lost = {c: n for c, n in counts.items() if unk in tokenizer(c, add_special_tokens=False).input_ids}
-        if lost:
-            top = ", ".join(f"{c!r} x{n}" for c, n in sorted(lost.items(), key=lambda kv: -kv[1])[:8])
-            n, name = sum(lost.values()), tokenizer.unk_token
-            print(f"[minrl] {source}: {n} characters of the {key}s map to the unknown token {name}: {top}")
 
 
 TASKS = ("reverse", "add", "sort", "chain")
 
 
-def make_task(name: str, data: str | None = None, reward: str = "math_exact", tokenizer=None, max_prompt_len=None):
-    """A task by name, or the user's JSONL file when `data` is given (its prompts' token lengths checked at load when
-    a tokenizer and max_prompt_len are given)."""
-    if data is not None:
-        return JsonlTask(data, reward, tokenizer, max_prompt_len)
+def make_task(name: str):
+    """A procedural task by name (the user's data is data.DataTask)."""
     if name not in TASKS:
         raise ValueError(f"config field 'task' = {name!r}: must be one of {list(TASKS)} (or pass --data FILE)")
     return DigitTask(name)
@@ -345,12 +183,15 @@ def make_tiny_model(tokenizer, **overrides):
     return Qwen2ForCausalLM(Qwen2Config(**cfg))
 
 
-def format_prompt(tokenizer, text: str) -> str:
-    """The prompt as the model sees it: the chat template when the tokenizer has one, else <bos> + text."""
+def format_prompt(tokenizer, prompt: str | list[dict]) -> str:
+    """The prompt (a text, or chat messages) as the model sees it: the chat template when the tokenizer has one (a
+    text is one user message), else <bos> + the text, or + the user messages' contents joined by newlines."""
     if getattr(tokenizer, "chat_template", None):
-        msgs = [{"role": "user", "content": text}]
+        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    return (tokenizer.bos_token or "") + text
+    if isinstance(prompt, list):
+        prompt = "\n".join(m["content"] for m in prompt if m["role"] == "user")
+    return (tokenizer.bos_token or "") + prompt
 
 
 def observation_ids(tokenizer, text: str, first: bool) -> list[int]:

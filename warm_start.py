@@ -8,9 +8,9 @@ of tasks.py after a short supervised warm start, stopped on a greedy-accuracy ta
 trainer uses `sft_config_for(task)` when no --model is given; every RL seed starts from the same warm start.
 
 Implementation details (our choices)
-1. Cached in `.cache/` under a key of (config, the sources of tasks.py, envs.py, rollout.py and this file,
-   torch and transformers versions), behind a file lock: parallel test workers build it once, and a half-written
-   folder is never seen (written under a temporary name, then renamed).
+1. Cached in `.cache/` under a key of (config, the sources of tasks.py, rewards.py, envs.py, rollout.py,
+   evaluation.py and this file, torch and transformers versions), behind a file lock: parallel test workers build it
+   once, and a half-written folder is never seen (written under a temporary name, then renamed).
 2. Single-turn: the loss is on answer tokens and EOS only; every `check_every` steps greedy exact match on 256
    train-split problems is measured and the first check at or above `target_acc` stops it. The transition is
    sharp (NOTES-CPU.md), so checks are frequent.
@@ -38,13 +38,14 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
+from tqdm.auto import tqdm
 
 from envs import ENVS, TaskEnv, is_env, make_env
-from rollout import greedy_success
+from evaluation import greedy_success
 from tasks import TASKS, format_prompt, make_task, make_tiny_model, make_tokenizer, observation_ids
 
 CACHE_DIR = Path(__file__).resolve().parent / ".cache"
-KEY_SOURCES = ("tasks.py", "envs.py", "rollout.py", "warm_start.py")  # what shapes a warm start (detail 1)
+KEY_SOURCES = ("tasks.py", "rewards.py", "envs.py", "rollout.py", "evaluation.py", "warm_start.py")  # detail 1
 
 
 @dataclass
@@ -189,8 +190,8 @@ def sft_warm_start(
                 envs = [TaskEnv(task, p) for p in val]
                 return greedy_accuracy(model, tokenizer, envs, [None] * len(envs), max_new_tokens=answer_len)
 
-        acc, step = 0.0, 0
-        for step in range(1, cfg.max_steps + 1):
+        acc, step, bar = 0.0, 0, tqdm(range(1, cfg.max_steps + 1), desc=f"SFT {cfg.task}", disable=not verbose)
+        for step in bar:
             model.train()
             ids, mask, labels = (x.to(device) for x in _sft_batch(tokenizer, demos(cfg.batch_size)))
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
@@ -200,8 +201,7 @@ def sft_warm_start(
             if step % cfg.check_every == 0:
                 model.eval()
                 acc = accuracy()
-                if verbose:
-                    print(f"sft step {step:4d}  loss {loss.item():.4f}  greedy acc {acc:.3f}", flush=True)
+                bar.set_postfix(loss=f"{loss.item():.4f}", greedy_acc=f"{acc:.3f}", target=cfg.target_acc)
                 if acc >= cfg.target_acc:
                     break
         if acc < cfg.target_acc:

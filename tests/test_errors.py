@@ -17,8 +17,10 @@ import torch
 import attention_credit
 import common
 import critics
+import data
 import ppo_minimal as pm
 import tasks
+from rewards import RewardArgs, math_exact_score
 from rollout import generate, tokenize_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -342,46 +344,57 @@ def write(tmp_path, text: str) -> str:
     return str(p)
 
 
+def data_task(path, reward="math_exact", tokenizer=None, max_prompt_len=None):
+    """The trainer's task for --data PATH --reward REWARD (in the trainer's process: no reward workers)."""
+    return data.DataTask(data.DataArgs(data=path), RewardArgs(reward=[reward]), tokenizer, max_prompt_len)
+
+
 def test_data_bad_json_names_the_line(tmp_path):
     good = json.dumps({"prompt": "1+1=", "ground_truth": "2"})
     path = write(tmp_path, f"{good}\n\n{{'prompt': 'single quotes'}}\n{good}\n")
     with pytest.raises(ValueError) as e:
-        tasks.make_task("reverse", data=path)
+        data_task(path)
     msg = str(e.value)
     assert f"{path}:3:" in msg and "not valid JSON" in msg and "single quotes" in msg, msg
 
 
 @pytest.mark.parametrize(
-    "row",
-    [{"prompt": "1+1="}, {"ground_truth": "2"}, {"prompt": 5, "ground_truth": "2"}, ["1+1=", "2"]],
-)
-def test_data_missing_keys_names_the_line(tmp_path, row):
+    "row,what",
+    [({"prompt": "1+1="}, "no ground_truth (nor reward_model.ground_truth): reward 'math_exact' needs one"),
+     ({"ground_truth": "2"}, "'prompt' must be a string or a list of chat messages, got 'None'"),
+     ({"prompt": 5, "ground_truth": "2"}, "'prompt' must be a string or a list of chat messages, got '5'"),
+     (["1+1=", "2"], "expected a JSON object per line"),
+     ({"prompt": [{"role": "user"}], "ground_truth": "2"}, "prompt message 0 is \"{'role': 'user'}\", not"),
+     ({"prompt": [{"role": "system", "content": "x"}], "ground_truth": "2"}, "the prompt's messages have no 'user'")],
+)  # fmt: skip
+def test_data_missing_keys_names_the_line(tmp_path, row, what):
     good = json.dumps({"prompt": "1+1=", "ground_truth": "2"})
     path = write(tmp_path, f"{good}\n{json.dumps(row)}\n")
     with pytest.raises(ValueError) as e:
-        tasks.make_task("reverse", data=path)
+        data_task(path)
     msg = str(e.value)
-    assert f"{path}:2:" in msg and '"prompt"' in msg and '"ground_truth"' in msg, msg
+    assert msg.startswith(f"{path}:2: ") and what in msg, msg
 
 
 @pytest.mark.parametrize("text", ["", "\n\n  \n"])
 def test_data_empty_file(tmp_path, text):
     path = write(tmp_path, text)
     with pytest.raises(ValueError, match="no training rows"):
-        tasks.make_task("reverse", data=path)
+        data_task(path)
 
 
 def test_data_file_missing(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        tasks.make_task("reverse", data=str(tmp_path / "nope.jsonl"))
+        data_task(str(tmp_path / "nope.jsonl"))
 
 
 def test_data_file_that_works(tmp_path):
     rows = [{"prompt": f"{a}+{a}=", "ground_truth": 2 * a} for a in range(40)]
     path = write(tmp_path, "\n".join(json.dumps(r) for r in rows) + "\n")
-    task = tasks.make_task("reverse", data=path, reward="math_exact")
+    task = data_task(path, "math_exact")
     assert len(task.rows["train"]) + len(task.rows["eval"]) == 40
-    assert task.compute_score("the answer is 14", "14") == 1.0 and task.compute_score("13", "14") == 0.0
+    row = next(r for r in task.rows["train"] + task.rows["eval"] if r["ground_truth"] == "14")
+    assert task.score_batch([row, row], ["the answer is 14", "13"], [[1], [1]]) == [1.0, 0.0]
 
 
 def test_data_rows_are_all_checked_at_load(tmp_path, capsys):
@@ -392,25 +405,25 @@ def test_data_rows_are_all_checked_at_load(tmp_path, capsys):
     path = tmp_path / "data.jsonl"
     path.write_bytes(good.encode() + b'{"prompt": "caf\xe9", "ground_truth": "1"}\n')  # latin-1 on line 31
     with pytest.raises(ValueError, match=rf"{re.escape(str(path))}:31: not UTF-8 \(byte 16 .*re-encode the file"):
-        tasks.make_task("reverse", data=str(path))
+        data_task(str(path))
     path.write_text(good + json.dumps({"prompt": "3+3=", "ground_truth": "7"}) + "\n")
     with pytest.raises(ValueError, match=r":31: prompt '3\+3=' has ground_truth '7' here but '6' at .*data.jsonl:4"):
-        tasks.make_task("reverse", data=str(path))
+        data_task(str(path))
     sep = "\u2028"  # a line separator inside a JSON string is not a line break of the file
     extra = [{"prompt": "3+3=", "ground_truth": 6}, {"prompt": f"9{sep}+9\u00e9=", "ground_truth": 18}]
     path.write_text(good + "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in extra))
     tok = tasks.make_tokenizer()  # the embedded char tokenizer has no 'é'
-    task = tasks.make_task("reverse", data=str(path), tokenizer=tok, max_prompt_len=16)
+    task = data_task(str(path), tokenizer=tok, max_prompt_len=16)
     assert len(task.rows["train"]) + len(task.rows["eval"]) == 32
     out = capsys.readouterr().out
     assert "1 of 32 rows repeat an earlier row" in out, out
     assert "2 characters of the prompts map to the unknown token <unk>: '\\u2028' x1, 'é' x1" in out, out
-    tasks.check_rows(rows[:1], ["x:1"], "exact", tok)  # a tokenizer without a length limit: nothing to compare
+    data.check_rows([data.normalize_row(rows[0], "x:1", "x")], ["exact"], tok)  # no length limit: nothing to compare
     path.write_text(good + json.dumps({"prompt": "1" * 20 + "=", "ground_truth": 0}) + "\n")  # line 31: 22 tokens
     with pytest.raises(
         ValueError, match=r"1 prompts are longer than max_prompt_len=16 tokens .*data.jsonl:31 \(22 tok"
     ):
-        tasks.make_task("reverse", data=str(path), tokenizer=tok, max_prompt_len=16)
+        data_task(str(path), tokenizer=tok, max_prompt_len=16)
 
 
 def test_a_data_prompt_too_long_stops_the_run_before_its_first_step(sft_path, tmp_path):
@@ -426,7 +439,7 @@ def test_a_data_prompt_too_long_stops_the_run_before_its_first_step(sft_path, tm
 def test_math_exact_compares_numbers_exactly():
     # through floats, 20-digit integers that differ in the last digit were equal, 0 equalled 1e-12, and a
     # 400-digit answer overflowed
-    score = tasks.math_exact_score
+    score = math_exact_score
     assert score("12345678901234567891", "12345678901234567890") == 0.0
     assert score("12345678901234567890", "12345678901234567890") == 1.0
     assert score("0", "1e-12") == 0.0 and score("so 0.50", "0.5") == 1.0 and score("-3", "-3.0") == 1.0
@@ -440,7 +453,7 @@ def test_a_ground_truth_the_reward_cannot_score_is_an_error_at_load(tmp_path, re
     rows.insert(2, {"prompt": "x=", "ground_truth": truth})  # line 3
     path = write(tmp_path, "\n".join(json.dumps(r) for r in rows) + "\n")
     with pytest.raises(ValueError, match=rf"{re.escape(path)}:3: (ground_truth|empty ground_truth)"):
-        tasks.make_task("reverse", data=path, reward=reward)
+        data_task(path, reward)
 
 
 def test_unknown_task():
@@ -455,8 +468,8 @@ def test_unknown_task():
 def test_bad_reward_name(tmp_path):
     path = write(tmp_path, json.dumps({"prompt": "1+1=", "ground_truth": "2"}) + "\n")
     with pytest.raises(ValueError) as e:
-        tasks.make_task("reverse", data=path, reward="fuzzy")
+        data_task(path, "fuzzy")
     msg = str(e.value)
-    assert "'reward'" in msg and "'fuzzy'" in msg and "math_exact" in msg, msg
+    assert "'reward'" in msg and "'fuzzy'" in msg and "math_exact" in msg and "FILE.py[:FN]" in msg, msg
     with pytest.raises(ValueError, match=r"'reward' = 'fuzzy'"):
         pm.Config(data=path, reward="fuzzy")

@@ -1,7 +1,9 @@
 """Every file's `python FILE.py` runs (the files whose main() other tests do not run already), at tiny flags.
 
-ppo_minimal, async_loop, attention_credit, diagnose and scheduler run their main() in their own test files.
-Each test here runs the command in a subprocess, as a user would, and checks what it printed or wrote.
+ppo_minimal, async_loop, attention_credit, diagnose and scheduler run their main() in their own test files; data.py
+and rewards.py in test_user_data.py's guide journeys. The commands that read a run, start processes or time
+themselves run in a subprocess, as a user would; the self-contained demos call main() in this process (a fresh
+interpreter costs ~9 s of imports here, for nothing the test checks) and read what it printed.
 """
 
 import importlib.util
@@ -14,7 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
+import envs
+import evaluation
+import offpolicy
+import rollout
 import tasks
+import warm_start
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -38,29 +45,47 @@ def tiny_model(tmp_path_factory) -> Path:
     return path
 
 
-def test_rollout_main_samples_and_reports_the_logprob_gap():
-    out = run("rollout.py")
+def main_output(capsys, module, *argv) -> str:
+    """What `python MODULE.py ARGV` prints, with main() called in this process."""
+    capsys.readouterr()
+    if argv:
+        module.main(list(argv))
+    else:
+        module.main()
+    return capsys.readouterr().out
+
+
+def test_rollout_main_samples_and_reports_the_logprob_gap(capsys):
+    out = main_output(capsys, rollout)
     assert "tok/s" in out and "max |rollout - recomputed logp|" in out
 
 
-def test_tasks_main_prints_samples_and_the_model():
-    out = run("tasks.py", "--task", "add")
+def test_tasks_main_prints_samples_and_the_model(capsys):
+    out = main_output(capsys, tasks, "--task", "add")
     assert out.count("add      prompt") == 3 and "0.50M parameters" in out
 
 
-def test_envs_main_plays_each_environment_to_its_end():
-    out = run("envs.py")
+def test_envs_main_plays_each_environment_to_its_end(capsys):
+    out = main_output(capsys, envs)
     assert "--- calc" in out and "--- guess" in out and "'success': True" in out and "reward -0.1" in out
 
 
-def test_warm_start_main_loads_the_cached_warm_start(sft_path):
-    out = run("warm_start.py", "--task", "reverse")  # the conftest fixture built it: this run loads it
+def test_warm_start_main_loads_the_cached_warm_start(sft_path, capsys):
+    out = main_output(capsys, warm_start, "--task", "reverse")  # the conftest fixture built it: this run loads it
     assert f"SFT warm start: {sft_path}" in out and '"val_acc"' in out.replace("'", '"')
 
 
-def test_offpolicy_main_shows_each_correction():
-    out = run("offpolicy.py")
+def test_offpolicy_main_shows_each_correction(capsys):
+    out = main_output(capsys, offpolicy)
     assert "tis        weights" in out and "decoupled  weights" in out
+
+
+def test_evaluation_main_reports_greedy_mean_at_n_and_pass_at_k(sft_path, capsys):
+    out = main_output(capsys, evaluation, "--model", str(sft_path), "--task", "reverse", "--eval-n", "24",
+                      "--eval-samples", "4")  # fmt: skip
+    values = dict(zip(out.split()[::2], map(float, out.split()[1::2])))
+    assert set(values) == {"eval/acc", "eval/mean@4", "eval/acc_mean@4", "eval/pass@1", "eval/pass@2", "eval/pass@4"}
+    assert values["eval/pass@1"] == values["eval/acc_mean@4"] <= values["eval/pass@4"] and values["eval/acc"] > 0
 
 
 def test_common_main_under_torchrun_reduces_over_two_ranks():

@@ -186,6 +186,12 @@ def test_resume_refuses_another_run_naming_each_field(run, sft_path, tmp_path):
     (ckpt / "checkpoint.json").write_text(json.dumps(marker))
     with pytest.raises(ValueError, match=r"world_size: 2 in the checkpoint, 1 now.*--resume-allow world_size to"):
         pm.train(resume_cfg(sft_path, ckpt, tmp_path / "out"))
+    marker["fingerprint"]["config"]["reward"] = "exact"  # one name, as config.json held it before 2026-12-02
+    (ckpt / "checkpoint.json").write_text(json.dumps(marker))
+    with pytest.raises(ValueError, match=r"reward: 'exact' in the checkpoint, None now.*cannot change"):
+        pm.train(resume_cfg(sft_path, ckpt, tmp_path / "out", resume_allow=("world_size", "steps")))
+    marker["fingerprint"]["config"]["reward"] = "math_exact"  # the old default: the run of today's default (None)
+    (ckpt / "checkpoint.json").write_text(json.dumps(marker))
     pm.train(resume_cfg(sft_path, ckpt, tmp_path / "out", resume_allow=("world_size", "steps")))
     assert [r["step"] for r in read_jsonl(tmp_path / "out" / "metrics.jsonl")] == [4]  # allowed: it trains on
     allow = ("world_size", "steps", "model", "model_source")  # and the moved model, once its paths are allowed

@@ -1,0 +1,146 @@
+"""Held-out evaluation as users know it: greedy accuracy, mean@N and pass@k (unbiased), sharded over ranks.
+
+    python evaluation.py --model runs/ppo/policy --task sort --eval-samples 8   # a trained policy (saved folder)
+    python evaluation.py --model runs/ppo/policy --data my.parquet --reward my_reward.py --eval-samples 8
+    python evaluation.py                          # the embedded model at random init: the metrics' floor, in seconds
+
+- `evaluate`: greedy success (eval/acc) on held-out episodes, the trainer's every `eval_every` iterations.
+- `sampled_eval`: N samples per episode at the training sampling settings (`--eval-samples N`):
+  eval/mean@N, the mean return (veRL's val-core/<data source>/reward/mean@N); eval/acc_mean@N, the mean success;
+  eval/pass@k for k = 1, 2, 4, ..., N, the unbiased estimator of Chen et al. 2021 (eq. 1): with c of n samples
+  right, pass@k = 1 - C(n - c, k) / C(n, k), averaged over episodes (less variance than k draws per episode).
+- A response is "right" when its episode succeeds: a task's exact answer, a solved environment, a --data row whose
+  weighted reward is >= 1 (data.py, detail 3).
+
+Implementation details (our choices)
+1. The held-out episodes are the same at every evaluation (a fixed seed), and the sampled ones draw from a
+   generator of their own, also re-seeded each time: evaluation never moves the training stream (resume and
+   replay stay bit-exact) and two evaluations differ only by the policy.
+2. Ranks take every world-th episode (sampled: every world-th group of N) and the counts are summed over ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from common import all_reduce_sum, check_fields, parse_config
+from data import DataArgs, load_task
+from envs import EnvArgs, multi_turn, rollout_kw, sample_episodes
+from rewards import RewardArgs
+from rollout import SampleArgs, rollout_env
+from tasks import TaskArgs, load_policy, make_tiny_model, make_tokenizer, stop_token_ids
+
+
+@dataclass
+class EvalArgs:
+    """When and how the trainer evaluates on held-out episodes; its Config inherits these fields."""
+
+    eval_every: int = 10
+    """Greedy evaluation on held-out prompts every this many iterations (0 = never)."""
+    eval_n: int = 500
+    """Held-out prompts per evaluation."""
+    eval_samples: int = 0
+    """Also N samples per held-out prompt at the sampling settings: eval/mean@N and eval/pass@k (0 = greedy only)."""
+
+    def __post_init__(self):
+        check_fields(self, {"[0, inf)": ("eval_every", "eval_samples"), "[1, inf)": ("eval_n",)}, EvalArgs)
+
+
+@torch.no_grad()
+def greedy_success(model, tokenizer, envs, seeds, eos_ids, *, batch: int = 256, quiet=False, **limits) -> int:
+    """Number of episodes solved (info["success"]) with greedy decoding, `batch` episodes per rollout_env call (a
+    progress bar beyond one call, unless quiet). limits: rollout_env's max_prompt_len, max_new_tokens, max_turns,
+    max_context."""
+    hits = 0
+    for i in tqdm(range(0, len(envs), batch), desc="greedy eval", disable=quiet or len(envs) <= batch, leave=False):
+        _, info = rollout_env(model, tokenizer, envs[i : i + batch], seeds[i : i + batch], eos_ids, **limits)
+        hits += sum(e["success"] for e in info)
+    return hits
+
+
+def evaluate(model, tokenizer, episodes: list, eos_ids, rank: int = 0, world: int = 1, **limits) -> float:
+    """Greedy success on held-out episodes [(env, seed)], sharded over the ranks and summed over them."""
+    mine = episodes[rank::world]
+    hits = greedy_success(
+        model, tokenizer, [e for e, _ in mine], [s for _, s in mine], eos_ids, quiet=rank > 0, **limits
+    )
+    t = all_reduce_sum(torch.tensor([hits, len(mine)], dtype=torch.float64, device=next(model.parameters()).device))
+    return (t[0] / t[1]).item()
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of c right among n samples (Chen et al. 2021, eq. 1): 1 - C(n - c, k) / C(n, k)."""
+    return 1.0 if n - c < k else 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@torch.no_grad()
+def sampled_eval(model, tokenizer, episodes: list, eos_ids, n: int, rank=0, world=1, seed=12345, batch=256, **limits):
+    """eval/mean@n, eval/acc_mean@n and eval/pass@k (k = 1, 2, 4, ..., n) of held-out episodes [(env, seed)] in
+    groups of n consecutive ones (sample_episodes(repeat=n)), sampled with the settings in `limits` (temperature,
+    top_p, top_k and the lengths) from a generator of its own (detail 1)."""
+    groups = [episodes[i : i + n] for i in range(0, len(episodes), n)][rank::world]
+    mine = [e for g in groups for e in g]
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed + rank)
+    infos = []
+    for i in tqdm(range(0, len(mine), batch), desc=f"eval@{n}", disable=rank > 0 or len(mine) <= batch, leave=False):
+        part = mine[i : i + batch]
+        infos += rollout_env(model, tokenizer, *zip(*part), eos_ids, **limits, generator=gen)[1]
+    ks = sorted({min(2**j, n) for j in range(n.bit_length() + 1)})  # 1, 2, 4, ..., and n itself
+    hits = [sum(e["success"] for e in infos[j * n : (j + 1) * n]) for j in range(len(groups))]  # c per episode
+    sums = [sum(e["return"] for e in infos), sum(hits), *(sum(pass_at_k(n, c, k) for c in hits) for k in ks)]
+    t = all_reduce_sum(torch.tensor([*sums, len(groups)], dtype=torch.float64, device=gen.device)).tolist()
+    out = {f"eval/mean@{n}": t[0] / (t[-1] * n), f"eval/acc_mean@{n}": t[1] / (t[-1] * n)}
+    return {**out, **{f"eval/pass@{k}": x / t[-1] for k, x in zip(ks, t[2:-1])}}
+
+
+def held_out(task, name: str, n: int, samples: int = 0) -> tuple[list, list]:
+    """The held-out episodes [(env, seed)] of every evaluation: n for greedy accuracy and, with samples > 0, the same n
+    repeated `samples` times each for sampled_eval (a fixed draw: detail 1)."""
+    greedy = sample_episodes(task, name, "eval", n, np.random.default_rng(12345))
+    return greedy, sample_episodes(task, name, "eval", n, np.random.default_rng(12345), samples) if samples else []
+
+
+def evaluate_all(model, tokenizer, sets: tuple[list, list], eos_ids, samples: int, rank=0, world=1, **limits) -> dict:
+    """eval/acc on the greedy set and, with samples > 0, sampled_eval's metrics on the repeated one (held_out)."""
+    out = {"eval/acc": evaluate(model, tokenizer, sets[0], eos_ids, rank, world, **limits)}
+    return {
+        **out,
+        **(sampled_eval(model, tokenizer, sets[1], eos_ids, samples, rank, world, **limits) if samples else {}),
+    }
+
+
+@dataclass
+class EvalConfig(TaskArgs, DataArgs, RewardArgs, SampleArgs, EnvArgs, EvalArgs):
+    """A saved policy (--model) on a task's or --data's held-out episodes; the trainer's flags, the same defaults."""
+
+    def __post_init__(self):
+        for base in EvalConfig.__bases__:
+            if "__post_init__" in vars(base):
+                base.__post_init__(self)
+
+
+def main(argv=None) -> None:
+    """Greedy accuracy and, with --eval-samples N, mean@N and pass@k of a policy on held-out episodes."""
+    cfg = parse_config(EvalConfig, argv)
+    torch.manual_seed(0)
+    if cfg.model:
+        policy, tokenizer = load_policy(cfg.model, "cpu")
+    else:  # the trainer's warm start lives above this file; a random init shows the metrics' floor
+        tokenizer = make_tokenizer()
+        policy = make_tiny_model(tokenizer).eval()
+        print("[minrl] no --model: the embedded tiny model at random init (pass a trained one: runs/ppo/policy)")
+    task = None if multi_turn(cfg) else load_task(cfg, tokenizer)
+    sets = held_out(task, cfg.task, cfg.eval_n, cfg.eval_samples)
+    out = evaluate_all(policy, tokenizer, sets, stop_token_ids(policy, tokenizer), cfg.eval_samples, **rollout_kw(cfg))
+    print("  ".join(f"{k} {v:.3f}" for k, v in out.items()))
+    if task is not None and hasattr(task, "close"):
+        task.close()
+
+
+if __name__ == "__main__":
+    main()
