@@ -218,6 +218,13 @@ def _call(spec: str, args: tuple, kwargs: dict, timeout: float | None):
         return "error", f"raised {e!r} at {frame.filename}:{frame.lineno} ({frame.line})"
 
 
+START_TIMEOUT_S = 120  # a worker imports the main script (torch, transformers: ~10 s on 2 busy cores)
+
+
+def _ping() -> bool:
+    return True
+
+
 def _call_star(job):
     return _call(*job)
 
@@ -333,6 +340,13 @@ class RewardSet:
         if self.fns and args.reward_workers > 0:
             ctx = multiprocessing.get_context("forkserver")
             self.pool = ctx.Pool(args.reward_workers, _init_worker, (list(self.fns),))
+            try:  # the workers answer: a forkserver imports the main script first, and an unguarded one never ends
+                self.pool.apply_async(_ping).get(timeout=START_TIMEOUT_S)
+            except multiprocessing.TimeoutError:
+                self.close()
+                why = "a script that builds a RewardSet must run its work under `if __name__ == '__main__':`"
+                raise RuntimeError(f"the reward workers did not start within {START_TIMEOUT_S} s: {why} (worker "
+                                   f"processes import it), or pass --reward-workers 0") from None  # fmt: skip
         _WORKER_FNS.update(self.fns)  # 0 workers: the calls run here
 
     def _run(self, jobs: list[tuple]) -> list[tuple]:

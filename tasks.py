@@ -40,7 +40,7 @@ from typing import Protocol
 
 import numpy as np
 
-from rewards import digits_score
+from rewards import digits_score, user_text
 
 CHARS = "0123456789abcdefghijklmnopqrstuvwxyz+-*/=()<>.,:?! \n"  # the embedded tokenizer's vocabulary
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
@@ -189,9 +189,7 @@ def format_prompt(tokenizer, prompt: str | list[dict]) -> str:
     if getattr(tokenizer, "chat_template", None):
         msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    if isinstance(prompt, list):
-        prompt = "\n".join(m["content"] for m in prompt if m["role"] == "user")
-    return (tokenizer.bos_token or "") + prompt
+    return (tokenizer.bos_token or "") + user_text(prompt)
 
 
 def observation_ids(tokenizer, text: str, first: bool) -> list[int]:

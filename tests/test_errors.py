@@ -360,7 +360,7 @@ def test_data_bad_json_names_the_line(tmp_path):
 
 @pytest.mark.parametrize(
     "row,what",
-    [({"prompt": "1+1="}, "no ground_truth (nor reward_model.ground_truth): reward 'math_exact' needs one"),
+    [({"prompt": "1+1="}, "no ground_truth (nor reward_model.ground_truth): reward 'math_exact' reads one"),
      ({"ground_truth": "2"}, "'prompt' must be a string or a list of chat messages, got 'None'"),
      ({"prompt": 5, "ground_truth": "2"}, "'prompt' must be a string or a list of chat messages, got '5'"),
      (["1+1=", "2"], "expected a JSON object per line"),
@@ -393,8 +393,8 @@ def test_data_file_that_works(tmp_path):
     path = write(tmp_path, "\n".join(json.dumps(r) for r in rows) + "\n")
     task = data_task(path, "math_exact")
     assert len(task.rows["train"]) + len(task.rows["eval"]) == 40
-    row = next(r for r in task.rows["train"] + task.rows["eval"] if r["ground_truth"] == "14")
-    assert task.score_batch([row, row], ["the answer is 14", "13"], [[1], [1]]) == [1.0, 0.0]
+    row = next(r for r in task.rows["train"] + task.rows["eval"] if r["ground_truth"] == 14)  # a number stays one
+    assert task.score_batch([row, row], ["the answer is 14", "13"], [[1], [1]])[:2] == ([1.0, 0.0], [True, False])
 
 
 def test_data_rows_are_all_checked_at_load(tmp_path, capsys):

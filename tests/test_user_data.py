@@ -107,6 +107,10 @@ def test_datasets_folder_and_held_out_file(tmp_path):
         data.read_rows(str(tmp_path / "empty"))
     with pytest.raises(ValueError, match="'eval_data' needs --data"):
         data.DataArgs(eval_data=held)
+    with pytest.raises(ValueError, match=r"8 held-out prompts are training prompts too, e.g. .*test.parquet:row 1 = "):
+        data.DataTask(
+            data.DataArgs(data=write_parquet(tmp_path / "all.parquet", train + test), eval_data=held), rewards
+        )
 
 
 # ----------------------------------------------------------------------------------------------
