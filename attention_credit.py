@@ -68,9 +68,9 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from common import all_reduce_sum, check_choice, check_fields, check_range, masked_mean, parse_config
 from envs import TaskEnv
-from rollout import generate, position_ids_from_mask, tokenize_prompts
+from rollout import generate, position_ids_from_mask
 from runlog import format_table, run_trainers
-from tasks import format_prompt, load_policy, make_task
+from tasks import format_prompt, load_policy, make_task, tokenize_prompts
 from warm_start import SFTConfig, greedy_accuracy, sft_warm_start
 
 W, H_LO, H_HI, HEAD_FRAC = 10, 10, 100, 0.3  # WAAD window, FAI horizons, head-group quantile (paper defaults)

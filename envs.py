@@ -293,7 +293,7 @@ class TaskEnv:
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         """Score the response with the task's reward, or take score_turn's (score, solved, its reward metrics);
         the episode ends."""
-        if self.scored is None:  # a procedural task: its reward right here (time/reward: rollout.rollout_metrics)
+        if self.scored is None:  # a procedural task: its reward right here (time/reward: evaluation.rollout_metrics)
             t0 = time.perf_counter()
             score = float(self.task.compute_score(action, self.problem["ground_truth"]))
             self.scored = score, score >= 1.0, {"time/reward": time.perf_counter() - t0}

@@ -1,9 +1,12 @@
-"""Held-out evaluation as users know it: greedy accuracy, mean@N and pass@k (unbiased), sharded over ranks.
+"""What the policy's samples score: the training batch's rollout metrics, and held-out evaluation as users know it
+(greedy accuracy, mean@N and pass@k, unbiased), sharded over ranks.
 
     python evaluation.py --model runs/ppo/policy --task sort --eval-samples 8   # a trained policy (saved folder)
     python evaluation.py --model runs/ppo/policy --data my.parquet --reward my_reward.py --eval-samples 8
     python evaluation.py                          # the embedded model at random init: the metrics' floor, in seconds
 
+- `rollout_metrics`: the rollout/* metrics of a training batch; `eos_mask_errors`: responses whose mask breaks the
+  stop-token rule (stats/eos_mask_err_frac, the symptom of pad == eos).
 - `evaluate`: greedy success (eval/acc) on held-out episodes, the trainer's every `eval_every` iterations.
 - `sampled_eval`: N samples per episode at the training sampling settings (`--eval-samples N`):
   eval/mean@N, the mean return (veRL's val-core/<data source>/reward/mean@N); eval/acc_mean@N, the mean success;
@@ -28,12 +31,56 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from common import all_reduce_sum, check_fields, parse_config
+from common import all_reduce_sum, check_fields, masked_mean, parse_config
 from data import DataArgs, load_task
 from envs import EnvArgs, multi_turn, rollout_kw, sample_episodes
 from rewards import RewardArgs
-from rollout import SampleArgs, rollout_env
+from rollout import Rollout, SampleArgs, rollout_env
 from tasks import TaskArgs, load_policy, make_tiny_model, make_tokenizer, stop_token_ids
+
+
+def eos_mask_errors(response_ids, response_mask, eos_ids, max_len: int, rows=None, global_: bool = False) -> float:
+    """Share of responses (of `rows` [B] bool, default all; of every rank's with global_) whose mask breaks the
+    stop-token rule (DESIGN.md 3): every run of mask-1 tokens (an action) ends at its first stop token, unless it
+    is max_len tokens long (cut by the length limit). Catches EOS masked out (pad == eos with masks rebuilt from
+    ids) and padding trained after EOS."""
+    m = response_mask.bool()  # [B, R]
+    stop = torch.isin(response_ids, torch.tensor(eos_ids, device=response_ids.device))  # [B, R]
+    after_stop = (m[:, 1:] & m[:, :-1] & stop[:, :-1]).any(-1)  # [B] a trained token right after a stop token
+    idx = torch.arange(m.shape[1], device=m.device).expand_as(m)  # [B, R]
+    starts = m & ~torch.cat([torch.zeros_like(m[:, :1]), m[:, :-1]], 1)  # [B, R] first token of each run
+    run_len = idx - torch.where(starts, idx, -1).cummax(-1).values + 1  # [B, R] length of the run so far
+    ends = m & ~torch.cat([m[:, 1:], torch.zeros_like(m[:, :1])], 1)  # [B, R] last token of each run
+    open_end = (ends & ~stop & (run_len < max_len)).any(-1)  # [B] an action ends early without a stop token
+    rows = torch.ones_like(open_end) if rows is None else rows
+    return masked_mean((after_stop | open_end).float(), rows.float(), global_=global_).item()
+
+
+def rollout_metrics(rollout: Rollout, episodes: list[dict], eos_ids, max_new_tokens: int) -> dict:
+    """The rollout/* metrics of a batch of episodes (README glossary), stats/eos_mask_err_frac, time/env and, for
+    --data, each episode's reward_info: reward/<term> averaged over the episodes it scored, time/reward summed."""
+    mask = rollout.response_mask.float()  # [B, R]
+    terms = {}
+    for e in episodes:
+        for k, v in e.get("reward_info", {}).items():  # set by the first turn
+            terms.setdefault(k, []).append(v)
+    full = torch.tensor([not e["context_cut"] for e in episodes], device=mask.device)  # [B] no action cut short
+    mean = lambda key: float(np.mean([e[key] for e in episodes]))
+    acc = torch.tensor([float(e["success"]) for e in episodes], device=mask.device)  # [B] exact answers / solved
+    return {
+        "rollout/acc": acc.mean().item(),
+        "rollout/response_len": mask.sum(-1).mean().item(),
+        "rollout/truncated_frac": rollout.truncated.float().mean().item(),
+        "rollout/turns": mean("turns"),
+        "rollout/episode_cut_frac": mean("cut"),  # ended without the environment terminating them
+        "rollout/malformed": mean("malformed"),  # malformed actions per episode
+        "stats/eos_mask_err_frac": eos_mask_errors(  # of the episodes of all ranks without an action cut short
+            rollout.response_ids, rollout.response_mask, eos_ids, max_new_tokens, rows=full, global_=True
+        ),
+        "time/env": float(sum(sum(e["env_s"]) for e in episodes)),  # inside env.step (part of time/rollout)
+        "time/reward": 0.0,  # the reward functions' seconds (an environment's: inside time/env)
+        **{k: float(np.sum(v) if k.startswith("time/") else np.mean(v)) for k, v in terms.items()},
+    }
 
 
 @dataclass

@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 import common
+import memory
 import repro
 from attention_credit import CreditArgs, credit_weights
 from checkpoint import check_resume, load_pt, resume_checkpoint, run_fingerprint, save_checkpoint
@@ -65,11 +66,12 @@ from critics import CriticArgs, Critics, asyppo_masks, critic_footprint, make_cr
 from data import DataArgs, DataTask, load_task
 from diagnose import LiveDiagnoser, verl_aliases
 from envs import ENVS, EnvArgs, multi_turn, rollout_kw, sample_episodes
-from evaluation import EvalArgs, evaluate, evaluate_all, held_out
+from evaluation import EvalArgs, evaluate, evaluate_all, held_out, rollout_metrics
+from memory import MemoryArgs
 from offpolicy import OffPolicyArgs, gap_stats, off_policy_weights
 from repro import ReproArgs
 from rewards import RewardArgs
-from rollout import SampleArgs, last_valid, rollout_env, rollout_metrics
+from rollout import SampleArgs, last_valid, rollout_env
 from runlog import MetricsLogger, RunArgs, write_result
 from tasks import TASKS, TaskArgs, load_policy, stop_token_ids
 from warm_start import sft_config_for, sft_target_for, sft_warm_start
@@ -79,7 +81,7 @@ AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mea
 
 @dataclass
 class Config(TaskArgs, DataArgs, RewardArgs, SampleArgs, EvalArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArgs,
-             DistArgs, RunArgs, ReproArgs):  # fmt: skip
+             MemoryArgs, DistArgs, RunArgs, ReproArgs):  # fmt: skip
     """The trainer's knobs: PPO's own here, each concept's in the Args class it inherits (`--help` lists all)."""
 
     adv_estimator: Literal["gae", "grpo", "rloo"] = "gae"
@@ -363,12 +365,24 @@ class Batch:
         """The sub-batch of rows idx (an index tensor or a slice)."""
         return Batch(**{f.name: None if (v := getattr(self, f.name)) is None else v[idx] for f in fields(self)})
 
+    def part(self, idx, lo: int, r: int) -> Batch:
+        """A micro-batch (memory.micro_batches): rows idx, prompt columns from lo, the first r response columns."""
+        W, R, out = self.input_ids.shape[1], self.response_mask.shape[1], self.rows(idx)
+        for f in fields(out):
+            if (v := getattr(out, f.name)) is not None and f.name != "shares":  # [b, M]: no token axis
+                setattr(out, f.name, v[:, lo : W - R + r] if f.name in ("input_ids", "attention_mask") else v[..., :r])
+        return out
 
-def trainer_logprobs(cfg: Config, model, input_ids, attention_mask, R: int, with_entropy: bool = False):
-    """The trainer's logprobs (and entropies) [B, R] with the sampling temperature (detail 1): old, ref, loss."""
+
+def trainer_logprobs(cfg: Config, model, input_ids, attention_mask, R: int, with_entropy=False, micro_batch=None):
+    """The trainer's logprobs (and entropies, with grad for an entropy bonus) [B, R] with the sampling temperature
+    (detail 1), the LM head in chunks of logit_chunk tokens (rollout.py detail 4), micro_batch rows per forward
+    (default cfg.micro_batch): old, ref, loss."""
     logprob_fn, temperature = repro.at_logprobs(cfg.inject, cfg.temperature)  # INJECT no_temperature, logprob_shift
-    return logprob_fn(model, input_ids, attention_mask, R, temperature=temperature, micro_batch=cfg.micro_batch,
-                      with_entropy=with_entropy)  # fmt: skip
+    chunks = {"entropy_grad": cfg.ent_coef > 0, "logit_chunk": cfg.logit_chunk}
+    rows = micro_batch or cfg.micro_batch
+    return logprob_fn(model, input_ids, attention_mask, R, temperature=temperature, micro_batch=rows,
+                      with_entropy=with_entropy, **chunks)  # fmt: skip
 
 
 def compute_advantages(cfg: Config, token_scores, response_mask, old_logp, ref_logp, kl_beta, group_ids, values):
@@ -429,18 +443,20 @@ def ppo_update(cfg, policy_train, opt, critics, batch: Batch, world: int, gen, a
         raise ValueError("a batch without old_logprobs needs ppo_epochs = minibatches = 1 (reuse_old_logprobs)")
     if cfg.kl_loss and batch.ref_logprobs is None:
         raise ValueError("kl_loss needs the batch's ref_logprobs (the reference pass: needs_reference)")
+    if (batch.response_mask.bool() & ~batch.attention_mask[:, -batch.response_mask.shape[1] :].bool()).any():
+        raise ValueError("response_mask is 1 on a token attention_mask says is padding (DESIGN.md 3): fix the sampler")
     mb_size = B // cfg.minibatches
     for epoch in range(cfg.ppo_epochs):
         perm = torch.randperm(B, generator=gen) if cfg.minibatches > 1 else torch.arange(B)
         for j in range(cfg.minibatches):
             mb = batch.rows(perm[j * mb_size : (j + 1) * mb_size])
-            where = f"epoch {epoch} minibatch {j}"
-            rows, row, logps = policy_step(cfg, policy_train, opt, mb, world, autocast, update_actor, where)
+            where, plan = f"epoch {epoch} minibatch {j}", micro_batches_of(cfg, mb)  # the critics' too
+            rows, row, logps = policy_step(cfg, policy_train, opt, mb, world, autocast, update_actor, where, plan)
             first = first or rows  # the first minibatch, before any optimizer step: the ratio must be 1
             if batch.old_logprobs is None:  # one epoch of one minibatch, in order: the batch's anchor
-                batch.old_logprobs = batch.clip_anchor = torch.cat(logps)
+                batch.old_logprobs = batch.clip_anchor = logps
             if critics is not None:
-                row.update(critic_update(cfg, critics, mb, world, autocast))
+                row.update(critic_update(cfg, critics, mb, world, autocast, plan))
             micro_rows += rows
             step_rows.append(row)
     host_floats(micro_rows + step_rows)  # the update's one device-to-host copy
@@ -453,6 +469,12 @@ def ppo_update(cfg, policy_train, opt, critics, batch: Batch, world: int, gen, a
     return {**out, "stats/ratio_max": max(r["stats/ratio_max"] for r in micro_rows)}
 
 
+def micro_batches_of(cfg: Config, mb: Batch) -> list[tuple]:
+    """The minibatch's micro-batches: micro_batch rows each, or packed under micro_batch_tokens (memory.py)."""
+    R = mb.response_mask.shape[1]
+    return memory.micro_batches(mb.attention_mask, R, rows=cfg.micro_batch, tokens=cfg.micro_batch_tokens)
+
+
 def host_floats(rows: list[dict]) -> None:
     """Every 0-d tensor value of the metric dicts `rows` replaced by its Python float, in one copy (one GPU sync)."""
     keys = [(r, k) for r in rows for k, v in r.items() if isinstance(v, torch.Tensor)]
@@ -462,22 +484,24 @@ def host_floats(rows: list[dict]) -> None:
         r[k] = v
 
 
-def policy_step(cfg: Config, policy_train, opt, mb: Batch, world: int, autocast, update_actor: bool, where: str):
-    """One optimizer step of the policy on a minibatch, gradients accumulated over its micro-batches. Returns each
-    micro-batch's stats (0-d tensors; its max |ratio - 1| as "ratio_dev"), the step's losses and gradient norm, and
-    each micro-batch's logprobs (detached; on a batch without an anchor, they are its anchor)."""
-    mask, R = mb.response_mask.float(), mb.response_mask.shape[1]
+def policy_step(cfg: Config, policy_train, opt, mb: Batch, world, autocast, update_actor, where: str, plan=None):
+    """One optimizer step of the policy on a minibatch, gradients accumulated over its micro-batches (plan:
+    memory.micro_batches). Returns each micro-batch's stats (0-d tensors; its max |ratio - 1| as "ratio_dev"), the
+    step's losses and gradient norm, and the minibatch's logprobs [b, R] (detached; None unless the batch has no
+    anchor: then they are its anchor)."""
+    mask, plan = mb.response_mask.float(), plan or micro_batches_of(cfg, mb)
     denom = agg_denominator(mask, cfg.loss_agg, scale=cfg.loss_scale_factor)  # every valid token, masks or not
     agg = {"mode": cfg.loss_agg, "denom": denom, "world": world}
     clip = {"clip_low": cfg.clip_low, "clip_high": cfg.clip_high, "dual_clip": cfg.dual_clip, "agg": cfg.loss_agg}
-    starts, losses, rows, logps = list(range(0, mask.shape[0], cfg.micro_batch)), {}, [], []
-    for s in starts:
-        mi = mb.rows(slice(s, s + cfg.micro_batch))
-        mmask = mi.response_mask.float()  # [b, R]
-        sync = s == starts[-1] or world == 1  # DDP all-reduces gradients on the last micro-batch only
+    losses, rows, logps = {}, [], None if mb.old_logprobs is not None else torch.zeros_like(mask)
+    for n, (idx, lo, r) in enumerate(plan):
+        mi = mb.part(idx, lo, r)  # [b, lo:P + r] tokens, [b, r] response
+        mmask = mi.response_mask.float()  # [b, r]
+        sync = n == len(plan) - 1 or world == 1  # DDP all-reduces gradients on the last micro-batch only
         no_sync = contextlib.nullcontext() if sync else policy_train.no_sync()
         with no_sync, autocast(), torch.set_grad_enabled(update_actor):
-            logp, ent = trainer_logprobs(cfg, policy_train, mi.input_ids, mi.attention_mask, R, with_entropy=True)
+            ids, b = mi.input_ids, mi.input_ids.shape[0]  # one forward per micro-batch (its graph is kept anyway)
+            logp, ent = trainer_logprobs(cfg, policy_train, ids, mi.attention_mask, r, with_entropy=True, micro_batch=b)
             old = logp.detach() if mi.old_logprobs is None else mi.old_logprobs  # (reuse_old_logprobs)
             anchor = old if mi.clip_anchor is None else mi.clip_anchor
             shaping = {"token_weights": mi.token_weights, "pg_mask": mi.pg_mask.float(), "is_weights": mi.is_weights}
@@ -496,7 +520,8 @@ def policy_step(cfg: Config, policy_train, opt, mb: Batch, world: int, autocast,
         rows.append({f"stats/{k}": v.detach() for k, v in m.items()})  # 0-d tensors, detached: no graph kept
         rows[-1]["stats/entropy"] = masked_mean(ent.detach(), mmask)
         rows[-1]["ratio_dev"] = ((logp.detach() - old).exp() - 1).abs().mul(mmask).max()
-        logps += [logp.detach()] if mi.old_logprobs is None else []
+        if logps is not None:
+            logps[idx, :r] = logp.detach()
     gn = clipped_step(policy_train, opt, cfg.grad_clip, f"policy at {where}", step=update_actor)
     return rows, {"stats/grad_norm": gn, **losses}, logps
 
@@ -512,24 +537,26 @@ def clipped_step(model, opt, max_norm: float, where: str, step: bool = True):
     return gn
 
 
-def critic_update(cfg: Config, critics: Critics, mb: Batch, world: int, autocast) -> dict:
-    """One optimizer step per critic on a minibatch: critic m on its share's rows, the clipped value loss (7.1) to its
-    own target R^(m) over its share's tokens, in old_values' precision (autocast: the clip is centred there)."""
-    metrics, R, dev = {}, mb.response_mask.shape[1], mb.response_mask.device
+def critic_update(cfg: Config, critics: Critics, mb: Batch, world: int, autocast, plan=None) -> dict:
+    """One optimizer step per critic on a minibatch (micro-batches: plan, as the policy's): critic m on its share's
+    rows, the clipped value loss (7.1) to its own target R^(m) over its share's tokens, in old_values' precision
+    (autocast: the clip is centred there)."""
+    metrics, dev, plan = {}, mb.response_mask.device, plan or micro_batches_of(cfg, mb)
     clipped = torch.zeros(2, dtype=torch.float64, device=dev)  # [clipped, valid] tokens
     for k, (model, opt) in enumerate(zip(critics.train_models, critics.opts)):
         mask = mb.response_mask.float() * mb.shares[:, k, None]  # [b, R] critic k's rows only
         denom = agg_denominator(mask, cfg.loss_agg, scale=cfg.loss_scale_factor)  # critic k's tokens, all ranks
         loss_args, losses = {"clip": cfg.value_clip, "agg": cfg.loss_agg, "denom": denom, "world": world}, []
-        for i in range(0, mask.shape[0], cfg.micro_batch):
-            sl = slice(i, i + cfg.micro_batch)
+        for idx, lo, r in plan:
+            mi = mb.part(idx, lo, r)
+            mmask = mi.response_mask.float() * mi.shares[:, k, None]  # [b, r]
             with autocast():
-                values, old = model(mb.input_ids[sl], mb.attention_mask[sl], R), mb.old_values[sl, k]  # [mb, R]
-            target = repro.at_value_target(cfg.inject, mb.critic_returns[sl, k], old, values)  # INJECT
-            loss, m = value_loss(values, old, target, mask[sl], **loss_args)
+                values, old = model(mi.input_ids, mi.attention_mask, r), mi.old_values[:, k]  # [b, r]
+            target = repro.at_value_target(cfg.inject, mi.critic_returns[:, k], old, values)  # INJECT
+            loss, m = value_loss(values, old, target, mmask, **loss_args)
             common.collective(loss.backward)  # (DDP: as in policy_step)
             losses.append(loss.detach())
-            n = mask[sl].sum().double()
+            n = mmask.sum().double()
             clipped += torch.stack([m["vf_clipfrac"].double() * (n + 1e-8), n])  # masked_mean^-1, no host sync
         gn = clipped_step(model, opt, cfg.grad_clip, f"critic {k}")
         metrics.update({f"critic/loss_{k}": sum(losses), f"critic/grad_norm_{k}": gn})  # 0-d: host_floats
@@ -549,8 +576,9 @@ def set_learning_rates(cfg: Config, step: int, opt, critics) -> bool:
 
 def reuses_anchor(cfg: Config) -> bool:
     """reuse_old_logprobs applies: one epoch of one minibatch in order (its first forward sees the sampling weights,
-    bit for bit the recompute), and nothing needs the anchor before the update (KL in the reward, tis / decoupled
-    weights, behav, attention credit's pass); injections keep the recompute (several are planted on it)."""
+    bit for bit the recompute; within rounding under micro_batch_tokens, whose micro-batches have other widths), and
+    nothing needs the anchor before the update (KL in the reward, tis / decoupled weights, behav, attention
+    credit's pass); injections keep the recompute (several are planted on it)."""
     alone = cfg.off_policy == "none" and not cfg.kl_in_reward and cfg.credit == "none"
     return cfg.reuse_old_logprobs and cfg.ppo_epochs == cfg.minibatches == 1 and alone and not cfg.inject
 
@@ -559,16 +587,30 @@ def anchor_logprobs(cfg: Config, anchor, ref, input_ids, attention_mask, respons
     """Stanza 3's logprobs [B, R]: old_logprobs, the PPO anchor (None when the update's first forward gives it:
     reuses_anchor), the reference's (None off its cadence: needs_reference), and attention credit's gamma [B, R] and
     metrics (its maps taken inside the recompute's forward, not in a pass of their own)."""
-    R = response_mask.shape[1]
+    R, plan = response_mask.shape[1], {"rows": cfg.micro_batch, "tokens": cfg.micro_batch_tokens}
     recompute = lambda: trainer_logprobs(cfg, anchor, input_ids, attention_mask, R)[0]  # noqa: E731
+
+    def by_tokens(model):
+        """The model's logprobs [B, R], micro-batched as the update is (micro_batch_tokens: its budget, here too)."""
+        logprobs = lambda ids, mask, r: trainer_logprobs(cfg, model, ids, mask, r)[0]  # noqa: E731
+        return memory.by_micro_batches(logprobs, input_ids, attention_mask, R, **plan)
+
     old, gamma, credit = None, None, {}
-    if cfg.credit == "attention":
+    if cfg.credit == "attention":  # its maps are taken in one pass over the batch: micro_batch rows at a time
         old, gamma, credit = credit_weights(cfg, anchor, input_ids, attention_mask, response_mask, cfg.micro_batch,
                                             recompute)  # fmt: skip
     elif not reuses_anchor(cfg):
-        old = recompute()
-    ref_logp = trainer_logprobs(cfg, ref, input_ids, attention_mask, R)[0] if needs_reference(cfg, step) else None
+        old = by_tokens(anchor)
+    ref_logp = by_tokens(ref) if needs_reference(cfg, step) else None
     return old, ref_logp, gamma, credit
+
+
+def critic_values(cfg: Config, critics: Critics, input_ids, attention_mask, R: int):
+    """[M, B, R] every critic's values, no gradient, micro-batched as the update is (micro_batch_tokens too)."""
+    values = lambda ids, mask, r: critics.values(ids, mask, r, cfg.micro_batch)  # noqa: E731
+    return memory.by_micro_batches(
+        values, input_ids, attention_mask, R, rows=cfg.micro_batch, tokens=cfg.micro_batch_tokens
+    )
 
 
 def needs_reference(cfg: Config, step: int) -> bool:
@@ -609,6 +651,8 @@ def build_models(cfg: Config, device, world: int):
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps, weight_decay=0.0)
     ddp, gae_critics = world > 1, cfg.adv_estimator == "gae"  # M = 1 critic for PPO, M mini-critics for AsyPPO
     critics = make_critics(cfg, policy, tokenizer, device, adam_eps=cfg.adam_eps, ddp=ddp) if gae_critics else None
+    for model in [policy, *[c.backbone for c in (critics.models if critics else [])]] if cfg.grad_checkpointing else []:
+        memory.checkpoint_layers(model)  # memory.py: each decoder layer's activations recomputed in backward
     return policy, policy_train, opt, ref, tokenizer, stop_token_ids(policy, tokenizer), critics, fingerprint
 
 
@@ -654,7 +698,9 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     out_dir, metrics, footprint = Path(cfg.out_dir), {}, {}
     logger = open_run_log(cfg, task, policy, start, rank, world, device, n_local)
     if critics is not None:  # critic params and training memory vs one actor-sized critic (one micro-batch)
-        ids = torch.full((cfg.micro_batch, cfg.max_prompt_len + cfg.max_new_tokens), eos_ids[0], device=device)
+        T = cfg.max_prompt_len + cfg.max_new_tokens
+        rows = memory.largest_micro_batch(cfg.micro_batch, n_local // cfg.minibatches, cfg.micro_batch_tokens, T)
+        ids = torch.full((rows, T), eos_ids[0], device=device)
         footprint = critic_footprint(critics.models, policy, ids, torch.ones_like(ids), cfg.max_new_tokens)
     if cfg.eval_every and start == 0 and cfg.steps > 0:  # the starting point, before any update
         with autocast():
@@ -698,7 +744,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
                 cfg, anchor, ref, ids, attn, response_mask, step
             )
             repro.resync_anchor(anchor, policy)  # INJECT stale_old_logprobs: re-synced only after its use
-            all_values = critics.values(ids, attn, R, cfg.micro_batch) if critics else None  # [M, B, R]
+            all_values = critic_values(cfg, critics, ids, attn, R) if critics else None  # [M, B, R]
         values = all_values.mean(0) * mask if critics else None  # [B, R] the ensemble mean V̄
 
         # --- 4. the batch: off-policy weights, token rewards and advantages, then token weights and masks
@@ -801,6 +847,10 @@ def main(argv=None):
     cfg = parse_config(Config, argv)
     if cfg.replay:
         sys.exit(0 if replay(cfg.replay)[1] else 1)
+    if cfg.dry_run_memory:  # the per-rank estimate of memory.py; nothing is loaded or trained
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        print(memory.report(memory.trainer_estimate(cfg, sequences_per_rank(cfg, world), world)))
+        return
     out = train(cfg)
     if int(os.environ.get("RANK", "0")) == 0 and out["eval_history"]:
         print("eval accuracy by step:", ", ".join(f"{s}: {a:.3f}" for s, a in out["eval_history"]))

@@ -366,7 +366,7 @@ class RewardSet:
         """[B] weighted rewards of B responses (texts: decoded without special tokens; ids: their token ids), [B]
         solved (the first term's own value >= 1: module docstring, 4) and [B] per-sample metrics for the episode's
         info: reward/<term> (each term that scored it), reward/<term>/<key> (a veRL dict's other numbers) and
-        time/reward (the batch's seconds / B): rollout.rollout_metrics averages them and sums the time."""
+        time/reward (the batch's seconds / B): evaluation.rollout_metrics averages them and sums the time."""
         t0 = time.perf_counter()
         per_term = []  # per term: [(value or None, extra numbers)] per sample
         for spec in self.specs:

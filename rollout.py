@@ -24,6 +24,13 @@ Implementation details (our choices)
    re-tokenised; each observation is tokenised once (`tasks.observation_ids`; with a chat template, the
    template's text between turns; an action cut without the end-of-turn token gets it, with mask 0).
    Environments step one after another on the host (async_loop.py overlaps their latency with generation).
+4. The trainer's token statistics in chunks (`logit_chunk` tokens, `token_stats`): the model runs with
+   `logits_to_keep` empty and a hook takes its decoder's final hidden states (`final_hidden`); the LM head and the
+   log-softmax then run one chunk at a time, each chunk under a checkpoint, so its [c, V] logits are recomputed in
+   backward instead of kept: the update never holds [b, R, V] logits (at V = 152k, R = 1k and b = 128: 79 GB in
+   fp32). The entropy is computed under no_grad unless an entropy bonus needs its gradient. Same logprobs,
+   entropies and gradients as the whole logits within fp32 rounding (tests/test_memory.py); a head that soft-caps
+   or scales its logits (Gemma 2, Cohere, Granite, ...) takes the model's own logits (`lm_head` checks each model).
 """
 
 from __future__ import annotations
@@ -31,15 +38,26 @@ from __future__ import annotations
 import inspect
 import math
 import time
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
-from common import check_fields, masked_mean
+from common import check_fields
 from envs import score_turn
-from tasks import format_prompt, make_task, make_tiny_model, make_tokenizer, observation_ids
+from tasks import (
+    encode_prompts,
+    format_prompt,
+    left_pad,
+    make_task,
+    make_tiny_model,
+    make_tokenizer,
+    observation_ids,
+    tokenize_prompts,
+)
 
 
 @dataclass
@@ -101,22 +119,6 @@ def cat_rollouts(parts: list[Rollout], pad_id: int, device) -> Rollout:
         token_scores=cat(lambda r: right(r.token_scores, R, 0.0)),  # [B, R]
         policy_version=cat(lambda r: r.policy_version),  # [B]
     )
-
-
-def encode_prompts(tokenizer, texts: list[str], max_prompt_len: int) -> list[list[int]]:
-    """Token ids of each prompt text; raises if a prompt is empty or longer than max_prompt_len."""
-    enc = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
-    for i, ids in enumerate(enc):
-        if len(ids) > max_prompt_len:
-            raise ValueError(f"prompt {i} has {len(ids)} tokens > max_prompt_len={max_prompt_len}: {texts[i][:80]!r}")
-        if not ids:
-            raise ValueError(f"prompt {i} is empty")
-    return enc
-
-
-def tokenize_prompts(tokenizer, texts: list[str], max_prompt_len: int):
-    """Left-padded prompt ids [B, P] and mask [B, P]; raises if a prompt is longer than max_prompt_len."""
-    return _left_pad(encode_prompts(tokenizer, texts, max_prompt_len), tokenizer.pad_token_id)
 
 
 def _cache_kw(model) -> str:
@@ -223,33 +225,107 @@ def sequence_logprobs(
     temperature: float = 1.0,
     micro_batch: int = 64,
     with_entropy: bool = False,
+    entropy_grad: bool = False,
+    logit_chunk: int = 256,
 ):
     """Log-probs [B, R] of the last `response_len` tokens (and entropies [B, R] if asked), recomputed.
 
-    The logits at position P + t - 1 predict response token t; they are divided by the sampling
-    temperature (forgetting it is a classic silent bug). Gradients flow if called with grad enabled.
+    The logits at position P + t - 1 predict response token t; they are divided by the sampling temperature
+    (forgetting it is a classic silent bug). Gradients flow into the logprobs if called with grad enabled, into the
+    entropies only with entropy_grad (an entropy bonus). logit_chunk > 0 (detail 4): the backbone gives hidden
+    states, and the LM head and log-softmax run per chunk of that many tokens (token_stats), so that neither the
+    [b, R, V] logits nor their log-softmax ever exist whole; 0 takes the model's own logits (the reference path).
     """
     if temperature <= 0:
         temperature = 1.0  # greedy sampling: logprobs of the plain softmax (implementation detail 2)
     keep = response_len + 1  # positions P-1 .. P+R-1; the last one is dropped below
     pos = position_ids_from_mask(attention_mask)
+    chunked = lm_head(model) if logit_chunk > 0 else None  # (decoder, head), or None: the model's own logits
     logps, ents = [], []
     for i in range(0, input_ids.shape[0], micro_batch):
         sl = slice(i, i + micro_batch)
-        logits = model(
-            input_ids=input_ids[sl],
-            attention_mask=attention_mask[sl],
-            position_ids=pos[sl],
-            use_cache=False,
-            **_last_logits_kw(model, keep),
-        ).logits[:, -keep:]  # [b, R+1, V]
-        logits = logits[:, :-1].float() / temperature  # [b, R, V] position P+t-1 predicts token t
-        logp_all = F.log_softmax(logits, dim=-1)  # [b, R, V]
         target = input_ids[sl, -response_len:]  # [b, R]
-        logps.append(logp_all.gather(-1, target[..., None]).squeeze(-1))  # [b, R]
-        if with_entropy:
-            ents.append(-(logp_all.exp() * logp_all).sum(-1))  # [b, R]  H = -sum p log p
+        inputs = {"input_ids": input_ids[sl], "attention_mask": attention_mask[sl], "position_ids": pos[sl]}
+        if chunked is not None:  # the model's head sees no position (logits_to_keep: none); ours, chunked, all of them
+            hidden = final_hidden(model, chunked[0], inputs)[:, -keep:-1]  # [b, R, H]
+            logp, ent = token_stats(hidden, chunked[1], target, temperature, logit_chunk, with_entropy, entropy_grad)
+        else:
+            logits = model(**inputs, use_cache=False, **_last_logits_kw(model, keep)).logits[:, -keep:]  # [b, R+1, V]
+            logp, ent = _stats(logits[:, :-1], target, temperature, with_entropy, entropy_grad)  # [b, R] each
+        logps.append(logp)
+        ents.append(ent)
     return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
+
+
+def final_hidden(model, base, inputs: dict):
+    """The final (normed) hidden states [b, T, H] of a forward of `model` that computes no logits, taken from its
+    decoder `base` by a hook: the call goes through the model (and a DDP wrapper, which must see it to reduce the
+    gradients), and only the last layer's output is kept (output_hidden_states would hold every layer's at once,
+    which no_grad passes never keep otherwise)."""
+    taken, no_position = [], torch.empty(0, dtype=torch.long, device=inputs["input_ids"].device)
+    hook = base.register_forward_hook(lambda module, args, out: taken.append(out.last_hidden_state))
+    try:
+        model(**inputs, use_cache=False, logits_to_keep=no_position)
+    finally:
+        hook.remove()
+    return taken[0]
+
+
+def lm_head(model):
+    """(decoder, output projection) of a Hugging Face causal LM whose logits are exactly head(the decoder's final
+    hidden state), else None, and the model's own logits are used. Checked once per model by a forward of 3 tokens
+    (the model's logits against the head's on the hook-taken hidden state), so a head that soft-caps, scales or
+    multiplies its logits (Gemma 2, Cohere, Granite, Falcon-H1 ...) is never split; a model without a separate
+    decoder or without logits_to_keep is not either."""
+    inner = getattr(model, "module", model)  # DDP's wrapper
+    if inner not in _HEADS:
+        head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+        base = getattr(inner, "base_model", inner)
+        split = isinstance(head, torch.nn.Linear) and base is not inner and bool(_last_logits_kw(model, 1))
+        if split and next(head.parameters()).device.type != "meta":  # meta (memory.py's estimate): no values
+            ids = (torch.arange(1, 4, device=head.weight.device) % head.out_features)[None]  # [1, 3] (not a pad)
+            few = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": ids - ids[:, :1]}
+            with torch.no_grad():
+                ours = head(final_hidden(model, base, few))  # [1, 3, V]
+                theirs = model(**few, use_cache=False, logits_to_keep=3).logits  # [1, 3, V]
+            split = torch.allclose(ours.float(), theirs.float(), rtol=1e-4, atol=1e-5)
+            if not split:
+                print(f"[minrl] {type(inner).__name__}'s logits are not its head's on the final hidden state: the "
+                      "trainer takes its whole logits (--logit-chunk has no effect)", flush=True)  # fmt: skip
+        _HEADS[inner] = (base, head) if split else None
+    return _HEADS[inner]
+
+
+_HEADS = weakref.WeakKeyDictionary()  # model -> lm_head's verdict, checked once per model
+
+
+def token_stats(hidden, head, target, temperature: float, chunk: int, with_entropy: bool, entropy_grad: bool):
+    """Logprobs of target [b, R] (and entropies [b, R] or None) from hidden states [b, R, H], chunk tokens at a time.
+    With grad enabled each chunk is checkpointed: its logits are recomputed in backward, never kept (detail 4)."""
+    b, R, H = hidden.shape
+    flat_h, flat_t = hidden.reshape(b * R, H), target.reshape(b * R)  # [n, H], [n]
+    keep_graph = torch.is_grad_enabled()
+
+    def chunk_stats(h, t):
+        """One chunk's (logprobs [c], entropies [c] or None): the head, then _stats."""
+        return _stats(head(h), t, temperature, with_entropy, entropy_grad)
+
+    parts = []
+    for i in range(0, b * R, chunk):
+        h, t = flat_h[i : i + chunk], flat_t[i : i + chunk]  # [c, H], [c]
+        parts.append(checkpoint(chunk_stats, h, t, use_reentrant=False) if keep_graph else chunk_stats(h, t))
+    logp = torch.cat([p[0] for p in parts]).view(b, R)  # [b, R]
+    return logp, (torch.cat([p[1] for p in parts]).view(b, R) if with_entropy else None)
+
+
+def _stats(logits, target, temperature: float, with_entropy: bool, entropy_grad: bool):
+    """log softmax(logits / T) at target, and the entropy H = -sum p log p (no grad unless entropy_grad)."""
+    logp_all = F.log_softmax(logits.float() / temperature, dim=-1)  # [..., V]
+    logp = logp_all.gather(-1, target[..., None]).squeeze(-1)  # [...]
+    if not with_entropy:
+        return logp, None
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        return logp, -(logp_all.exp() * logp_all).sum(-1)  # [...]
 
 
 def _checked(env, method: str, episode: int, turn: int, **kw):
@@ -306,7 +382,7 @@ def rollout_env(
     sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k} if generator else {"temperature": 0.0}
     first = [_checked(env, "reset", i, 0, seed=seed)[0] for i, (env, seed) in enumerate(zip(envs, seeds))]
     prompts = encode_prompts(tokenizer, [format_prompt(tokenizer, o) for o in first], max_prompt_len)
-    ids, attention_mask = _left_pad(prompts, tokenizer.pad_token_id)
+    ids, attention_mask = left_pad(prompts, tokenizer.pad_token_id)
     tracks = [{"ids": [], "action": [], "logp": [], "score": [], "no_stop": False} for _ in envs]  # the responses
     blank = {"return": 0.0, "success": False, "turns": 0, "malformed": 0, "cut": False, "context_cut": False}
     info = [{**blank, "no_stop_actions": 0, "action_spans": [], "env_s": [], "gen_s": []} for _ in envs]
@@ -320,7 +396,7 @@ def rollout_env(
         live = [i for i in live if budget[i] >= 1]
         if not live:
             break
-        ctx_ids, ctx_mask = _left_pad([prompts[i] + tracks[i]["ids"] for i in live], tokenizer.pad_token_id)
+        ctx_ids, ctx_mask = left_pad([prompts[i] + tracks[i]["ids"] for i in live], tokenizer.pad_token_id)
         t_gen = time.perf_counter()
         turn_samples = generate(
             model,
@@ -388,16 +464,6 @@ def _take_turn(env, tokenizer, track: dict, info: dict, action: list[int], text:
     return True
 
 
-def _left_pad(seqs: list[list[int]], pad_id: int):
-    """[b, L] ids and attention mask of token lists, left-padded (DESIGN.md section 3)."""
-    n = max(map(len, seqs))
-    ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(seqs), n, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, n - len(s) :], mask[i, n - len(s) :] = torch.tensor(s, dtype=torch.long), 1
-    return ids, mask
-
-
 def _pack(prompt_ids, prompt_mask, tracks: list[dict], pad_id: int, dev) -> Rollout:
     """The Rollout of finished episodes: prompts left-padded as sampled, responses right-padded."""
     B, R = len(tracks), max(1, *(len(t["ids"]) for t in tracks))
@@ -419,50 +485,6 @@ def _pack(prompt_ids, prompt_mask, tracks: list[dict], pad_id: int, dev) -> Roll
         truncated=torch.tensor([t["no_stop"] for t in tracks], device=dev),
         token_scores=token_scores.to(dev),
     )
-
-
-def eos_mask_errors(response_ids, response_mask, eos_ids, max_len: int, rows=None, global_: bool = False) -> float:
-    """Share of responses (of `rows` [B] bool, default all; of every rank's with global_) whose mask breaks the
-    stop-token rule (DESIGN.md 3): every run of mask-1 tokens (an action) ends at its first stop token, unless it
-    is max_len tokens long (cut by the length limit). Catches EOS masked out (pad == eos with masks rebuilt from
-    ids) and padding trained after EOS."""
-    m = response_mask.bool()  # [B, R]
-    stop = torch.isin(response_ids, torch.tensor(eos_ids, device=response_ids.device))  # [B, R]
-    after_stop = (m[:, 1:] & m[:, :-1] & stop[:, :-1]).any(-1)  # [B] a trained token right after a stop token
-    idx = torch.arange(m.shape[1], device=m.device).expand_as(m)  # [B, R]
-    starts = m & ~torch.cat([torch.zeros_like(m[:, :1]), m[:, :-1]], 1)  # [B, R] first token of each run
-    run_len = idx - torch.where(starts, idx, -1).cummax(-1).values + 1  # [B, R] length of the run so far
-    ends = m & ~torch.cat([m[:, 1:], torch.zeros_like(m[:, :1])], 1)  # [B, R] last token of each run
-    open_end = (ends & ~stop & (run_len < max_len)).any(-1)  # [B] an action ends early without a stop token
-    rows = torch.ones_like(open_end) if rows is None else rows
-    return masked_mean((after_stop | open_end).float(), rows.float(), global_=global_).item()
-
-
-def rollout_metrics(rollout: Rollout, episodes: list[dict], eos_ids, max_new_tokens: int) -> dict:
-    """The rollout/* metrics of a batch of episodes (README glossary), stats/eos_mask_err_frac, time/env and, for
-    --data, each episode's reward_info: reward/<term> averaged over the episodes it scored, time/reward summed."""
-    mask = rollout.response_mask.float()  # [B, R]
-    terms = {}
-    for e in episodes:
-        for k, v in e.get("reward_info", {}).items():  # set by the first turn
-            terms.setdefault(k, []).append(v)
-    full = torch.tensor([not e["context_cut"] for e in episodes], device=mask.device)  # [B] no action cut short
-    mean = lambda key: float(np.mean([e[key] for e in episodes]))
-    acc = torch.tensor([float(e["success"]) for e in episodes], device=mask.device)  # [B] exact answers / solved
-    return {
-        "rollout/acc": acc.mean().item(),
-        "rollout/response_len": mask.sum(-1).mean().item(),
-        "rollout/truncated_frac": rollout.truncated.float().mean().item(),
-        "rollout/turns": mean("turns"),
-        "rollout/episode_cut_frac": mean("cut"),  # ended without the environment terminating them
-        "rollout/malformed": mean("malformed"),  # malformed actions per episode
-        "stats/eos_mask_err_frac": eos_mask_errors(  # of the episodes of all ranks without an action cut short
-            rollout.response_ids, rollout.response_mask, eos_ids, max_new_tokens, rows=full, global_=True
-        ),
-        "time/env": float(sum(sum(e["env_s"]) for e in episodes)),  # inside env.step (part of time/rollout)
-        "time/reward": 0.0,  # the reward functions' seconds (an environment's: inside time/env)
-        **{k: float(np.sum(v) if k.startswith("time/") else np.mean(v)) for k, v in terms.items()},
-    }
 
 
 def main():

@@ -220,6 +220,34 @@ def observation_ids(tokenizer, text: str, first: bool) -> list[int]:
 # Any Hugging Face causal LM
 
 
+def encode_prompts(tokenizer, texts: list[str], max_prompt_len: int) -> list[list[int]]:
+    """Token ids of each prompt text; raises if a prompt is empty or longer than max_prompt_len."""
+    enc = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+    for i, ids in enumerate(enc):
+        if len(ids) > max_prompt_len:
+            raise ValueError(f"prompt {i} has {len(ids)} tokens > max_prompt_len={max_prompt_len}: {texts[i][:80]!r}")
+        if not ids:
+            raise ValueError(f"prompt {i} is empty")
+    return enc
+
+
+def tokenize_prompts(tokenizer, texts: list[str], max_prompt_len: int):
+    """Left-padded prompt ids [B, P] and mask [B, P]; raises if a prompt is longer than max_prompt_len."""
+    return left_pad(encode_prompts(tokenizer, texts, max_prompt_len), tokenizer.pad_token_id)
+
+
+def left_pad(seqs: list[list[int]], pad_id: int):
+    """[b, L] ids and attention mask of token lists, left-padded (DESIGN.md section 3)."""
+    import torch
+
+    n = max(map(len, seqs))
+    ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(seqs), n, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, n - len(s) :], mask[i, n - len(s) :] = torch.tensor(s, dtype=torch.long), 1
+    return ids, mask
+
+
 def resolve_model_path(name: str) -> str:
     """A local folder as is; a path-like name that does not exist is an error; else a hub name."""
     if Path(name).exists():

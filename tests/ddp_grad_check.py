@@ -8,7 +8,9 @@ gradient (Adam would hide magnitude errors). The micro-batch is smaller than the
 gradient accumulation under `no_sync` is exercised, and the KL loss, the entropy bonus, separate pg/entropy
 masks, ragged and empty responses, and two critics with disjoint shares and their own targets are all on.
 Rank 0 saves the parameter changes per loss-aggregation mode; the test compares them with
-`update_deltas(mode, 0, 1)`, one process on the whole batch.
+`update_deltas(mode, 0, 1)`, one process on the whole batch. The same again with micro-batches packed under a
+token budget (memory.py), on this batch and on a skewed one whose rank-0 half is long and rank-1 half short, so
+that the ranks need different numbers of micro-batches: they must agree on one (the critics' DDP reduces at each).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from batches import full_batch  # noqa: E402
 import ppo_minimal as pm  # noqa: E402
 from common import setup_dist  # noqa: E402
 from critics import Critics, make_value_model  # noqa: E402
+from memory import checkpoint_layers  # noqa: E402
 from rollout import sequence_logprobs  # noqa: E402
 from tasks import make_tiny_model, make_tokenizer  # noqa: E402
 
@@ -45,12 +48,18 @@ def make_models(seed: int = 0):
     return tok, policy, vms
 
 
+LENGTHS = {  # (prompt, response) lengths per row [B]: rows 0-3 are rank 0's half, rows 4-7 rank 1's
+    "ragged": ([5, 3, 4, 2, 5, 1, 3, 4], [7, 2, 5, 1, 4, 0, 6, 3]),  # row 5 (rank 1's half) has no valid token
+    "skewed": ([5, 5, 4, 5, 1, 2, 1, 1], [7, 6, 7, 7, 1, 2, 0, 1]),  # rank 0 long, rank 1 short
+}
+BUDGET = 12  # micro_batch_tokens of the packed runs: rank 0's skewed rows one per micro-batch, rank 1's all in one
+
+
 @torch.no_grad()
-def make_batch(policy, vocab: int, seed: int = 0) -> pm.Batch:
+def make_batch(policy, vocab: int, seed: int = 0, lengths: str = "ragged") -> pm.Batch:
     """A fixed global batch with section-3 tensors: left-padded prompts, ragged (one empty) responses."""
     g = torch.Generator().manual_seed(seed)
-    prompt_len = torch.tensor([5, 3, 4, 2, 5, 1, 3, 4])  # [B]
-    resp_len = torch.tensor([7, 2, 5, 1, 4, 0, 6, 3])  # [B] row 5 (rank 1's half) has no valid token
+    prompt_len, resp_len = map(torch.tensor, LENGTHS[lengths])  # [B] each
     prompt_mask = (torch.arange(P) >= P - prompt_len[:, None]).long()  # [B, P] left padding
     response_mask = (torch.arange(R) < resp_len[:, None]).long()  # [B, R] right padding
     attention_mask = torch.cat([prompt_mask, response_mask], 1)  # [B, P+R]
@@ -78,15 +87,20 @@ def make_batch(policy, vocab: int, seed: int = 0) -> pm.Batch:
     )
 
 
-def update_deltas(loss_agg: str, rank: int, world: int) -> dict[str, torch.Tensor]:
-    """Parameter changes of policy and critics after one ppo_update on this rank's half of the batch."""
+def update_deltas(loss_agg: str, rank: int, world: int, tokens: int = 0, lengths: str = "ragged",
+                  checkpointing: bool = False) -> dict[str, torch.Tensor]:  # fmt: skip
+    """Parameter changes of policy and critics after one ppo_update on this rank's half of the batch; tokens > 0:
+    micro-batches packed under that budget; checkpointing: every decoder layer checkpointed (memory.py)."""
     tok, policy, vms = make_models()
-    batch = make_batch(policy, len(tok))
+    batch = make_batch(policy, len(tok), lengths=lengths)
+    for model in [policy, *(vm.backbone for vm in vms)] if checkpointing else []:
+        checkpoint_layers(model)
     half = B // world
     batch = batch.rows(torch.arange(rank * half, (rank + 1) * half))
     cfg = pm.Config(
         loss_agg=loss_agg,
         micro_batch=MICRO,
+        micro_batch_tokens=tokens,
         minibatches=1,
         ppo_epochs=1,
         grad_clip=1e9,
@@ -112,6 +126,10 @@ def update_deltas(loss_agg: str, rank: int, world: int) -> dict[str, torch.Tenso
 def main(out: str) -> None:
     rank, _, world, _ = setup_dist(timeout_s=60, device="cpu")
     result = {mode: update_deltas(mode, rank, world) for mode in pm.AGG_MODES}
+    for lengths in LENGTHS:  # packed under a token budget: the same gradient, ranks with unequal needs
+        for mode in ("token-mean", "seq-mean-token-mean"):
+            result[f"{lengths}/{mode}/tokens"] = update_deltas(mode, rank, world, BUDGET, lengths)
+    result["checkpointed/token-mean"] = update_deltas("token-mean", rank, world, checkpointing=True)
     if rank == 0:
         torch.save(result, out)
     torch.distributed.destroy_process_group()

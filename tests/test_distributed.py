@@ -62,6 +62,37 @@ def test_ddp_update_equals_single_process(ddp_deltas, loss_agg):
     assert diff < 1e-5, f"{loss_agg}: DDP and single-process updates differ by {diff:.2e} at {worst}"
 
 
+@pytest.mark.parametrize("lengths", ["ragged", "skewed"])
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean"])
+def test_ddp_token_budget_equals_single_process(ddp_deltas, loss_agg, lengths):
+    """Micro-batches packed under a token budget on 2 ranks == 1 process with plain micro-batches of 3 sequences: the
+    normaliser stays global. On the skewed batch rank 0 needs 4 micro-batches and rank 1 only 2: unless both run 4,
+    the critics' per-micro-batch all-reduces would pair up wrongly or hang (the torchrun would fail)."""
+    check = load_grad_check()
+    single = check.update_deltas(loss_agg, rank=0, world=1, lengths=lengths)
+    packed = ddp_deltas[f"{lengths}/{loss_agg}/tokens"]
+    worst = max(single, key=lambda n: (packed[n] - single[n]).abs().max().item())
+    diff = (packed[worst] - single[worst]).abs().max().item()
+    assert diff < 1e-5, f"{lengths} {loss_agg}: packed DDP and single-process updates differ by {diff:.2e} at {worst}"
+    if lengths == "skewed":  # the premise: the ranks' own packings differ in count
+        from memory import micro_batches
+
+        tok, policy, _ = check.make_models()
+        batch = check.make_batch(policy, len(tok), lengths=lengths)
+        halves = [batch.attention_mask[:4], batch.attention_mask[4:]]
+        counts = [len(micro_batches(h, check.R, rows=check.MICRO, tokens=check.BUDGET)) for h in halves]
+        assert counts[0] > counts[1], counts
+
+
+def test_ddp_checkpointed_layers_equal_single_process(ddp_deltas):
+    """Every decoder layer of policy and critics checkpointed (memory.checkpoint_layers) on 2 ranks == 1 process
+    without: the recompute in backward happens inside DDP's reduction hooks, and must not double or drop a grad."""
+    single = load_grad_check().update_deltas("token-mean", rank=0, world=1)
+    ckpt = ddp_deltas["checkpointed/token-mean"]
+    diff = max((ckpt[n] - single[n]).abs().max().item() for n in single)
+    assert diff < 1e-5, f"checkpointed DDP and single-process updates differ by {diff:.2e}"
+
+
 def test_torchrun_ppo_minimal_smoke(sft_path, tmp_path):
     """`torchrun --nproc_per_node=2 ppo_minimal.py` runs 2 steps; only rank 0 writes the metrics rows. Its step-1
     checkpoint (atomic, with both ranks' streams) resumes on 2 ranks into the same step 2, and is refused on 1."""
@@ -139,8 +170,8 @@ def metric_rows(rank: int, world: int) -> dict:
     """The trainer's batch metrics (stanza 4 and 6) of this rank's rows of one fixed ragged batch, reduced."""
     import common
     import ppo_minimal as pm
+    from evaluation import eos_mask_errors
     from offpolicy import gap_stats, off_policy_weights
-    from rollout import eos_mask_errors
 
     g = torch.Generator().manual_seed(0)
     B, R = 8, 9

@@ -10,7 +10,8 @@ import torch
 import ppo_minimal as pm
 import tasks
 from envs import CalcError, CalculatorEnv, TaskEnv, make_env, safe_calc
-from rollout import generate, rollout_env, sequence_logprobs, tokenize_prompts
+from rollout import generate, rollout_env, sequence_logprobs
+from tasks import tokenize_prompts
 
 ENV_NAMES = ["calc", "guess"]
 CFG = dict(max_prompt_len=64, max_new_tokens=12, temperature=1.0, top_p=1.0, top_k=0)

@@ -21,7 +21,8 @@ import data
 import ppo_minimal as pm
 import tasks
 from rewards import RewardArgs, math_exact_score
-from rollout import generate, tokenize_prompts
+from rollout import generate
+from tasks import tokenize_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,8 +16,8 @@ from calibrated import REVERSE_T1
 import ppo_minimal as pm
 import repro
 from diagnose import LiveDiagnoser
+from evaluation import eos_mask_errors
 from repro import INJECTIONS
-from rollout import eos_mask_errors
 from runlog import read_jsonl
 
 SMALL = {**REVERSE_T1, "prompts_per_step": 8, "group_size": 8, "eval_every": 0}

@@ -109,8 +109,8 @@ def digits_first_tokenizer():
 
 def test_sample_masks_every_stop_id_with_pad_equal_to_eos():
     """A chat model's case: pad == EOS, a second stop id in the generation config, and id 0 an ordinary token. The
-    mask follows the stop-token rule (rollout.eos_mask_errors: 0) and each text is exactly its masked tokens."""
-    from rollout import eos_mask_errors
+    mask follows the stop-token rule (evaluation.eos_mask_errors: 0) and each text is exactly its masked tokens."""
+    from evaluation import eos_mask_errors
 
     torch.manual_seed(0)
     model, tok = T.tiny_model_and_tokenizer()[0], digits_first_tokenizer()

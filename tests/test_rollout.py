@@ -20,7 +20,6 @@ from rollout import (
     generate,
     position_ids_from_mask,
     sequence_logprobs,
-    tokenize_prompts,
     truncate_logits,
 )
 
@@ -39,7 +38,7 @@ def model(tok):
 
 
 def prompts(tok, texts, max_len=64):
-    return tokenize_prompts(tok, [tasks.format_prompt(tok, x) for x in texts], max_len)
+    return tasks.tokenize_prompts(tok, [tasks.format_prompt(tok, x) for x in texts], max_len)
 
 
 def sample(model, tok, texts, *, temperature=1.0, max_new_tokens=24, seed=0, pad_token_id=None, **kw):
@@ -126,7 +125,7 @@ def test_loading_the_embedded_tokenizer_says_nothing_unless_the_folder_disagrees
 
 
 def test_tokenize_prompts_left_pads(tok):
-    ids, mask = tokenize_prompts(tok, ["ab", "abcd", "c"], max_prompt_len=4)
+    ids, mask = tasks.tokenize_prompts(tok, ["ab", "abcd", "c"], max_prompt_len=4)
     a, b, c, d = (tok.convert_tokens_to_ids(x) for x in "abcd")
     p = tok.pad_token_id
     assert ids.tolist() == [[p, p, a, b], [a, b, c, d], [p, p, p, c]]
@@ -136,7 +135,7 @@ def test_tokenize_prompts_left_pads(tok):
 
 def test_tokenize_prompts_too_long_names_the_prompt(tok):
     with pytest.raises(ValueError, match=r"prompt 1 has 5 tokens > max_prompt_len=4"):
-        tokenize_prompts(tok, ["ab", "abcde"], max_prompt_len=4)
+        tasks.tokenize_prompts(tok, ["ab", "abcde"], max_prompt_len=4)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,293 @@
+"""The memory of one update, three ways to make it fit, and an estimate of the per-rank peak before a run.
+
+    python memory.py                                     # the estimate for the embedded model at small sizes
+    python ppo_minimal.py --dry-run-memory --model PATH --max-new-tokens 1024 --micro-batch-tokens 16384
+    python bench/memory_bench.py                         # measured peaks on CPU: chunks, token budget, vs estimate
+
+The three ways (each a trainer flag):
+- `--logit-chunk C` (on by default, 256): the LM head and log-softmax per chunk of C tokens, recomputed in backward
+  (rollout.py detail 4): no [b, R, V] logits, whose fp32 copies dominate at large vocabularies.
+- `--micro-batch-tokens N` (veRL's dynamic batch size): `micro_batches` sorts a minibatch's sequences by length and
+  fills micro-batches of at most N padded tokens each (b x (longest prompt + longest response) of the micro-batch;
+  its all-padding columns are cut), so memory follows tokens, not sequence counts. The loss keeps its normaliser
+  (the minibatch's valid tokens over all ranks, ppo_minimal detail 2): the gradient does not depend on the packing.
+- `--grad-checkpointing`: every decoder layer of policy and critics keeps only its input and recomputes its
+  activations in backward (`checkpoint_layers`).
+
+What one rank holds (s bytes per fp32 parameter or activation, s = 4; weights and AdamW state stay fp32):
+  static   policy: weights + 2 AdamW moments 3 N s; reference N s; critic m: 3 N_m s
+  update   + max(policy: N s gradients + A + L,  critic m: N_m s gradients + A_m)   (gradients freed at each step)
+  rollout  + KV cache of all n sequences: n T layers 2 kv_heads head_dim s + the sampling logits 4 n V s
+  A = the tensors autograd saves for one micro-batch of b rows of T tokens: b (A_0(T) + layers A_1(T)), MEASURED
+      (saved_activation_bytes) on a 1- and a 2-layer copy of the model's config at T, not modelled; with
+      checkpointing b T H s per layer (the inputs it keeps) + b A_1(T) (one layer recomputed in backward)
+  L = what one backward step adds: 4 c V s (a chunk's logits, log-softmax and their gradients, c = logit_chunk;
+      4 b (T_R + 1) V s for whole logits) + b A_1(T) (a layer's activation gradients)
+The peak is max(update, rollout). Not counted: the runtime itself (CUDA context, the Python process), allocator
+fragmentation, and for a --data run the rows. bench/memory_bench.py prints measured / estimated.
+
+Statistics computed per micro-batch (stats/entropy, stats/clipfrac, stats/approx_kl, ...) are logged as their mean
+over micro-batches, as veRL logs them, so they move a little with the packing; the losses, the gradient and the
+token-pooled statistics do not. Every rank runs the same number of micro-batches, the maximum over ranks (a rank
+with fewer splits its largest; as every rank has as many sequences, it always can): under FSDP every micro-batch is
+a collective, and the critics' DDP reduces at each of their micro-batches, so a rank with fewer would leave the
+others waiting in one.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+import common
+from common import check_fields, parse_config
+from critics import ValueModel, make_value_model, saved_activation_bytes
+from envs import rollout_kw
+from rollout import lm_head
+from tasks import make_tiny_model, make_tokenizer
+
+GiB = 2**30
+
+
+@dataclass
+class MemoryArgs:
+    """Memory knobs of the update; the trainer's Config inherits them."""
+
+    micro_batch_tokens: int = 0
+    """Padded tokens per forward/backward: micro-batches packed by length (0 = micro_batch sequences each)."""
+    grad_checkpointing: bool = False
+    """Activation checkpointing of every decoder layer of policy and critics (recomputed in backward)."""
+    logit_chunk: int = 256
+    """Tokens per chunk of the trainer's LM head and log-softmax (0 = whole logits, as the model's forward)."""
+    dry_run_memory: bool = False
+    """Print the per-rank peak memory estimate of this config and model, then exit without training."""
+
+    def __post_init__(self):
+        check_fields(self, {"[0, inf)": ("micro_batch_tokens", "logit_chunk")}, MemoryArgs)
+
+
+def micro_batches(attention_mask, response_len: int, *, rows: int, tokens: int = 0) -> list[tuple]:
+    """A minibatch's micro-batches [(row index (a slice or [b] tensor), first prompt column kept, response columns
+    kept)]. tokens = 0: slices of `rows` sequences, every column. Else packed by length (module docstring): longest
+    first, a micro-batch closed when one more row would take it past `tokens` padded tokens (a sequence longer than
+    that alone); then as many on every rank: the maximum over ranks, reached by splitting the largest."""
+    B, W = attention_mask.shape
+    P = W - response_len
+    if tokens == 0:
+        return [(slice(s, s + rows), 0, response_len) for s in range(0, B, rows)]
+    real = attention_mask.bool()
+    p_len = (real[:, :P] * torch.arange(P, 0, -1, device=real.device)).amax(-1).tolist()  # [B] from the first real
+    r_len = (real[:, P:] * torch.arange(1, response_len + 1, device=real.device)).amax(-1).tolist()  # [B] to the last
+    groups, cur, long_p, long_r = [], [], 0, 0
+    for i in sorted(range(B), key=lambda i: -(p_len[i] + r_len[i])):  # longest first (stable: ties by index)
+        grown_p, grown_r = max(long_p, p_len[i]), max(long_r, r_len[i])
+        if cur and (len(cur) + 1) * (grown_p + grown_r) > tokens:
+            groups.append(cur)
+            cur, grown_p, grown_r = [], p_len[i], r_len[i]
+        cur, long_p, long_r = [*cur, i], grown_p, grown_r
+    groups.append(cur)
+    n = int(common.reduce_metrics({"micro_batches_max": len(groups)}, attention_mask.device)["micro_batches_max"])
+    while len(groups) < n and max(map(len, groups)) > 1:  # split the largest: each half is within the budget
+        g = groups.pop(max(range(len(groups)), key=lambda k: len(groups[k])))
+        groups += [g[: len(g) // 2], g[len(g) // 2 :]]
+    if len(groups) < n:  # the trainer gives every rank as many sequences: only a caller's uneven split gets here
+        raise ValueError(f"{B} sequences on this rank cannot make the {n} micro-batches another rank needs")
+    cols = [(P - max(1, *(p_len[i] for i in g)), max(1, *(r_len[i] for i in g))) for g in groups]  # >= 1 column each
+    return [(torch.tensor(g, device=real.device), lo, r) for g, (lo, r) in zip(groups, cols)]
+
+
+def checkpoint_layers(model) -> int:
+    """Activation checkpointing of each decoder layer (the outermost `GradientCheckpointingLayer` modules) of a
+    Hugging Face model, in eval mode too (transformers' own switch acts only in train mode, which would turn dropout
+    on): the layer's forward runs under torch.utils.checkpoint. Returns the number of layers wrapped."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers, names = [], []
+    for name, module in model.named_modules():
+        if isinstance(module, GradientCheckpointingLayer) and not any(name.startswith(n + ".") for n in names):
+            layers.append(module)
+            names.append(name)
+    if not layers:
+        raise ValueError(f"--grad-checkpointing: {type(model).__name__} has no decoder layers transformers marks as "
+                         f"checkpointable (GradientCheckpointingLayer); run without it")  # fmt: skip
+    for layer in layers:  # no RNG to preserve: dropout is off in every model here
+        layer.forward = partial(checkpoint, layer.forward, use_reentrant=False, preserve_rng_state=False)
+    return len(layers)
+
+
+def probe_config(config, layers: int, vocab: int = 64):
+    """A copy of a model config with `layers` decoder layers and a small vocabulary: what activations cost per layer
+    and outside the layers, without the weights of the real model (its special token ids dropped with its vocab)."""
+    c = copy.deepcopy(config)
+    c.num_hidden_layers, c.vocab_size = layers, vocab
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        setattr(c, key, None)
+    if getattr(c, "layer_types", None) is not None:  # per-layer attention kinds (transformers 5)
+        c.layer_types = c.layer_types[:layers]
+    return c
+
+
+def activation_bytes(config, T: int, response_len: int, autocast) -> tuple[int, int]:
+    """(A_0, A_1): bytes autograd saves for ONE sequence of T tokens outside the decoder layers and per layer,
+    measured on 1- and 2-layer copies of `config` (probe_config) with the whole response's head outputs excluded."""
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.randint(0, 64, (1, T))
+    attention_mask = torch.ones_like(ids)
+    attention_mask[0, 0] = 0  # one padding token: the masked attention path of a padded micro-batch
+    saved = []
+    for layers in (1, 2):
+        torch.manual_seed(0)
+        base = AutoModelForCausalLM.from_config(probe_config(config, layers)).eval().base_model
+        with autocast():
+            saved.append(saved_activation_bytes(ValueHeadless(base), ids, attention_mask, response_len))
+    return saved[0] - (saved[1] - saved[0]), saved[1] - saved[0]
+
+
+class ValueHeadless(torch.nn.Module):
+    """A backbone called as saved_activation_bytes calls a critic: (input_ids, attention_mask, response_len)."""
+
+    def __init__(self, backbone):
+        super().__init__()
+        self.backbone = backbone
+
+    def forward(self, input_ids, attention_mask, response_len: int):
+        return self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+
+
+def meta_models(model: str | None, critic_model: str | None = None, critic_depth: float = 1.0, n_critics: int = 0):
+    """(policy, critics) on the meta device: their sizes and configs without reading or allocating any weight.
+    model None: the embedded default's architecture; n_critics 0: no critic (GRPO, RLOO)."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        policy = make_tiny_model(make_tokenizer()) if model is None else AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(model))  # fmt: skip
+        if critic_model is None:  # the policy's first layers, as make_value_model builds them
+            return policy, [make_value_model(policy, None, None, critic_depth) for _ in range(n_critics)]
+        config = AutoConfig.from_pretrained(critic_model)  # its config only: the weights stay on disk
+        return policy, [ValueModel(AutoModel.from_config(config), config.hidden_size) for _ in range(n_critics)]
+
+
+def largest_micro_batch(micro_batch: int, minibatch: int, tokens: int, T: int) -> int:
+    """Rows of the largest micro-batch of a minibatch of `minibatch` sequences of up to T tokens: micro_batch rows,
+    or as many as a budget of `tokens` padded tokens holds (at least one, at most the minibatch)."""
+    return min(minibatch, max(1, tokens // T)) if tokens else min(micro_batch, minibatch)
+
+
+def estimate(policy, critics, args: MemoryArgs, *, seqs: int, rows: int, prompt_len: int, response_len: int,
+             dtype: str = "float32", world: int = 1, reference: bool = True) -> dict[str, float]:  # fmt: skip
+    """The per-rank peak (GiB) by part (module docstring) of an update on `seqs` sequences per rank of prompt_len +
+    response_len tokens whose largest micro-batch has `rows` of them (largest_micro_batch), for models from
+    meta_models. Activations are measured on small probes at that length (activation_bytes); nothing is
+    trained. reference False: without the frozen reference's weights (the trainer always holds one; a bench not)."""
+    config, s, kv_s = policy.config, 4, 2 if dtype == "bfloat16" else 4  # fp32 weights, moments, gradients
+    N, R, T = sum(p.numel() for p in policy.parameters()), response_len, prompt_len + response_len
+    b = rows
+    autocast = common.make_autocast(dtype, torch.device("cpu"))
+    a0, a1 = activation_bytes(config, T, R, autocast)
+    L, H, V = config.num_hidden_layers, config.hidden_size, config.vocab_size
+    act = b * (a0 + L * T * H * s + a1 if args.grad_checkpointing else a0 + L * a1)  # A
+    whole = args.logit_chunk == 0 or lm_head(policy) is None  # a soft-capped or scaled head: the model's logits
+    logits = 4 * b * (R + 1) * V * s if whole else 4 * min(args.logit_chunk, b * R) * V * s + V * H * s
+    transient = logits + b * a1  # L (a chunk's head-weight gradient before it is accumulated: V H s)
+    critic_step = 0
+    if critics:  # every critic has the same config: probe it once
+        c_a0, c_a1 = activation_bytes(critics[0].backbone.config, T, R, autocast)
+        k = critics[0].backbone.config.num_hidden_layers
+        c_act = b * (c_a0 + k * T * critics[0].backbone.config.hidden_size * s + c_a1 if args.grad_checkpointing
+                     else c_a0 + k * c_a1)  # fmt: skip
+        critic_step = sum(p.numel() for p in critics[0].parameters()) * s + c_act + b * c_a1
+    n_critic = sum(p.numel() for m in critics for p in m.parameters())
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or H // config.num_attention_heads
+    kv = seqs * T * L * 2 * kv_heads * head_dim * kv_s
+    buckets = (N + n_critic) * s if world > 1 else 0  # DDP's gradient buckets: a copy of every trained parameter
+    static = 3 * N * s + reference * N * s + 3 * n_critic * s + buckets
+    update = static + max(N * s + act + transient, critic_step)
+    step = static + 2 * N * s  # opt.step: the gradients and foreach AdamW's temporaries (CUDA), activations freed
+    rollout = static + kv + 4 * seqs * V * s
+    parts = {
+        "policy weights + AdamW": 3 * N * s,
+        "reference weights": reference * N * s,
+        "critic weights + AdamW": 3 * n_critic * s,
+        f"DDP gradient buckets (world {world})": buckets,
+        "policy gradients": N * s,
+        f"activations ({b} x {T} tokens)": act,
+        "logits " + ("(whole)" if whole else "chunk") + " + backward transients": transient,
+        "critic step, beyond the policy's": max(0, critic_step - (N * s + act + transient)),
+        f"rollout KV cache ({seqs} x {T} tokens)": kv,
+        "peak: update": update,
+        "peak: optimizer step": step,
+        "peak: rollout": rollout,
+        "peak": max(update, step, rollout),
+    }
+    return {k: v / GiB for k, v in parts.items()}
+
+
+def trainer_estimate(cfg, n_local: int, world: int) -> dict[str, float]:
+    """`--dry-run-memory`: the estimate for a trainer config (ppo_minimal.Config: its models, lengths, micro-batches,
+    critics and dtype), n_local sequences per rank."""
+    T = rollout_kw(cfg)["max_context"]  # a task's prompt + response, or an environment's whole context
+    rows = largest_micro_batch(cfg.micro_batch, n_local // cfg.minibatches, cfg.micro_batch_tokens, T)
+    n_critics = (cfg.n_critics if cfg.critic == "asyppo" else 1) if cfg.adv_estimator == "gae" else 0
+    policy, critics = meta_models(cfg.model, cfg.critic_model, cfg.critic_depth, n_critics)
+    return estimate(policy, critics, cfg, seqs=n_local, rows=rows, prompt_len=cfg.max_prompt_len,
+                    response_len=T - cfg.max_prompt_len, dtype=cfg.dtype, world=world)  # fmt: skip
+
+
+def by_micro_batches(fn, input_ids, attention_mask, response_len: int, *, rows: int, tokens: int):
+    """A no-grad pass under a token budget: fn(ids [b, T'], mask [b, T'], r) -> [..., b, r] on each micro-batch of
+    the plan (micro_batches, cut columns), scattered back into [..., B, R] (0 in the cut, all-padding, columns);
+    tokens 0: fn on the whole batch, which splits it into rows itself."""
+    if not tokens:
+        return fn(input_ids, attention_mask, response_len)
+    (B, W), R, out = input_ids.shape, response_len, None
+    for idx, lo, r in micro_batches(attention_mask, R, rows=rows, tokens=tokens):
+        part = fn(input_ids[idx, lo : W - R + r], attention_mask[idx, lo : W - R + r], r)  # [..., b, r]
+        out = part.new_zeros(*part.shape[:-2], B, R) if out is None else out
+        out[..., idx, :r] = part
+    return out
+
+
+def report(est: dict[str, float]) -> str:
+    """The estimate as an aligned table."""
+    width = max(map(len, est))
+    return "\n".join(f"{k:<{width}}  {v:9.3f} GiB" for k, v in est.items())
+
+
+@dataclass
+class DemoConfig(MemoryArgs):
+    """`python memory.py`: the estimate for an update (the trainer prints its own with --dry-run-memory)."""
+
+    model: str | None = None
+    """Model folder or hub id whose config sizes the estimate (None = the embedded default)."""
+    seqs: int = 128
+    """Sequences per rank per iteration."""
+    micro_batch: int = 64
+    """Sequences per micro-batch (without micro_batch_tokens)."""
+    prompt_len: int = 16
+    """Prompt tokens."""
+    response_len: int = 16
+    """Response tokens."""
+    critics: int = 1
+    """Critics (0 = GRPO)."""
+
+
+def main(argv=None) -> None:
+    """Print the estimate for the demo's sizes."""
+    args = parse_config(DemoConfig, argv)
+    policy, critics = meta_models(args.model, n_critics=args.critics)
+    rows = largest_micro_batch(
+        args.micro_batch, args.seqs, args.micro_batch_tokens, args.prompt_len + args.response_len
+    )
+    sizes = {"seqs": args.seqs, "rows": rows, "prompt_len": args.prompt_len}
+    print(report(estimate(policy, critics, args, **sizes, response_len=args.response_len)))
+
+
+if __name__ == "__main__":
+    main()
