@@ -68,7 +68,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from common import all_reduce_sum, check_choice, check_fields, check_range, masked_mean, parse_config
 from envs import TaskEnv
-from rollout import generate, position_ids_from_mask
+from rollout import generate, lm_head, position_ids_from_mask
 from runlog import format_table, run_trainers
 from tasks import format_prompt, load_policy, make_task, tokenize_prompts
 from warm_start import SFTConfig, greedy_accuracy, sft_warm_start
@@ -336,6 +336,7 @@ def run_with_maps(model, input_ids, attention_mask, layers: list[int], on_map, m
     def hook(j, index):  # kept layer j under eager attention: its map is output[index]
         return lambda module, args, out: take(rows(j, out[0].shape[0]), j, out[index] if len(out) > index else None)
 
+    lm_head(model)  # its one-time check runs forwards of its own: before the map hooks, which expect this batch
     inside = forward is not None and maps_inside(model)
     state.update(rows=rows, take=take)
     kept = {layer: j for j, layer in enumerate(layers)}

@@ -14,17 +14,24 @@ The three ways (each a trainer flag):
 - `--grad-checkpointing`: every decoder layer of policy and critics keeps only its input and recomputes its
   activations in backward (`checkpoint_layers`).
 
-What one rank holds (s bytes per fp32 parameter or activation, s = 4; weights and AdamW state stay fp32):
-  static   policy: weights + 2 AdamW moments 3 N s; reference N s; critic m: 3 N_m s
-  update   + max(policy: N s gradients + A + L,  critic m: N_m s gradients + A_m)   (gradients freed at each step)
-  rollout  + KV cache of all n sequences: n T layers 2 kv_heads head_dim s + the sampling logits 4 n V s
-  A = the tensors autograd saves for one micro-batch of b rows of T tokens: b (A_0(T) + layers A_1(T)), MEASURED
-      (saved_activation_bytes) on a 1- and a 2-layer copy of the model's config at T, not modelled; with
-      checkpointing b T H s per layer (the inputs it keeps) + b A_1(T) (one layer recomputed in backward)
-  L = what one backward step adds: 4 c V s (a chunk's logits, log-softmax and their gradients, c = logit_chunk;
-      4 b (T_R + 1) V s for whole logits) + b A_1(T) (a layer's activation gradients)
-The peak is max(update, rollout). Not counted: the runtime itself (CUDA context, the Python process), allocator
-fragmentation, and for a --data run the rows. bench/memory_bench.py prints measured / estimated.
+What one rank holds (s = 4 bytes per fp32 parameter; weights and AdamW state stay fp32):
+  static   policy: weights + 2 AdamW moments 3 N s; reference N s; critic m: 3 N_m s; at world > 1, DDP's gradient
+           buckets (N + sum N_m) s
+  update   + max(policy: N s gradients + A + L,  critic m: N_m s gradients + A_m + its layer transient)
+           (gradients are freed at each optimizer step)
+  step     + 2 N s: the gradients and foreach AdamW's temporaries (CUDA), once the activations are freed
+  rollout  + KV cache of all n sequences: n T layers 2 kv_heads head_dim (4 bytes, 2 under bf16) + the sampling
+           logits 4 n V s
+  A = the tensors autograd saves for one micro-batch of b rows of T tokens: F_0 + layers F_1 + b (A_0 + layers
+      A_1), MEASURED (saved_activation_bytes) on 1- and 2-layer copies of the model's config at T, 1 and 2 rows,
+      not modelled (F: per forward, e.g. the bf16 weight copies autocast saves); with checkpointing F_0 + b (A_0 +
+      layers T H s), each layer's input only
+  L = the larger of the head's backward, 4 min(c, b R) V s + V H s (a chunk's logits, log-softmax and their
+      gradients, c = logit_chunk, and the chunk's head-weight gradient; 4 b (R + 1) V s for whole logits), and one
+      layer's, F_1 + b A_1 (twice that with checkpointing: the recomputed layer and its gradients)
+The peak is max(update, step, rollout). Not counted: the runtime itself (CUDA context, the Python process),
+allocator fragmentation, and for a --data run the rows. bench/memory_bench.py prints measured / estimated. The
+probes build two decoder layers of the model on the CPU (for a 70B config, GBs): a dry run is not free.
 
 Statistics computed per micro-batch (stats/entropy, stats/clipfrac, stats/approx_kl, ...) are logged as their mean
 over micro-batches, as veRL logs them, so they move a little with the packing; the losses, the gradient and the
@@ -70,16 +77,19 @@ class MemoryArgs:
         check_fields(self, {"[0, inf)": ("micro_batch_tokens", "logit_chunk")}, MemoryArgs)
 
 
-def micro_batches(attention_mask, response_len: int, *, rows: int, tokens: int = 0) -> list[tuple]:
+def micro_batches(attention_mask, response_len: int, *, rows: int, tokens: int = 0, response_mask=None) -> list[tuple]:
     """A minibatch's micro-batches [(row index (a slice or [b] tensor), first prompt column kept, response columns
     kept)]. tokens = 0: slices of `rows` sequences, every column. Else packed by length (module docstring): longest
     first, a micro-batch closed when one more row would take it past `tokens` padded tokens (a sequence longer than
-    that alone); then as many on every rank: the maximum over ranks, reached by splitting the largest."""
+    that alone); then as many on every rank: the maximum over ranks, reached by splitting the largest. A column is
+    cut only if it is padding in attention_mask and in response_mask (a trained pad token, a planted bug, stays)."""
     B, W = attention_mask.shape
     P = W - response_len
     if tokens == 0:
         return [(slice(s, s + rows), 0, response_len) for s in range(0, B, rows)]
-    real = attention_mask.bool()
+    real = attention_mask.bool().clone()
+    if response_mask is not None:
+        real[:, P:] |= response_mask.bool()
     p_len = (real[:, :P] * torch.arange(P, 0, -1, device=real.device)).amax(-1).tolist()  # [B] from the first real
     r_len = (real[:, P:] * torch.arange(1, response_len + 1, device=real.device)).amax(-1).tolist()  # [B] to the last
     groups, cur, long_p, long_r = [], [], 0, 0
@@ -131,21 +141,38 @@ def probe_config(config, layers: int, vocab: int = 64):
     return c
 
 
-def activation_bytes(config, T: int, response_len: int, autocast) -> tuple[int, int]:
-    """(A_0, A_1): bytes autograd saves for ONE sequence of T tokens outside the decoder layers and per layer,
-    measured on 1- and 2-layer copies of `config` (probe_config) with the whole response's head outputs excluded."""
+def activation_bytes(config, T: int, response_len: int, autocast) -> tuple[int, int, int, int]:
+    """(A_0, A_1, F_0, F_1): bytes autograd saves, per sequence of T tokens outside the decoder layers (A_0) and per
+    layer (A_1), and per forward whatever the rows (F_0, F_1 per layer: under autocast, the weights' bf16 copies
+    that matmuls save). Measured on 1- and 2-layer copies of `config` (probe_config) at 1 and 2 rows:
+    saved(L, b) = F_0 + L F_1 + b (A_0 + L A_1)."""
     from transformers import AutoModelForCausalLM
 
-    ids = torch.randint(0, 64, (1, T))
-    attention_mask = torch.ones_like(ids)
-    attention_mask[0, 0] = 0  # one padding token: the masked attention path of a padded micro-batch
-    saved = []
+    saved = {}
     for layers in (1, 2):
         torch.manual_seed(0)
         base = AutoModelForCausalLM.from_config(probe_config(config, layers)).eval().base_model
-        with autocast():
-            saved.append(saved_activation_bytes(ValueHeadless(base), ids, attention_mask, response_len))
-    return saved[0] - (saved[1] - saved[0]), saved[1] - saved[0]
+        for rows in (1, 2):
+            ids = torch.randint(0, 64, (rows, T))
+            attention_mask = torch.ones_like(ids)
+            attention_mask[:, 0] = 0  # one padding token: the masked attention path of a padded micro-batch
+            with autocast():
+                saved[layers, rows] = saved_activation_bytes(ValueHeadless(base), ids, attention_mask, response_len)
+    a1 = saved[2, 2] - saved[1, 2] - (saved[2, 1] - saved[1, 1])  # the layer's per-row part
+    f1 = saved[2, 1] - saved[1, 1] - a1
+    a0 = saved[1, 2] - saved[1, 1] - a1
+    return a0, a1, saved[1, 1] - f1 - a0 - a1, f1
+
+
+def micro_batch_activations(config, b: int, T: int, R: int, autocast, checkpointing: bool) -> tuple[int, int]:
+    """(A, the backward's largest per-layer transient) for a micro-batch of b rows of T tokens (module docstring):
+    all layers' saved tensors and one layer's activation gradients; with checkpointing each layer's input only (the
+    fp32 residual stream, b T H 4 bytes) and, in backward, one recomputed layer with its gradients."""
+    a0, a1, f0, f1 = activation_bytes(config, T, R, autocast)
+    L, H = config.num_hidden_layers, config.hidden_size
+    if checkpointing:
+        return f0 + b * (a0 + L * T * H * 4), 2 * (f1 + b * a1)
+    return f0 + L * f1 + b * (a0 + L * a1), f1 + b * a1
 
 
 class ValueHeadless(torch.nn.Module):
@@ -189,19 +216,15 @@ def estimate(policy, critics, args: MemoryArgs, *, seqs: int, rows: int, prompt_
     N, R, T = sum(p.numel() for p in policy.parameters()), response_len, prompt_len + response_len
     b = rows
     autocast = common.make_autocast(dtype, torch.device("cpu"))
-    a0, a1 = activation_bytes(config, T, R, autocast)
+    act, layer = micro_batch_activations(config, b, T, R, autocast, args.grad_checkpointing)  # A
     L, H, V = config.num_hidden_layers, config.hidden_size, config.vocab_size
-    act = b * (a0 + L * T * H * s + a1 if args.grad_checkpointing else a0 + L * a1)  # A
     whole = args.logit_chunk == 0 or lm_head(policy) is None  # a soft-capped or scaled head: the model's logits
     logits = 4 * b * (R + 1) * V * s if whole else 4 * min(args.logit_chunk, b * R) * V * s + V * H * s
-    transient = logits + b * a1  # L (a chunk's head-weight gradient before it is accumulated: V H s)
+    transient = max(logits, layer)  # L: the head's backward (and a chunk's head-weight gradient), then the layers'
     critic_step = 0
     if critics:  # every critic has the same config: probe it once
-        c_a0, c_a1 = activation_bytes(critics[0].backbone.config, T, R, autocast)
-        k = critics[0].backbone.config.num_hidden_layers
-        c_act = b * (c_a0 + k * T * critics[0].backbone.config.hidden_size * s + c_a1 if args.grad_checkpointing
-                     else c_a0 + k * c_a1)  # fmt: skip
-        critic_step = sum(p.numel() for p in critics[0].parameters()) * s + c_act + b * c_a1
+        c_act, c_layer = micro_batch_activations(critics[0].backbone.config, b, T, R, autocast, args.grad_checkpointing)
+        critic_step = sum(p.numel() for p in critics[0].parameters()) * s + c_act + c_layer
     n_critic = sum(p.numel() for m in critics for p in m.parameters())
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or H // config.num_attention_heads
@@ -240,14 +263,14 @@ def trainer_estimate(cfg, n_local: int, world: int) -> dict[str, float]:
                     response_len=T - cfg.max_prompt_len, dtype=cfg.dtype, world=world)  # fmt: skip
 
 
-def by_micro_batches(fn, input_ids, attention_mask, response_len: int, *, rows: int, tokens: int):
+def by_micro_batches(fn, input_ids, attention_mask, response_len: int, *, rows: int, tokens: int, response_mask=None):
     """A no-grad pass under a token budget: fn(ids [b, T'], mask [b, T'], r) -> [..., b, r] on each micro-batch of
     the plan (micro_batches, cut columns), scattered back into [..., B, R] (0 in the cut, all-padding, columns);
     tokens 0: fn on the whole batch, which splits it into rows itself."""
     if not tokens:
         return fn(input_ids, attention_mask, response_len)
     (B, W), R, out = input_ids.shape, response_len, None
-    for idx, lo, r in micro_batches(attention_mask, R, rows=rows, tokens=tokens):
+    for idx, lo, r in micro_batches(attention_mask, R, rows=rows, tokens=tokens, response_mask=response_mask):
         part = fn(input_ids[idx, lo : W - R + r], attention_mask[idx, lo : W - R + r], r)  # [..., b, r]
         out = part.new_zeros(*part.shape[:-2], B, R) if out is None else out
         out[..., idx, :r] = part

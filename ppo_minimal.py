@@ -443,8 +443,6 @@ def ppo_update(cfg, policy_train, opt, critics, batch: Batch, world: int, gen, a
         raise ValueError("a batch without old_logprobs needs ppo_epochs = minibatches = 1 (reuse_old_logprobs)")
     if cfg.kl_loss and batch.ref_logprobs is None:
         raise ValueError("kl_loss needs the batch's ref_logprobs (the reference pass: needs_reference)")
-    if (batch.response_mask.bool() & ~batch.attention_mask[:, -batch.response_mask.shape[1] :].bool()).any():
-        raise ValueError("response_mask is 1 on a token attention_mask says is padding (DESIGN.md 3): fix the sampler")
     mb_size = B // cfg.minibatches
     for epoch in range(cfg.ppo_epochs):
         perm = torch.randperm(B, generator=gen) if cfg.minibatches > 1 else torch.arange(B)
@@ -472,7 +470,8 @@ def ppo_update(cfg, policy_train, opt, critics, batch: Batch, world: int, gen, a
 def micro_batches_of(cfg: Config, mb: Batch) -> list[tuple]:
     """The minibatch's micro-batches: micro_batch rows each, or packed under micro_batch_tokens (memory.py)."""
     R = mb.response_mask.shape[1]
-    return memory.micro_batches(mb.attention_mask, R, rows=cfg.micro_batch, tokens=cfg.micro_batch_tokens)
+    plan = {"rows": cfg.micro_batch, "tokens": cfg.micro_batch_tokens, "response_mask": mb.response_mask}
+    return memory.micro_batches(mb.attention_mask, R, **plan)
 
 
 def host_floats(rows: list[dict]) -> None:
@@ -593,7 +592,7 @@ def anchor_logprobs(cfg: Config, anchor, ref, input_ids, attention_mask, respons
     def by_tokens(model):
         """The model's logprobs [B, R], micro-batched as the update is (micro_batch_tokens: its budget, here too)."""
         logprobs = lambda ids, mask, r: trainer_logprobs(cfg, model, ids, mask, r)[0]  # noqa: E731
-        return memory.by_micro_batches(logprobs, input_ids, attention_mask, R, **plan)
+        return memory.by_micro_batches(logprobs, input_ids, attention_mask, R, **plan, response_mask=response_mask)
 
     old, gamma, credit = None, None, {}
     if cfg.credit == "attention":  # its maps are taken in one pass over the batch: micro_batch rows at a time
@@ -605,12 +604,11 @@ def anchor_logprobs(cfg: Config, anchor, ref, input_ids, attention_mask, respons
     return old, ref_logp, gamma, credit
 
 
-def critic_values(cfg: Config, critics: Critics, input_ids, attention_mask, R: int):
+def critic_values(cfg: Config, critics: Critics, input_ids, attention_mask, response_mask):
     """[M, B, R] every critic's values, no gradient, micro-batched as the update is (micro_batch_tokens too)."""
     values = lambda ids, mask, r: critics.values(ids, mask, r, cfg.micro_batch)  # noqa: E731
-    return memory.by_micro_batches(
-        values, input_ids, attention_mask, R, rows=cfg.micro_batch, tokens=cfg.micro_batch_tokens
-    )
+    plan = {"rows": cfg.micro_batch, "tokens": cfg.micro_batch_tokens, "response_mask": response_mask}
+    return memory.by_micro_batches(values, input_ids, attention_mask, response_mask.shape[1], **plan)
 
 
 def needs_reference(cfg: Config, step: int) -> bool:
@@ -738,13 +736,13 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
 
         # --- 3. old logprobs (the PPO anchor), reference logprobs, values: no gradient
         ids, attn = rollout.input_ids, rollout.attention_mask  # [B, P+R] each
-        mask, R = response_mask.float(), response_mask.shape[1]  # [B, R]
+        mask = response_mask.float()  # [B, R]
         with torch.no_grad(), autocast():  # [B, R] each; None: given by the update's first forward, or not due
             old_logprobs, ref_logprobs, gamma, credit = anchor_logprobs(
                 cfg, anchor, ref, ids, attn, response_mask, step
             )
             repro.resync_anchor(anchor, policy)  # INJECT stale_old_logprobs: re-synced only after its use
-            all_values = critic_values(cfg, critics, ids, attn, R) if critics else None  # [M, B, R]
+            all_values = critic_values(cfg, critics, ids, attn, response_mask) if critics else None  # [M, B, R]
         values = all_values.mean(0) * mask if critics else None  # [B, R] the ensemble mean V̄
 
         # --- 4. the batch: off-policy weights, token rewards and advantages, then token weights and masks

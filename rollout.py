@@ -225,19 +225,21 @@ def sequence_logprobs(
     temperature: float = 1.0,
     micro_batch: int = 64,
     with_entropy: bool = False,
-    entropy_grad: bool = False,
+    entropy_grad: bool | None = None,
     logit_chunk: int = 256,
 ):
     """Log-probs [B, R] of the last `response_len` tokens (and entropies [B, R] if asked), recomputed.
 
     The logits at position P + t - 1 predict response token t; they are divided by the sampling temperature
-    (forgetting it is a classic silent bug). Gradients flow into the logprobs if called with grad enabled, into the
-    entropies only with entropy_grad (an entropy bonus). logit_chunk > 0 (detail 4): the backbone gives hidden
-    states, and the LM head and log-softmax run per chunk of that many tokens (token_stats), so that neither the
-    [b, R, V] logits nor their log-softmax ever exist whole; 0 takes the model's own logits (the reference path).
+    (forgetting it is a classic silent bug). Gradients flow if called with grad enabled, into the entropies unless
+    entropy_grad is False (the trainer's without an entropy bonus: no graph kept for them). logit_chunk > 0 (detail
+    4): the backbone gives hidden states, and the LM head and log-softmax run per chunk of that many tokens
+    (token_stats), so that neither the [b, R, V] logits nor their log-softmax ever exist whole; 0 takes the model's
+    own logits (the reference path).
     """
     if temperature <= 0:
         temperature = 1.0  # greedy sampling: logprobs of the plain softmax (implementation detail 2)
+    entropy_grad = torch.is_grad_enabled() if entropy_grad is None else entropy_grad
     keep = response_len + 1  # positions P-1 .. P+R-1; the last one is dropped below
     pos = position_ids_from_mask(attention_mask)
     chunked = lm_head(model) if logit_chunk > 0 else None  # (decoder, head), or None: the model's own logits
@@ -263,7 +265,7 @@ def final_hidden(model, base, inputs: dict):
     gradients), and only the last layer's output is kept (output_hidden_states would hold every layer's at once,
     which no_grad passes never keep otherwise)."""
     taken, no_position = [], torch.empty(0, dtype=torch.long, device=inputs["input_ids"].device)
-    hook = base.register_forward_hook(lambda module, args, out: taken.append(out.last_hidden_state))
+    hook = base.register_forward_hook(lambda module, args, out: taken.append(getattr(out, "last_hidden_state", out[0])))
     try:
         model(**inputs, use_cache=False, logits_to_keep=no_position)
     finally:
@@ -273,21 +275,23 @@ def final_hidden(model, base, inputs: dict):
 
 def lm_head(model):
     """(decoder, output projection) of a Hugging Face causal LM whose logits are exactly head(the decoder's final
-    hidden state), else None, and the model's own logits are used. Checked once per model by a forward of 3 tokens
-    (the model's logits against the head's on the hook-taken hidden state), so a head that soft-caps, scales or
-    multiplies its logits (Gemma 2, Cohere, Granite, Falcon-H1 ...) is never split; a model without a separate
-    decoder or without logits_to_keep is not either."""
+    hidden state), else None, and the model's own logits are used. Checked once per model: by the config keys of
+    known transforms, then by two forwards of 3 tokens (the model's logits against the head's on the hook-taken
+    hidden state), so a head that soft-caps, scales or multiplies its logits (Gemma 2, Cohere, Granite, Falcon-H1
+    ...) is never split; a model without a separate decoder or without logits_to_keep is not either."""
     inner = getattr(model, "module", model)  # DDP's wrapper
     if inner not in _HEADS:
         head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
         base = getattr(inner, "base_model", inner)
-        split = isinstance(head, torch.nn.Linear) and base is not inner and bool(_last_logits_kw(model, 1))
-        if split and next(head.parameters()).device.type != "meta":  # meta (memory.py's estimate): no values
+        scaled = any(getattr(inner.config, k, None) not in (None, 1, 1.0) for k in LOGIT_TRANSFORMS) if head else True
+        split = isinstance(head, torch.nn.Linear) and base is not inner and bool(_last_logits_kw(inner, 1))
+        split = split and not scaled  # a config that says so (meta models, memory.py's estimate, have no values)
+        if split and next(head.parameters()).device.type != "meta":  # and the numbers: an unnamed transform
             ids = (torch.arange(1, 4, device=head.weight.device) % head.out_features)[None]  # [1, 3] (not a pad)
             few = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": ids - ids[:, :1]}
             with torch.no_grad():
-                ours = head(final_hidden(model, base, few))  # [1, 3, V]
-                theirs = model(**few, use_cache=False, logits_to_keep=3).logits  # [1, 3, V]
+                ours = head(final_hidden(inner, base, few))  # [1, 3, V] (on the model itself: no DDP collective)
+                theirs = inner(**few, use_cache=False, logits_to_keep=3).logits  # [1, 3, V]
             split = torch.allclose(ours.float(), theirs.float(), rtol=1e-4, atol=1e-5)
             if not split:
                 print(f"[minrl] {type(inner).__name__}'s logits are not its head's on the final hidden state: the "
@@ -297,6 +301,7 @@ def lm_head(model):
 
 
 _HEADS = weakref.WeakKeyDictionary()  # model -> lm_head's verdict, checked once per model
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")  # Gemma 2, Cohere, Granite configs
 
 
 def token_stats(hidden, head, target, temperature: float, chunk: int, with_entropy: bool, entropy_grad: bool):
