@@ -3,15 +3,14 @@
     python rollout.py        # sample from the random-init tiny model: tokens/s, the logprob gap, a few responses
 
 `generate` samples one turn with a KV cache; `rollout_env` runs multi-turn episodes (envs.py) on it, a single-turn
-task being the one-turn case; `sequence_logprobs` is the trainer's recompute (held-out evaluation: evaluation.py).
-Tensors (DESIGN.md 3): B sequences, P prompt length (left-padded), R response length (right-padded).
+task being the one-turn case; `sequence_logprobs` is the trainer's recompute. Tensors (DESIGN.md 3): B sequences,
+P prompt length (left-padded), R response length (right-padded).
 - `response_mask` [B, R] is 1 on generated tokens up to AND including the first stop token, 0 after.
-- `rollout_logprobs` [B, R]: the sampled tokens' logprobs under the behaviour policy, the distribution they were
-  drawn from: softmax(logits / T) after top-p / top-k truncation, renormalised. With top_p = 1 and top_k = 0 (the
-  training default) that is the policy the trainer differentiates; anything else makes PPO's ratio off-policy,
-  and the gap metrics and corrections (offpolicy.py) see the truncation. Token t's logprob comes from the
-  logits at position P + t - 1. A row that reaches max_new_tokens without a stop token keeps an all-ones mask;
-  `truncated` flags it.
+- `rollout_logprobs` [B, R]: the sampled tokens' logprobs under the behaviour policy, softmax(logits / T) after
+  top-p / top-k truncation, renormalised. With top_p = 1 and top_k = 0 (the training default) that is the policy
+  the trainer differentiates; anything else makes PPO's ratio off-policy (offpolicy.py sees the truncation).
+  Token t's logprob comes from the logits at position P + t - 1. A row that reaches max_new_tokens without a stop
+  token keeps an all-ones mask; `truncated` flags it.
 
 Implementation details (our choices)
 1. Our own decode loop instead of `model.generate`: it returns the behaviour logprobs for free and is as fast or
@@ -24,13 +23,11 @@ Implementation details (our choices)
    re-tokenised; each observation is tokenised once (`tasks.observation_ids`; with a chat template, the
    template's text between turns; an action cut without the end-of-turn token gets it, with mask 0).
    Environments step one after another on the host (async_loop.py overlaps their latency with generation).
-4. The trainer's token statistics in chunks (`logit_chunk` tokens, `token_stats`): the model runs with
-   `logits_to_keep` empty and a hook takes its decoder's final hidden states (`final_hidden`); the LM head and the
-   log-softmax then run one chunk at a time, each chunk under a checkpoint, so its [c, V] logits are recomputed in
-   backward instead of kept: the update never holds [b, R, V] logits (at V = 152k, R = 1k and b = 128: 79 GB in
-   fp32). The entropy is computed under no_grad unless an entropy bonus needs its gradient. Same logprobs,
-   entropies and gradients as the whole logits within fp32 rounding (tests/test_memory.py); a head that soft-caps
-   or scales its logits (Gemma 2, Cohere, Granite, ...) takes the model's own logits (`lm_head` checks each model).
+4. Token statistics in chunks (`token_stats`): the model runs with `logits_to_keep` empty, a hook takes its
+   decoder's final hidden states, and the LM head and log-softmax run `logit_chunk` tokens at a time, each chunk
+   checkpointed (recomputed in backward): no [b, R, V] logits (V = 152k, R = 1k, b = 128: 79 GB in fp32), the
+   entropy without graph unless a bonus needs it; the whole logits' numbers within fp32 rounding. A head that
+   soft-caps or scales its logits (Gemma 2, Cohere, Granite, ...) keeps the model's own (`lm_head` checks).
 """
 
 from __future__ import annotations
@@ -232,10 +229,8 @@ def sequence_logprobs(
 
     The logits at position P + t - 1 predict response token t; they are divided by the sampling temperature
     (forgetting it is a classic silent bug). Gradients flow if called with grad enabled, into the entropies unless
-    entropy_grad is False (the trainer's without an entropy bonus: no graph kept for them). logit_chunk > 0 (detail
-    4): the backbone gives hidden states, and the LM head and log-softmax run per chunk of that many tokens
-    (token_stats), so that neither the [b, R, V] logits nor their log-softmax ever exist whole; 0 takes the model's
-    own logits (the reference path).
+    entropy_grad is False (the trainer without an entropy bonus). logit_chunk > 0: the LM head and log-softmax run
+    on chunks of that many tokens (detail 4); 0: the model's own logits (the reference path).
     """
     if temperature <= 0:
         temperature = 1.0  # greedy sampling: logprobs of the plain softmax (implementation detail 2)
@@ -260,10 +255,8 @@ def sequence_logprobs(
 
 
 def final_hidden(model, base, inputs: dict):
-    """The final (normed) hidden states [b, T, H] of a forward of `model` that computes no logits, taken from its
-    decoder `base` by a hook: the call goes through the model (and a DDP wrapper, which must see it to reduce the
-    gradients), and only the last layer's output is kept (output_hidden_states would hold every layer's at once,
-    which no_grad passes never keep otherwise)."""
+    """The final hidden states [b, T, H] of a forward of `model` (through DDP's wrapper, which must see it) that
+    computes no logits, taken from its decoder `base` by a hook (output_hidden_states would keep every layer's)."""
     taken, no_position = [], torch.empty(0, dtype=torch.long, device=inputs["input_ids"].device)
     hook = base.register_forward_hook(lambda module, args, out: taken.append(getattr(out, "last_hidden_state", out[0])))
     try:
@@ -274,11 +267,9 @@ def final_hidden(model, base, inputs: dict):
 
 
 def lm_head(model):
-    """(decoder, output projection) of a Hugging Face causal LM whose logits are exactly head(the decoder's final
-    hidden state), else None, and the model's own logits are used. Checked once per model: by the config keys of
-    known transforms, then by two forwards of 3 tokens (the model's logits against the head's on the hook-taken
-    hidden state), so a head that soft-caps, scales or multiplies its logits (Gemma 2, Cohere, Granite, Falcon-H1
-    ...) is never split; a model without a separate decoder or without logits_to_keep is not either."""
+    """(decoder, head) of a causal LM whose logits are exactly head(final hidden state), else None (its own logits
+    are used). Checked once per model: known transforms' config keys, then 3 tokens' logits both ways, so no head
+    that soft-caps, scales or multiplies (Gemma 2, Cohere, Granite, Falcon-H1 ...) is split."""
     inner = getattr(model, "module", model)  # DDP's wrapper
     if inner not in _HEADS:
         head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
@@ -308,11 +299,9 @@ def token_stats(hidden, head, target, temperature: float, chunk: int, with_entro
     """Logprobs of target [b, R] (and entropies [b, R] or None) from hidden states [b, R, H], chunk tokens at a time.
     With grad enabled each chunk is checkpointed: its logits are recomputed in backward, never kept (detail 4)."""
     b, R, H = hidden.shape
-    flat_h, flat_t = hidden.reshape(b * R, H), target.reshape(b * R)  # [n, H], [n]
-    keep_graph = torch.is_grad_enabled()
+    flat_h, flat_t, keep_graph = hidden.reshape(b * R, H), target.reshape(b * R), torch.is_grad_enabled()  # [n, H], [n]
 
-    def chunk_stats(h, t):
-        """One chunk's (logprobs [c], entropies [c] or None): the head, then _stats."""
+    def chunk_stats(h, t):  # one chunk's (logprobs [c], entropies [c] or None)
         return _stats(head(h), t, temperature, with_entropy, entropy_grad)
 
     parts = []
