@@ -314,8 +314,7 @@ def run_with_maps(model, input_ids, attention_mask, layers: list[int], on_map, m
     forward: the forward the maps are taken in when maps_inside(model) (the trainer's recompute of old_logprobs:
     every row once, in order): for it the attention implementation is `attention_with_maps`, the logits bit for bit
     sdpa's. Otherwise (forward None, or another model) a no-grad eager pass of the backbone (no LM head) of its own,
-    whose attention modules return the maps (forward hooks read them), then forward(). The implementation is
-    restored afterwards, also on error.
+    whose attention modules return the maps (forward hooks read them), then forward(). Restored after, on error too.
     """
     mods, name, prev = attention_modules(model), type(model).__name__, model.config._attn_implementation
     state = {"next": 0, "sl": None, "seen": [], "spent": 0.0, "mask": attention_mask}

@@ -139,10 +139,8 @@ def at_logprobs(inject, temperature: float):
     return sequence_logprobs, temperature
 
 
-def shifted_logprobs(model, input_ids, attention_mask, response_len: int, *, temperature, micro_batch, with_entropy,
-                     entropy_grad=True, logit_chunk=0):  # fmt: skip
-    """The logprob_shift bug: token t scored by the logits AT t (they predict t+1). Outputs as sequence_logprobs'
-    (whole logits, entropy with its gradient: entropy_grad and logit_chunk are accepted and not used)."""
+def shifted_logprobs(model, input_ids, attention_mask, response_len, *, temperature, micro_batch, with_entropy, **_):
+    """The logprob_shift bug: token t scored by the logits AT t (they predict t+1); as sequence_logprobs', unchunked."""
     pos, logps, ents, R = position_ids_from_mask(attention_mask), [], [], response_len
     for i in range(0, input_ids.shape[0], micro_batch):
         sl = slice(i, i + micro_batch)
