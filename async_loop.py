@@ -52,7 +52,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from common import check_fields, dist_store, make_autocast, parse_config, setup_dist, train_alone
+from cli import check_fields, parse_config
+from common import dist_store, make_autocast, setup_dist, train_alone
 from data import load_task
 from envs import TaskEnv, env_overrides, make_env, multi_turn, rollout_kw
 from ppo_minimal import Config, train
@@ -109,6 +110,8 @@ class AsyncConfig(Config):
             raise ValueError("config field 'async_ratio' > 0 needs rollout workers (--rollout-workers >= 1)")
         if self.resume and self.rollout_workers:
             raise ValueError("config field 'resume' is not supported with rollout workers (the buffer is not saved)")
+        if self.fsdp or self.lora_rank:  # the workers load the trainer's whole state dict into plain models
+            raise ValueError("config fields 'fsdp' and 'lora_rank' are ppo_minimal.py's: the async trainer is one rank")
 
 
 def pack(samples: Rollout) -> torch.Tensor:

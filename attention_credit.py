@@ -66,7 +66,8 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from common import all_reduce_sum, check_choice, check_fields, check_range, masked_mean, parse_config
+from cli import check_choice, check_fields, check_range, parse_config
+from common import all_reduce_sum, masked_mean
 from envs import TaskEnv
 from rollout import generate, lm_head, position_ids_from_mask
 from runlog import format_table, run_trainers

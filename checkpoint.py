@@ -6,8 +6,9 @@
     python checkpoint.py runs/a/ckpt-20                                     # is it complete? what run is it of?
 
 A checkpoint folder `ckpt-N/` holds
-- `policy/` (+ the tokenizer) and `critic_{m}/`: save_pretrained folders (safetensors), written by rank 0;
-- `state.pt`: the step, the counters, the config and every optimizer's state (weights_only-loadable), by rank 0;
+- `policy/` (+ the tokenizer; a LoRA run's adapters alone, lora.py) and `critic_{m}/`: save_pretrained folders;
+  with --fsdp instead `shards/`: every rank's part of every model and optimizer (torch.distributed.checkpoint);
+- `state.pt`: the step, the counters, the config and (not with --fsdp) every optimizer's state, by rank 0;
 - `rank{r}.pt`: each rank's random streams (the global torch RNG, the task Generator, the torch Generators),
   so that a resumed data-parallel run keeps distinct per-rank sampling;
 - `checkpoint.json`, written last: the completion marker, with the run's fingerprint and every file's size.
@@ -23,7 +24,7 @@ model source with a hash of its config, a hash of the tokenizer and of the --dat
 naming each differing field. `--resume-allow FIELD ...` accepts changes of the named config fields (e.g. steps,
 lr; `model model_source` or `data` for a folder or file that moved) and of `world_size` (the streams of ranks that
 are gone are dropped; new ranks start from their seed); the contents (the model's config, the tokenizer, the data),
-the task, reward, estimator and critic layout can never change (IDENTITY).
+the task, reward, estimator, critic layout, sharding and LoRA layout can never change (IDENTITY).
 """
 
 from __future__ import annotations
@@ -38,17 +39,16 @@ from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 
 import common
+import lora
 
 MARKER = "checkpoint.json"
 RUN_FIELDS = ("out_dir", "save_every", "resume", "resume_allow", "tensorboard", "save_final", "strict", "dist_timeout")
 RUN_FIELDS += ("dump_batch", "replay")  # where a run writes, how it reports: free to change on resume
 IDENTITY = ("task", "reward", "sft_target", "adv_estimator", "critic", "critic_model", "critic_depth", "n_critics")
+IDENTITY += ("fsdp", "lora_rank", "lora_targets", "model_config_sha256", "tokenizer_sha256", "data_sha256")
 IDENTITY += (
-    "model_config_sha256",
-    "tokenizer_sha256",
-    "data_sha256",
     "user_files_sha256",
-)  # never change (a moved model: allow its path)
+)  # never change: the checkpoint's layout, its contents (a moved model: allow its path)
 
 
 def sha256_json(obj) -> str:
@@ -72,10 +72,8 @@ def run_fingerprint(cfg, world: int, source: str, ref, tokenizer) -> dict:
         "model_config_sha256": sha256_json(model_config),
         "tokenizer_sha256": sha256_json([sorted(tokenizer.get_vocab().items()), specials]),
         "data_sha256": files_sha256(user[0]),
-        **(
-            {"user_files_sha256": {p: files_sha256(p) for p in user[1:] if p}} if any(user[1:]) else {}
-        ),  # (older: none)
-    }
+        **({"user_files_sha256": {p: files_sha256(p) for p in user[1:] if p}} if any(user[1:]) else {}),  # older: none
+    }  # fmt: skip
 
 
 def files_sha256(path: str | None) -> str | None:
@@ -118,7 +116,7 @@ def save_checkpoint(path, rank: int, fingerprint: dict, state: dict, policy, tok
     """Write the checkpoint `path` (ckpt-N) atomically: see the module docstring. `state`: step and counters."""
     import torch
 
-    path = Path(path)
+    path, cfg = Path(path), fingerprint["config"]
     tmp = path.with_name(path.name + ".tmp")
     if rank == 0 and tmp.exists():  # left by a crash during an earlier save
         shutil.rmtree(tmp)
@@ -127,12 +125,17 @@ def save_checkpoint(path, rank: int, fingerprint: dict, state: dict, policy, tok
     streams = {"torch_rng": torch.get_rng_state(), "task_rng": rng.bit_generator.state}
     torch.save({**streams, **{name: g.get_state() for name, g in gens.items()}}, tmp / f"rank{rank}.pt")
     fsync_path(tmp / f"rank{rank}.pt")
+    if cfg.get("fsdp"):  # every rank writes its shards of every model and optimizer
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(sharded_state(policy, opt, critics), checkpoint_id=tmp / "shards")
+    else:
+        save_policy(policy, tokenizer, tmp / "policy", rank, cfg)
     if rank == 0:
-        for name, model in {"policy": policy, **dict(enumerate(critics.models if critics else []))}.items():
-            model.save_pretrained(tmp / (name if name == "policy" else f"critic_{name}"))
-        tokenizer.save_pretrained(tmp / "policy")
-        optimizers = {"opt": opt.state_dict(), **(critics.state() if critics else {})}
-        torch.save({**state, **optimizers, "config": json.dumps(fingerprint["config"])}, tmp / "state.pt")
+        for k, model in enumerate(critics.models if critics and not cfg.get("fsdp") else []):
+            model.save_pretrained(tmp / f"critic_{k}")
+        optimizers = {"opt": opt.state_dict(), **(critics.state() if critics else {})} if not cfg.get("fsdp") else {}
+        torch.save({**state, **optimizers, "config": json.dumps(cfg)}, tmp / "state.pt")
     barrier()  # every rank's streams are on disk
     if rank != 0:
         return
@@ -151,6 +154,36 @@ def save_checkpoint(path, rank: int, fingerprint: dict, state: dict, policy, tok
     fsync_path(path.parent)
     if old.exists():
         shutil.rmtree(old)
+
+
+def save_policy(policy, tokenizer, path, rank: int, cfg: dict, merge: bool = False) -> None:
+    """The policy as a save_pretrained folder (+ its tokenizer), written by rank 0; every rank calls it (FSDP2
+    gathers the whole state from the shards, a collective). A LoRA run's: its adapters (lora.py), or merged."""
+    state = None
+    if cfg.get("fsdp"):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0 and cfg.get("lora_rank"):
+        lora.save(policy, tokenizer, path, policy.state_dict() if state is None else state, merge, cfg)
+    elif rank == 0:
+        policy.save_pretrained(path, state_dict=state)  # None: its own
+        tokenizer.save_pretrained(path)
+
+
+def sharded_state(policy, opt, critics) -> dict:
+    """The model and optimizer states of policy and critics as DTensor shards, each rank its own part: what
+    torch.distributed.checkpoint saves, and loads in place (the template's shards are filled)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    pairs = trained(policy, opt, critics).items()
+    return {k: v for name, mo in pairs for k, v in zip((name, name + "_opt"), get_state_dict(*mo))}
+
+
+def trained(policy, opt, critics) -> dict:
+    """name -> (model, its optimizer), as a checkpoint names them: the policy's and each critic's."""
+    critic_pairs = zip(critics.models, critics.opts) if critics else ()
+    return {"policy": (policy, opt), **{f"critic_{k}": mo for k, mo in enumerate(critic_pairs)}}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -249,7 +282,7 @@ def load_pt(path: Path, need=(), what: str = "checkpoint file", **kw) -> dict:
     return d
 
 
-def resume_checkpoint(path, rank: int, opt, critics, rng, gens: dict) -> dict:
+def resume_checkpoint(path, rank: int, policy, opt, critics, rng, gens: dict, fsdp: bool = False) -> dict:
     """Load a checkpoint of save_checkpoint (checked by check_resume) into the optimizer, the critics and this
     rank's random streams (last: loading the critics draws from the global RNG). A rank the checkpoint has no
     streams for (a world size raised with --resume-allow world_size) keeps its fresh seed + rank streams, but
@@ -258,9 +291,17 @@ def resume_checkpoint(path, rank: int, opt, critics, rng, gens: dict) -> dict:
 
     path = Path(path)
     state = load_pt(path / "state.pt", map_location="cpu")
-    opt.load_state_dict(state["opt"])
-    if critics is not None:
-        critics.load(path, state)
+    if fsdp:  # each rank reads its part of every shard (the world size may differ from the saving run's)
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        shards = sharded_state(policy, opt, critics)
+        dcp.load(shards, checkpoint_id=path / "shards")
+        for name, (model, optimizer) in trained(policy, opt, critics).items():
+            set_state_dict(model, optimizer, model_state_dict=shards[name], optim_state_dict=shards[name + "_opt"])
+    else:
+        opt.load_state_dict(state["opt"])
+        critics.load(path, state) if critics is not None else None
     mine = path / f"rank{rank}.pt"
     streams = load_pt(mine if mine.is_file() else path / "rank0.pt")
     if mine.is_file():

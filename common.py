@@ -1,136 +1,27 @@
-"""Plumbing shared by every minrl file: the CLI, validation, the process group, masked reductions.
+"""Plumbing shared by every trainer file: the process group, the DDP / FSDP2 block, collectives that name a dead
+rank, masked reductions (the CLI and validation are cli.py's).
 
     torchrun --standalone --nproc_per_node=2 common.py     # check the process group: ranks, devices, an all-reduce
 
-- `parse_config(Config)`: a command line from a dataclass; the string literal under each field is its `--help`.
-- `check_fields`, `check_range`, `check_choice`: the one way config values are validated (field and range named).
 - `DistArgs`, `setup_dist()` -> (rank, local_rank, world_size, device), `(0, 0, 1, cpu|cuda)` without torchrun;
-  collective helpers return at once for world size 1, so the algorithm never branches on it; `make_autocast`.
+  `shard_or_replicate` (DDP or FSDP2), `accumulating`, `gathered`, `clip_grad_norm`; collective helpers return at
+  once for world size 1, so the algorithm never branches on it; `make_autocast`.
 - Masked reductions (veRL semantics; `mask` 0/1 like x; `global_=True` all-reduces the sums: statistics of the
-  whole batch under DDP): `masked_sum`, `masked_mean`, `masked_var`, `masked_whiten`.
-torch is imported inside the functions that need it: the torch-free leaves (scheduler.py, diagnose.py) use the CLI.
+  whole batch over the ranks): `masked_sum`, `masked_mean`, `masked_var`, `masked_whiten`.
 """
 
 from __future__ import annotations
 
-import argparse
-import ast
 import contextlib
 import dataclasses
 import datetime
-import inspect
-import math
 import os
-import re
 import signal
 import socket
-import sys
-import textwrap
-import types
-import typing
 from pathlib import Path
 from typing import Literal
 
-
-def field_docs(cls) -> dict[str, str]:
-    """Map field name -> the string literal written right under it in the class body."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__[:-1]):  # base classes first, so subclasses override
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-        except (OSError, TypeError):  # defined in a notebook / REPL: no source to read
-            continue
-        body = tree.body[0].body
-        for node, nxt in zip(body, body[1:]):
-            if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr):
-                if isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
-                    docs[node.target.id] = " ".join(nxt.value.value.split())
-    return docs
-
-
-def _parser_for(tp):
-    """(argparse type, choices, nargs) for a field annotation."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Literal:
-        return type(args[0]), list(args), None
-    if origin in (typing.Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        base, choices, nargs = _parser_for(inner[0])  # "none" on the command line is None, also among choices
-        return (lambda s: None if s.lower() == "none" else base(s)), choices and [*choices, None], nargs
-    if origin in (list, tuple):
-        return args[0], None, "*"
-    return tp, None, None
-
-
-class _ListFlag(argparse.Action):
-    """A list field: `--x a b` and `--x a --x b` both give [a, b] (the default is replaced, never extended)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        so_far = getattr(namespace, self.dest)
-        setattr(namespace, self.dest, ([] if so_far is self.default else list(so_far)) + list(values))
-
-
-def parse_config(cls, argv: list[str] | None = None, description: str | None = None):
-    """Build `cls` (a dataclass) from command-line flags; `--help` lists every field once, with its default."""
-    hints = typing.get_type_hints(cls)
-    docs = field_docs(cls)
-    doc = description or (inspect.getdoc(sys.modules[cls.__module__]) or "").split("\n\n")[0]
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    fields, seen = [f for f in dataclasses.fields(cls) if f.init], set()
-    for klass in [k for k in cls.__mro__ if dataclasses.is_dataclass(k)]:  # a group per class: the class itself first
-        about = inspect.getdoc(klass)  # @dataclass writes its signature there when a class has no docstring
-        about = None if about == klass.__name__ + str(inspect.signature(klass)).replace(" -> None", "") else about
-        group = p.add_argument_group(f"{klass.__name__} ({Path(inspect.getfile(klass)).name})", about)
-        for f in [f for f in fields if f.name in vars(klass).get("__annotations__", {}) and f.name not in seen]:
-            default, seen = f.default if f.default is not dataclasses.MISSING else f.default_factory(), seen | {f.name}
-            kind = dict(zip(("type", "choices", "nargs"), _parser_for(hints[f.name])))
-            kind = {"action": argparse.BooleanOptionalAction} if hints[f.name] is bool else kind
-            kind = {**kind, "action": _ListFlag} if kind.get("nargs") else kind
-            help_ = docs.get(f.name, "").replace("%", "%%")  # argparse formats help strings with %
-            group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=default, help=help_, **kind)
-    argv = sys.argv[1:] if argv is None else argv
-    flag = re.compile(r"--(no-)?[a-z0-9_]+(=.*)?")  # --field_name, --no-field_name, --field_name=VALUE
-    argv = [a.split("=")[0].replace("_", "-") + a[len(a.split("=")[0]) :] if flag.fullmatch(a) else a for a in argv]
-    return cls(**vars(p.parse_args(argv)))
-
-
-def check_range(name: str, value, lo=None, hi=None, *, lo_open: bool = False, hi_open: bool = False) -> None:
-    """Raise ValueError naming the field unless lo <= value <= hi (bounds optional, open if asked)."""
-    bad = value is None or (isinstance(value, float) and not math.isfinite(value))
-    if lo is not None and not bad:
-        bad = value <= lo if lo_open else value < lo
-    if hi is not None and not bad:
-        bad = value >= hi if hi_open else value > hi
-    if bad:
-        left = "(" if lo_open or lo is None else "["
-        right = ")" if hi_open or hi is None else "]"
-        span = f"{left}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{right}"
-        raise ValueError(f"config field '{name}' = {value!r} is out of range: allowed {span}")
-
-
-def check_choice(name: str, value, choices) -> None:
-    """Raise ValueError naming the field unless value is one of choices."""
-    if value not in choices:
-        raise ValueError(f"config field '{name}' = {value!r}: must be one of {list(choices)}")
-
-
-def check_fields(cfg, ranges: dict[str, tuple[str, ...]], owner: type | None = None) -> None:
-    """Validate a config dataclass: each Literal-typed field that `owner` (default: cfg's class) declares itself
-    against its choices, and each field named in `ranges` (an interval such as "(0, 1]" -> field names) against
-    its interval. None passes wherever the annotation allows it. An Args class that Config inherits passes itself
-    as `owner`: each class checks its own fields, once."""
-    owner = owner or type(cfg)
-    hints = typing.get_type_hints(owner)
-    optional = {n for n, tp in hints.items() if type(None) in typing.get_args(tp)}
-    for name in vars(owner).get("__annotations__", {}):
-        literal = [t for t in (hints[name], *typing.get_args(hints[name])) if typing.get_origin(t) is Literal]
-        if literal and not (getattr(cfg, name) is None and name in optional):
-            check_choice(name, getattr(cfg, name), typing.get_args(literal[0]))
-    for interval, names in ranges.items():
-        lo, hi = (None if "inf" in x else float(x) if "." in x else int(x) for x in interval[1:-1].split(","))
-        for name in names:
-            if not (getattr(cfg, name) is None and name in optional):
-                check_range(name, getattr(cfg, name), lo, hi, lo_open=interval[0] == "(", hi_open=interval[-1] == ")")
+from cli import check_fields
 
 
 @dataclasses.dataclass
@@ -143,6 +34,9 @@ class DistArgs:
     """auto | cpu | cuda | cuda:N."""
     dist_timeout: float = 120.0
     """Seconds before a collective gives up (a dead rank makes the others fail)."""
+    fsdp: bool = False
+    """Shard weights, gradients and AdamW state over the ranks (FSDP2: each decoder layer, then the root) instead of
+    DDP's full replica on each; the same gradient. bf16 weights with fp32 reduction under --dtype bfloat16 on GPU."""
 
     def __post_init__(self):
         check_fields(self, {"(0.0, inf)": ("dist_timeout",)}, DistArgs)
@@ -159,8 +53,10 @@ def make_autocast(dtype: str, device):
     return contextlib.nullcontext
 
 
-def setup_dist(backend: str | None = None, timeout_s: float = 120.0, device: str = "auto", init_method: str = "env://"):
-    """Init the process group if launched by torchrun. Returns (rank, local_rank, world_size, device).
+def setup_dist(backend: str | None = None, timeout_s: float = 120.0, device: str = "auto", init_method: str = "env://",
+               group: bool = False):  # fmt: skip
+    """Init the process group if launched by torchrun (or asked for: `group`, a world of one for FSDP2's mesh).
+    Returns (rank, local_rank, world_size, device).
 
     backend defaults to nccl on CUDA and gloo on CPU; every collective inherits `timeout_s`, so a dead rank makes
     the others raise instead of hanging. The rendezvous store (torchrun's agent, or init_method="file://...")
@@ -176,9 +72,11 @@ def setup_dist(backend: str | None = None, timeout_s: float = 120.0, device: str
     dev = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(dev)
-    if world > 1 and not dist.is_initialized():
+    if (world > 1 or group) and not dist.is_initialized():
         timeout = datetime.timedelta(seconds=timeout_s)
-        store, rank, world = next(dist.rendezvous(init_method, rank=rank, world_size=world, timeout=timeout))
+        store = dist.HashStore()  # a world of one (FSDP2 needs a process group): no one to meet
+        if world > 1:
+            store, rank, world = next(dist.rendezvous(init_method, rank=rank, world_size=world, timeout=timeout))
         store.set_timeout(timeout)
         prefixed = dist.PrefixStore("default_pg", store)  # the prefix init_process_group itself would use
         backend = backend or ("nccl" if use_cuda else "gloo")
@@ -187,6 +85,69 @@ def setup_dist(backend: str | None = None, timeout_s: float = 120.0, device: str
         me = f"{_HOST} {os.getpid()} {(proc_state(os.getpid()) or ('', '?'))[1]}"
         _LIVENESS["store"].set(f"pid/{rank}", me)  # host, pid, start time: for stop_silent
     return rank, local_rank, world, dev
+
+
+def decoder_layers(model) -> list:
+    """The outermost transformer blocks (`GradientCheckpointingLayer`) of a Hugging Face model: the unit of FSDP2's
+    shards and of activation checkpointing (memory.py)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers, names = [], []
+    for name, module in model.named_modules():
+        if isinstance(module, GradientCheckpointingLayer) and not any(name.startswith(n + ".") for n in names):
+            layers, names = [*layers, module], [*names, name]
+    return layers
+
+
+def shard_or_replicate(model, world: int, fsdp: bool, bf16: bool = False):
+    """nanoGPT's DDP block with FSDP2 beside it: the module to train through. With fsdp, `model` itself, sharded in
+    place by FSDP2 (`fully_shard` on each decoder layer, then on the root, which keeps embeddings and head; the
+    root's weights, gathered in its forward, stay until its backward, so the LM head may run after the forward in
+    chunks, rollout.py detail 4). Its parameters become DTensor shards: build the optimizer after this. bf16: bf16
+    weights in compute, gradients reduced in fp32. Else a DDP replica (world > 1; its no_sync skips a micro-batch's
+    all-reduce) or the model."""
+    import torch
+
+    if not fsdp:
+        return torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if bf16 else MixedPrecisionPolicy()
+    if not (layers := decoder_layers(model)):
+        raise ValueError(f"--fsdp: {type(model).__name__} has no decoder layers (GradientCheckpointingLayer) to shard")
+    for layer in layers:
+        fully_shard(layer, mp_policy=mp)
+    return fully_shard(model, mp_policy=mp)
+
+
+@contextlib.contextmanager
+def gathered(model):
+    """Inside, every FSDP2 weight of `model` is whole on every rank and no forward runs a collective, so ranks may
+    run different numbers of forwards (sampling, evaluation): the copy an inference engine holds, for the rollout
+    only. A model that is not sharded is left as it is."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in units:
+        m.set_reshard_after_forward(False, recurse=False)
+        m.unshard()
+    try:
+        yield model
+    finally:
+        for m in units:
+            m.reshard()
+            m.set_reshard_after_forward(m is not model, recurse=False)  # the root keeps its weights to backward
+
+
+def clip_grad_norm(params, max_norm: float):
+    """torch's clip_grad_norm_, with the norm over every rank's shards under FSDP2 (DTensor gradients). Returns it."""
+    import torch
+
+    params = list(params)
+    total = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    total = total.full_tensor() if hasattr(total, "full_tensor") else total  # DTensor: the ranks' parts combined
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
 
 
 _LIVENESS: dict = {}  # set by setup_dist: the rendezvous store, this rank, the world size

@@ -53,7 +53,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from common import check_fields, collective, masked_mean, masked_var, parse_config, world_size
+from cli import check_fields, parse_config
+from common import collective, masked_mean, masked_var, world_size
 from runlog import format_table, run_trainers
 
 
@@ -124,7 +125,7 @@ class ValueModel(nn.Module):
         h = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False)
         h = h.last_hidden_state[:, -response_len - 1 : -1]  # [B, R, H]
         with torch.autocast(h.device.type, enabled=False):  # the head in fp32 also under bf16 autocast (detail 5)
-            return self.head(h.float()).squeeze(-1)  # [B, R]
+            return self.head(h.float()).sum(-1)  # [B, R] (a sum over the size-1 axis: exact, not a view for FSDP2)
 
     def save_pretrained(self, path):
         """The backbone as save_pretrained writes it, the value head beside it (value_head.safetensors)."""
@@ -274,11 +275,12 @@ def explained_variance(values, returns, mask) -> float:
 
 
 class Critics:
-    """M value models with their optimizers (DDP-wrapped when world size > 1). M = 1 is plain PPO."""
+    """M value models with their optimizers (trained through `wrap(model)`: DDP's replica, FSDP2's shards or the model
+    itself, common.shard_or_replicate). M = 1 is plain PPO."""
 
-    def __init__(self, models: list[ValueModel], *, lr: float, adam_eps: float, ddp: bool):
+    def __init__(self, models: list[ValueModel], *, lr: float, adam_eps: float, wrap=None):
         self.models = models
-        self.train_models = [torch.nn.parallel.DistributedDataParallel(m) if ddp else m for m in models]
+        self.train_models = [wrap(m) if wrap else m for m in models]  # first: FSDP2 makes the parameters shards
         self.opts = [torch.optim.AdamW(m.parameters(), lr=lr, eps=adam_eps, weight_decay=0.0) for m in models]
 
     @torch.no_grad()
@@ -299,11 +301,11 @@ class Critics:
             o.load_state_dict(state[f"critic_opt_{k}"])
 
 
-def make_critics(cfg: CriticArgs, policy, tokenizer, device, *, adam_eps: float, ddp: bool) -> Critics:
+def make_critics(cfg: CriticArgs, policy, tokenizer, device, *, adam_eps: float, wrap=None) -> Critics:
     """One value model (PPO), or cfg.n_critics mini-critics trained on disjoint shares (AsyPPO); detail 2."""
     n = cfg.n_critics if cfg.critic == "asyppo" else 1
     models = [make_value_model(policy, cfg.critic_model, tokenizer, cfg.critic_depth).to(device) for _ in range(n)]
-    return Critics(models, lr=cfg.critic_lr, adam_eps=adam_eps, ddp=ddp)
+    return Critics(models, lr=cfg.critic_lr, adam_eps=adam_eps, wrap=wrap)
 
 
 def value_stats(values_mean, returns, mask, all_values, critic_returns) -> dict:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import parse_config
+from cli import parse_config
 from rewards import REWARDS, RewardArgs, RewardSet, as_text, check_ground_truth
 from tasks import format_prompt, is_eval_problem, make_task, make_tokenizer
 

@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from common import check_fields, parse_config
+from cli import check_fields, parse_config
 from runlog import format_table
 
 

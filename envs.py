@@ -34,7 +34,7 @@ from typing import Protocol
 
 import numpy as np
 
-from common import check_fields
+from cli import check_fields
 from tasks import is_eval_problem
 
 

@@ -31,7 +31,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from common import all_reduce_sum, check_fields, masked_mean, parse_config
+from cli import check_fields, parse_config
+from common import all_reduce_sum, masked_mean
 from data import DataArgs, load_task
 from envs import EnvArgs, multi_turn, rollout_kw, sample_episodes
 from rewards import RewardArgs

@@ -13,6 +13,8 @@ The three ways (each a trainer flag):
   (the minibatch's valid tokens over all ranks, ppo_minimal detail 2): the gradient does not depend on the packing.
 - `--grad-checkpointing`: every decoder layer of policy and critics keeps only its input and recomputes its
   activations in backward (`checkpoint_layers`).
+And two that change what is held: `--fsdp` (common.py) shards weights, gradients and AdamW state over the ranks;
+`--lora-rank r` (lora.py) trains adapters only, with the reference as the policy with its adapters off.
 
 What one rank holds (s = 4 bytes per fp32 parameter; weights and AdamW state stay fp32):
   static   policy: weights + 2 AdamW moments 3 N s; reference N s; critic m: 3 N_m s; at world > 1, DDP's gradient
@@ -51,9 +53,10 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 import common
-from common import check_fields, parse_config
+from cli import check_fields, parse_config
 from critics import ValueModel, make_value_model, saved_activation_bytes
 from envs import rollout_kw
+from lora import adapter_params
 from rollout import lm_head
 from tasks import make_tiny_model, make_tokenizer
 
@@ -114,14 +117,7 @@ def checkpoint_layers(model) -> int:
     """Activation checkpointing of each decoder layer (the outermost `GradientCheckpointingLayer` modules) of a
     Hugging Face model, in eval mode too (transformers' own switch acts only in train mode, which would turn dropout
     on): the layer's forward runs under torch.utils.checkpoint. Returns the number of layers wrapped."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
-    layers, names = [], []
-    for name, module in model.named_modules():
-        if isinstance(module, GradientCheckpointingLayer) and not any(name.startswith(n + ".") for n in names):
-            layers.append(module)
-            names.append(name)
-    if not layers:
+    if not (layers := common.decoder_layers(model)):
         raise ValueError(f"--grad-checkpointing: {type(model).__name__} has no decoder layers transformers marks as "
                          f"checkpointable (GradientCheckpointingLayer); run without it")  # fmt: skip
     for layer in layers:  # no RNG to preserve: dropout is off in every model here
@@ -207,11 +203,15 @@ def largest_micro_batch(micro_batch: int, minibatch: int, tokens: int, T: int) -
 
 
 def estimate(policy, critics, args: MemoryArgs, *, seqs: int, rows: int, prompt_len: int, response_len: int,
-             dtype: str = "float32", world: int = 1, reference: bool = True) -> dict[str, float]:  # fmt: skip
+             dtype: str = "float32", world: int = 1, reference: bool = True, fsdp: bool = False,
+             adapters: int = 0) -> dict[str, float]:  # fmt: skip
     """The per-rank peak (GiB) by part (module docstring) of an update on `seqs` sequences per rank of prompt_len +
     response_len tokens whose largest micro-batch has `rows` of them (largest_micro_batch), for models from
     meta_models. Activations are measured on small probes at that length (activation_bytes); nothing is
-    trained. reference False: without the frozen reference's weights (the trainer always holds one; a bench not)."""
+    trained. reference False: without the frozen reference's weights (the trainer always holds one; a bench not).
+    fsdp: weights, moments, gradients and the reference in world shards, plus what is gathered whole at once (the
+    root's weights, two layers': one computing, one prefetched; in the rollout all of them). adapters: the LoRA
+    weights (lora.adapter_params) that alone train: moments, gradients and buckets are theirs; no reference."""
     config, s, kv_s = policy.config, 4, 2 if dtype == "bfloat16" else 4  # fp32 weights, moments, gradients
     N, R, T = sum(p.numel() for p in policy.parameters()), response_len, prompt_len + response_len
     b = rows
@@ -229,20 +229,25 @@ def estimate(policy, critics, args: MemoryArgs, *, seqs: int, rows: int, prompt_
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or H // config.num_attention_heads
     kv = seqs * T * L * 2 * kv_heads * head_dim * kv_s
-    buckets = (N + n_critic) * s if world > 1 else 0  # DDP's gradient buckets: a copy of every trained parameter
-    static = 3 * N * s + reference * N * s + 3 * n_critic * s + buckets
-    update = static + max(N * s + act + transient, critic_step)
-    step = static + 2 * N * s  # opt.step: the gradients and foreach AdamW's temporaries (CUDA), activations freed
-    rollout = static + kv + 4 * seqs * V * s
+    trained, shard = adapters or N, world if fsdp else 1  # LoRA: the adapters alone train
+    layer_n = sum(p.numel() for p in common.decoder_layers(policy)[0].parameters()) if fsdp else 0
+    gathered = (N - L * layer_n + 2 * layer_n) * s if fsdp else 0  # FSDP2: the root's weights and two layers' whole
+    buckets = (trained + n_critic) * s if world > 1 and not fsdp else 0  # DDP's gradient buckets: a copy of each
+    ref_n = 0 if adapters or not reference else N  # LoRA's reference is the policy with its adapters off
+    static = ((N + adapters + 2 * trained) + ref_n + 3 * n_critic) * s / shard + buckets
+    update = static + gathered + max(trained * s / shard + act + transient, critic_step / shard)
+    step = static + 2 * trained * s / shard  # opt.step: gradients and foreach AdamW's temporaries, activations freed
+    rollout = static + kv + 4 * seqs * V * s + (N * s if fsdp else 0)  # FSDP2: every weight gathered (common.gathered)
     parts = {
-        "policy weights + AdamW": 3 * N * s,
-        "reference weights": reference * N * s,
-        "critic weights + AdamW": 3 * n_critic * s,
+        f"policy weights + AdamW{f' (1/{shard})' if fsdp else ''}": (N + adapters + 2 * trained) * s / shard,
+        "reference weights": ref_n * s / shard,
+        "critic weights + AdamW": 3 * n_critic * s / shard,
         f"DDP gradient buckets (world {world})": buckets,
-        "policy gradients": N * s,
+        "FSDP2 weights gathered whole": gathered,
+        "policy gradients": trained * s / shard,
         f"activations ({b} x {T} tokens)": act,
         "logits " + ("(whole)" if whole else "chunk") + " + backward transients": transient,
-        "critic step, beyond the policy's": max(0, critic_step - (N * s + act + transient)),
+        "critic step, beyond the policy's": max(0, critic_step / shard - (trained * s / shard + act + transient)),
         f"rollout KV cache ({seqs} x {T} tokens)": kv,
         "peak: update": update,
         "peak: optimizer step": step,
@@ -259,8 +264,9 @@ def trainer_estimate(cfg, n_local: int, world: int) -> dict[str, float]:
     rows = largest_micro_batch(cfg.micro_batch, n_local // cfg.minibatches, cfg.micro_batch_tokens, T)
     n_critics = (cfg.n_critics if cfg.critic == "asyppo" else 1) if cfg.adv_estimator == "gae" else 0
     policy, critics = meta_models(cfg.model, cfg.critic_model, cfg.critic_depth, n_critics)
-    return estimate(policy, critics, cfg, seqs=n_local, rows=rows, prompt_len=cfg.max_prompt_len,
-                    response_len=T - cfg.max_prompt_len, dtype=cfg.dtype, world=world)  # fmt: skip
+    adapters = adapter_params(policy, cfg) if cfg.lora_rank else 0
+    return estimate(policy, critics, cfg, seqs=n_local, rows=rows, prompt_len=cfg.max_prompt_len, adapters=adapters,
+                    response_len=T - cfg.max_prompt_len, dtype=cfg.dtype, world=world, fsdp=cfg.fsdp)  # fmt: skip
 
 
 def by_micro_batches(fn, input_ids, attention_mask, response_len: int, *, rows: int, tokens: int, response_mask=None):

@@ -23,7 +23,8 @@ from typing import Literal
 
 import torch
 
-from common import check_fields, masked_mean
+from cli import check_fields
+from common import masked_mean
 
 
 @dataclass

@@ -55,18 +55,21 @@ from typing import Literal
 
 import numpy as np
 import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common
 import memory
 import repro
 from attention_credit import CreditArgs, credit_weights
-from checkpoint import check_resume, load_pt, resume_checkpoint, run_fingerprint, save_checkpoint
-from common import DistArgs, check_fields, check_range, make_autocast, masked_mean, masked_whiten, parse_config
+from checkpoint import check_resume, load_pt, resume_checkpoint, run_fingerprint, save_checkpoint, save_policy
+from cli import check_fields, check_range, parse_config
+from common import DistArgs, make_autocast, masked_mean, masked_whiten
 from critics import CriticArgs, Critics, asyppo_masks, critic_footprint, make_critics, partition_shares, value_stats
 from data import DataArgs, DataTask, load_task
 from diagnose import LiveDiagnoser, verl_aliases
 from envs import ENVS, EnvArgs, multi_turn, rollout_kw, sample_episodes
 from evaluation import EvalArgs, evaluate, evaluate_all, held_out, rollout_metrics
+from lora import LoraArgs, adapters_off, add_adapters
 from memory import MemoryArgs
 from offpolicy import OffPolicyArgs, gap_stats, off_policy_weights
 from repro import ReproArgs
@@ -81,7 +84,7 @@ AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mea
 
 @dataclass
 class Config(TaskArgs, DataArgs, RewardArgs, SampleArgs, EvalArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArgs,
-             MemoryArgs, DistArgs, RunArgs, ReproArgs):  # fmt: skip
+             MemoryArgs, LoraArgs, DistArgs, RunArgs, ReproArgs):  # fmt: skip
     """The trainer's knobs: PPO's own here, each concept's in the Args class it inherits (`--help` lists all)."""
 
     adv_estimator: Literal["gae", "grpo", "rloo"] = "gae"
@@ -185,6 +188,8 @@ class Config(TaskArgs, DataArgs, RewardArgs, SampleArgs, EvalArgs, CriticArgs, C
              f"'group_size' = {self.group_size}: {self.adv_estimator} needs >= 2"),
             (self.prompts_per_step * self.group_size < 2, f"'prompts_per_step' x 'group_size' = "
              f"{self.prompts_per_step * self.group_size}: a batch needs >= 2 samples (reward std, whitening)"),
+            ((self.fsdp or self.lora_rank) and (self.dump_batch or self.credit != "none" or self.inject),
+             "'fsdp' / 'lora_rank' do not combine with dump_batch, credit or inject yet (one process, whole models)"),
         ):  # fmt: skip
             if bad:
                 raise ValueError(f"config field {why}")
@@ -194,7 +199,7 @@ class Config(TaskArgs, DataArgs, RewardArgs, SampleArgs, EvalArgs, CriticArgs, C
             self.loss_scale_factor = self.max_context if multi_turn(self) else self.max_new_tokens
 
 
-RANGES = {  # allowed interval -> fields, checked at construction (common.check_fields)
+RANGES = {  # allowed interval -> fields, checked at construction (cli.check_fields)
     "[0, inf)": ("steps", "warmup_steps", "lr", "kl_coef", "kl_loss_coef", "ent_coef", "seed",
                  "kl_metric_every"),
     "[1, inf)": ("prompts_per_step", "group_size", "ppo_epochs", "minibatches", "micro_batch"),
@@ -379,6 +384,7 @@ def trainer_logprobs(cfg: Config, model, input_ids, attention_mask, R: int, with
     (detail 1), the LM head in chunks of logit_chunk tokens (rollout.py detail 4), micro_batch rows per forward
     (default cfg.micro_batch): old, ref, loss."""
     logprob_fn, temperature = repro.at_logprobs(cfg.inject, cfg.temperature)  # INJECT no_temperature, logprob_shift
+    logprob_fn = partial(common.collective, logprob_fn) if cfg.fsdp else logprob_fn  # FSDP2: gathers, a dead rank named
     chunks = {"entropy_grad": cfg.ent_coef > 0, "logit_chunk": cfg.logit_chunk}
     rows = micro_batch or cfg.micro_batch
     return logprob_fn(model, input_ids, attention_mask, R, temperature=temperature, micro_batch=rows,
@@ -496,7 +502,7 @@ def policy_step(cfg: Config, policy_train, opt, mb: Batch, world, autocast, upda
     for n, (idx, lo, r) in enumerate(plan):
         mi = mb.part(idx, lo, r)  # [b, lo:P + r] tokens, [b, r] response
         mmask = mi.response_mask.float()  # [b, r]
-        sync = n == len(plan) - 1 or world == 1  # DDP all-reduces gradients on the last micro-batch only
+        sync = n == len(plan) - 1 or not isinstance(policy_train, DDP)  # DDP all-reduces on the last one (FSDP2: each)
         no_sync = contextlib.nullcontext() if sync else policy_train.no_sync()
         with no_sync, autocast(), torch.set_grad_enabled(update_actor):
             ids, b = mi.input_ids, mi.input_ids.shape[0]  # one forward per micro-batch (its graph is kept anyway)
@@ -527,7 +533,7 @@ def policy_step(cfg: Config, policy_train, opt, mb: Batch, world, autocast, upda
 
 def clipped_step(model, opt, max_norm: float, where: str, step: bool = True):
     """Clip the gradient norm (returned), refuse a non-finite one (never a NaN into the weights), step, zero grads."""
-    gn = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    gn = common.clip_grad_norm(model.parameters(), max_norm)  # (FSDP2: over every rank's shards)
     if not torch.isfinite(gn):
         raise FloatingPointError(f"{where}: gradient norm is {gn.item()}")
     if step:
@@ -600,7 +606,8 @@ def anchor_logprobs(cfg: Config, anchor, ref, input_ids, attention_mask, respons
                                             recompute)  # fmt: skip
     elif not reuses_anchor(cfg):
         old = by_tokens(anchor)
-    ref_logp = by_tokens(ref) if needs_reference(cfg, step) else None
+    with adapters_off(ref, cfg.lora_rank > 0):  # LoRA: the reference is the policy's base (lora.py)
+        ref_logp = by_tokens(ref) if needs_reference(cfg, step) else None
     return old, ref_logp, gamma, credit
 
 
@@ -636,21 +643,35 @@ def critic_targets(cfg: Config, token_rewards, all_values, mask, returns):
 
 
 def build_models(cfg: Config, device, world: int):
-    """(policy (the checkpoint's on resume), its DDP wrapper, AdamW, frozen reference, tokenizer, stop ids, critics,
-    the run's fingerprint (checkpoint.py: a resume is refused unless its checkpoint has the same))."""
+    """(policy (the checkpoint's on resume), the module it trains through (DDP's replica, or itself: alone or sharded
+    by FSDP2), AdamW, frozen reference (with LoRA the policy itself, adapters off), tokenizer, stop ids, critics, the
+    run's fingerprint (checkpoint.py: a resume is refused unless its checkpoint has the same))."""
     torch.manual_seed(cfg.seed)  # identical init on every rank
     source = cfg.model or str(sft_warm_start(sft_config_for(cfg.task, cfg.sft_target)))
-    policy, tokenizer = load_policy(cfg.resume + "/policy" if cfg.resume else source, device)
-    ref, ref_tokenizer = load_policy(source, device)
-    fingerprint = run_fingerprint(cfg, world, source, ref.requires_grad_(False), ref_tokenizer)
+    whole = cfg.resume and not (cfg.fsdp or cfg.lora_rank)  # else the source, then the shards or adapters on it
+    policy, tokenizer = load_policy(cfg.resume + "/policy" if whole else source, device)
+    ref, ref_tokenizer = (policy, tokenizer) if cfg.lora_rank else load_policy(source, device)
+    fingerprint = run_fingerprint(
+        cfg, world, source, ref if cfg.lora_rank else ref.requires_grad_(False), ref_tokenizer
+    )
     if cfg.resume:  # before anything trains: same model, tokenizer, data, estimator, layout, world size, config
         check_resume(cfg.resume, cfg, fingerprint)
-    policy_train = torch.nn.parallel.DistributedDataParallel(policy) if world > 1 else policy
-    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps, weight_decay=0.0)
-    ddp, gae_critics = world > 1, cfg.adv_estimator == "gae"  # M = 1 critic for PPO, M mini-critics for AsyPPO
-    critics = make_critics(cfg, policy, tokenizer, device, adam_eps=cfg.adam_eps, ddp=ddp) if gae_critics else None
-    for model in [policy, *[c.backbone for c in (critics.models if critics else [])]] if cfg.grad_checkpointing else []:
-        memory.checkpoint_layers(model)  # memory.py: each decoder layer's activations recomputed in backward
+    bf16 = cfg.dtype == "bfloat16" and device.type == "cuda"  # FSDP2's compute weights (fp32 on CPU)
+
+    def prepare(model):  # checkpointing first: FSDP2 shards around the checkpointed layers
+        if cfg.grad_checkpointing:
+            memory.checkpoint_layers(model)  # memory.py: each decoder layer's activations recomputed in backward
+        return common.shard_or_replicate(model, world, cfg.fsdp, bf16)
+
+    gae_critics = cfg.adv_estimator == "gae"  # M = 1 critic for PPO, M mini-critics for AsyPPO
+    critics = make_critics(cfg, policy, tokenizer, device, adam_eps=cfg.adam_eps, wrap=prepare) if gae_critics else None
+    if cfg.lora_rank:  # lora.py: adapters only train; on resume the checkpoint's (FSDP2's: in its shards)
+        add_adapters(policy, cfg, cfg.resume + "/policy" if cfg.resume and not cfg.fsdp else None)
+    elif cfg.fsdp:
+        common.shard_or_replicate(ref, world, True, bf16)  # the reference sharded too
+    policy_train = prepare(policy)
+    trained = [p for p in policy.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=cfg.lr, eps=cfg.adam_eps, weight_decay=0.0)
     return policy, policy_train, opt, ref, tokenizer, stop_token_ids(policy, tokenizer), critics, fingerprint
 
 
@@ -675,7 +696,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     None samples here with the current policy; else `sampler(step, policy)` returns (rollout with policy_version,
     episode infos, group_ids, metrics) from elsewhere (async_loop.py's rollout ranks)."""
     # --- 0. processes, models (policy, frozen reference, critics), optimizer, random streams, resume
-    rank, _, world, device = common.setup_dist(timeout_s=cfg.dist_timeout, device=cfg.device)
+    rank, _, world, device = common.setup_dist(timeout_s=cfg.dist_timeout, device=cfg.device, group=cfg.fsdp)
     n_local, autocast = sequences_per_rank(cfg, world), make_autocast(cfg.dtype, device)
     sampling = rollout_kw(cfg)  # rollout_env's limits and sampling settings (envs.py)
     policy, policy_train, opt, ref, tokenizer, eos_ids, critics, fingerprint = build_models(cfg, device, world)
@@ -690,18 +711,18 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     eval_sets = held_out(task, cfg.task, cfg.eval_n, cfg.eval_samples)  # every seed's (greedy, sampled N times)
     start, history, diag = 0, {"eval": []}, LiveDiagnoser()
     if cfg.resume:  # checked in build_models; the lr is recomputed every iteration from the (allowed) config
-        state = resume_checkpoint(cfg.resume, rank, opt, critics, rng, gens)
+        state = resume_checkpoint(cfg.resume, rank, policy, opt, critics, rng, gens, cfg.fsdp)
         start, history, kl_beta = state["step"], json.loads(state["history"]), state["kl_beta"]
         diag.load_state(state.get("diag", "{}"))  # the live diagnosis goes on from its baselines (older: anew)
     out_dir, metrics, footprint = Path(cfg.out_dir), {}, {}
     logger = open_run_log(cfg, task, policy, start, rank, world, device, n_local)
-    if critics is not None:  # critic params and training memory vs one actor-sized critic (one micro-batch)
+    if critics is not None and not cfg.fsdp:  # critic params and training memory vs an actor-sized one (whole models)
         T = cfg.max_prompt_len + cfg.max_new_tokens
         rows = memory.largest_micro_batch(cfg.micro_batch, n_local // cfg.minibatches, cfg.micro_batch_tokens, T)
         ids = torch.full((rows, T), eos_ids[0], device=device)
         footprint = critic_footprint(critics.models, policy, ids, torch.ones_like(ids), cfg.max_new_tokens)
     if cfg.eval_every and start == 0 and cfg.steps > 0:  # the starting point, before any update
-        with autocast():
+        with autocast(), common.gathered(policy):
             history["eval"].append((0, evaluate(policy, tokenizer, eval_sets[0], eos_ids, rank, world, **sampling)))
         if rank == 0:
             print(f"[minrl] eval/acc before training: {history['eval'][0][1]:.3f}")
@@ -715,7 +736,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
             n, G = n_local // cfg.group_size, cfg.group_size
             envs, seeds = zip(*sample_episodes(task, cfg.task, "train", n, rng, G, cfg.env_latency))
             group_ids = torch.arange(n_local, device=device) // G + rank * n_local  # [B]
-            with autocast():
+            with autocast(), common.gathered(policy):  # FSDP2: whole weights, ranks' forwards may differ in number
                 rollout, episodes = rollout_env(
                     policy, tokenizer, envs, seeds, eos_ids, **sampling, generator=sample_gen
                 )
@@ -796,7 +817,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
             m["loss/value"] = float(np.mean([v for k, v in upd.items() if k.startswith("critic/loss_")]))
         metrics = m = common.reduce_metrics(m, device)  # pooled over ranks; the last iteration's row is the result
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
-            with autocast():
+            with autocast(), common.gathered(policy):
                 m.update(evaluate_all(policy, tokenizer, eval_sets, eos_ids, cfg.eval_samples, rank, world, **sampling))
             history["eval"].append((step + 1, m["eval/acc"]))
         logger.log(step + 1, m)
@@ -815,8 +836,10 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     logger.close()  # W&B's offline run folder complete
     if isinstance(task, DataTask):  # the reward workers stop
         task.close()
-    if rank == 0:  # result.json, curves.png and, unless --no-save-final, the policy as a save_pretrained folder
-        write_result(out_dir, result, curves=cfg.steps > start, model=(policy, tokenizer) if cfg.save_final else None)
+    if cfg.save_final:  # the policy as a save_pretrained folder (every rank: FSDP2 gathers it), LoRA's adapters
+        save_policy(policy, tokenizer, out_dir / "policy", rank, asdict(cfg), cfg.lora_merge)
+    if rank == 0:  # result.json, curves.png
+        write_result(out_dir, result, curves=cfg.steps > start, saved=cfg.save_final)
     return result
 
 

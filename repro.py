@@ -34,7 +34,7 @@ from typing import Literal, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from common import check_choice, check_range
+from cli import check_choice, check_range
 from critics import make_critics
 from rollout import decode_responses, last_valid, position_ids_from_mask, sequence_logprobs
 from runlog import format_table
@@ -230,7 +230,7 @@ def restore_update(d: dict, cfg, device):
     policy.to(device).eval()
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps, weight_decay=0.0)
     opt.load_state_dict(d["opt"])
-    critics = make_critics(cfg, policy, None, device, adam_eps=cfg.adam_eps, ddp=False) if d["critics"] else None
+    critics = make_critics(cfg, policy, None, device, adam_eps=cfg.adam_eps) if d["critics"] else None
     for k, state in enumerate(d["critics"]):
         critics.models[k].load_state_dict(state)
         critics.opts[k].load_state_dict(d["critic_opts"][k])

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from common import check_fields
+from cli import check_fields
 
 # ----------------------------------------------------------------------------------------------
 # The knobs; the trainer's Config inherits them

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from common import check_fields
+from cli import check_fields
 from envs import score_turn
 from tasks import (
     encode_prompts,

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from checkpoint import IDENTITY, find_checkpoint
-from common import check_range
+from cli import check_range
 
 
 @dataclass
@@ -258,9 +258,9 @@ def run_trainers(runs: list[tuple[list[str], str]], jobs: int = 1) -> list[tuple
         return list(tqdm(done, total=len(runs), desc=f"trainer runs ({jobs} at a time)", disable=len(runs) < 2))
 
 
-def write_result(out_dir, result: dict, curves: bool = True, model=None) -> None:
+def write_result(out_dir, result: dict, curves: bool = True, saved: bool = False) -> None:
     """A run's result.json (its last metrics row and eval history: what experiments read back), curves.png (the
-    eval curve from the history, step 0 included) and, given model = (policy, tokenizer), out_dir/policy."""
+    eval curve from the history, step 0 included); saved: say where the policy is (checkpoint.save_policy)."""
     out_dir = Path(out_dir)
     (out_dir / "result.json").write_text(json.dumps(result))
     if curves:
@@ -268,10 +268,13 @@ def write_result(out_dir, result: dict, curves: bool = True, model=None) -> None
         plot_metrics(
             out_dir / "metrics.jsonl", ["rollout/reward_mean", "eval/acc", "stats/kl"], out_dir / "curves.png", points
         )
-    if model is not None:
-        for part in model:  # the policy unwrapped (never DDP's wrapper), then its tokenizer, in one folder
-            part.save_pretrained(out_dir / "policy")
-        print(f"[minrl] final policy: {out_dir / 'policy'} (AutoModelForCausalLM.from_pretrained loads it)")
+    if saved:
+        how = (
+            "PeftModel.from_pretrained(base, it)"
+            if (out_dir / "policy/adapter_config.json").exists()
+            else "AutoModelForCausalLM.from_pretrained"
+        )
+        print(f"[minrl] final policy: {out_dir / 'policy'} ({how} loads it)")
 
 
 def main(argv=None) -> None:

@@ -56,7 +56,7 @@ from typing import Literal
 
 import numpy as np
 
-from common import check_choice, check_range, parse_config
+from cli import check_choice, check_range, parse_config
 from runlog import format_table, parallel_map
 
 SCHEDULES = ("colocated", "disagg", "timemux")

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import scheduler  # noqa: E402
-from common import check_fields, check_range, parse_config  # noqa: E402
+from cli import check_fields, check_range, parse_config  # noqa: E402
 from runlog import format_table  # noqa: E402
 
 

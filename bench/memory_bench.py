@@ -40,7 +40,7 @@ from rollout_bench import PRESETS  # noqa: E402
 
 import memory  # noqa: E402
 import ppo_minimal as pm  # noqa: E402
-from common import parse_config  # noqa: E402
+from cli import parse_config  # noqa: E402
 
 SMALL = dict(PRESETS["2.5m"], vocab_size=32_000)  # V = 32k: the logits dominate a small model's update
 CASES = {  # name: (model config overrides, sequences, prompt, response, ragged, micro-batch, MemoryArgs fields)

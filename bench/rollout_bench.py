@@ -28,7 +28,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import check_choice, check_fields, parse_config  # noqa: E402
+from cli import check_choice, check_fields, parse_config  # noqa: E402
 from rollout import generate  # noqa: E402
 from runlog import format_table  # noqa: E402
 from tasks import make_tiny_model, make_tokenizer  # noqa: E402

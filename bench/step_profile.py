@@ -40,7 +40,7 @@ from rollout_bench import BenchArgs, make_model, run_presets, sync  # noqa: E402
 
 import ppo_minimal as pm  # noqa: E402
 import rollout  # noqa: E402
-from common import check_fields, parse_config  # noqa: E402
+from cli import check_fields, parse_config  # noqa: E402
 from tasks import DigitTask, make_tokenizer  # noqa: E402
 
 PHASES = ("prefill", "decode", "sampling", "recompute", "reference", "train_forward", "backward", "optimizer",

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from step_profile import write_inputs  # noqa: E402
 
-from common import check_choice, check_fields, parse_config  # noqa: E402
+from cli import check_choice, check_fields, parse_config  # noqa: E402
 from runlog import format_table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,7 +139,7 @@ import json, sys, time
 import torch
 sys.path.insert(0, sys.argv[1])
 import ppo_minimal as pm
-from common import parse_config
+from cli import parse_config
 torch.set_num_threads(int(sys.argv[2]))
 ends, lengths = [], []
 cfg = parse_config(pm.Config, sys.argv[3:])

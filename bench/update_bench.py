@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rollout_bench import BenchArgs, make_model, run_presets, spread, sync  # noqa: E402
 
 import ppo_minimal as pm  # noqa: E402
-from common import check_fields, make_autocast, parse_config  # noqa: E402
+from cli import check_fields, parse_config  # noqa: E402
+from common import make_autocast  # noqa: E402
 from critics import Critics, make_value_model  # noqa: E402
 
 
@@ -124,7 +125,7 @@ def bench_one(preset: str, cfg: Config) -> dict:
     ppo_cfg = pm.Config(ppo_epochs=cfg.ppo_epochs, minibatches=cfg.minibatches, micro_batch=cfg.micro_batch)
     # each side has its own optimizers over the same parameters (separate AdamW states, same work)
     ppo_opt = torch.optim.AdamW(policy.parameters(), lr=1e-6, weight_decay=0.0)
-    critics = Critics([critic], lr=1e-6, adam_eps=1e-8, ddp=False)
+    critics = Critics([critic], lr=1e-6, adam_eps=1e-8)
     bare_opts = [torch.optim.AdamW(m.parameters(), lr=1e-6, weight_decay=0.0) for m in (policy, critic)]
     shuffle = torch.Generator().manual_seed(cfg.seed)
 

@@ -1,6 +1,6 @@
 """DDP correctness check (DESIGN.md 7.1, detail 3 of ppo_minimal.py), driven by tests/test_distributed.py:
 
-    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 tests/ddp_grad_check.py OUT.pt
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 tests/ddp_grad_check.py OUT.pt [--fsdp]
 
 Every rank builds the same fixed global batch, keeps its half and runs one `ppo_minimal.ppo_update` with
 plain SGD at lr = 1 and a grad-norm clip too large to act, so each parameter's change is exactly minus its
@@ -11,12 +11,14 @@ Rank 0 saves the parameter changes per loss-aggregation mode; the test compares 
 `update_deltas(mode, 0, 1)`, one process on the whole batch. The same again with micro-batches packed under a
 token budget (memory.py), on this batch and on a skewed one whose rank-0 half is long and rank-1 half short, so
 that the ranks need different numbers of micro-batches: they must agree on one (the critics' DDP reduces at each).
+With --fsdp the same updates run through FSDP2 shards (common.shard_or_replicate) and the changes are gathered whole.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -27,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from batches import full_batch  # noqa: E402
 
 import ppo_minimal as pm  # noqa: E402
-from common import setup_dist  # noqa: E402
+from common import setup_dist, shard_or_replicate  # noqa: E402
 from critics import Critics, make_value_model  # noqa: E402
 from memory import checkpoint_layers  # noqa: E402
 from rollout import sequence_logprobs  # noqa: E402
@@ -88,9 +90,10 @@ def make_batch(policy, vocab: int, seed: int = 0, lengths: str = "ragged") -> pm
 
 
 def update_deltas(loss_agg: str, rank: int, world: int, tokens: int = 0, lengths: str = "ragged",
-                  checkpointing: bool = False) -> dict[str, torch.Tensor]:  # fmt: skip
+                  checkpointing: bool = False, fsdp: bool = False) -> dict[str, torch.Tensor]:  # fmt: skip
     """Parameter changes of policy and critics after one ppo_update on this rank's half of the batch; tokens > 0:
-    micro-batches packed under that budget; checkpointing: every decoder layer checkpointed (memory.py)."""
+    micro-batches packed under that budget; checkpointing: every decoder layer checkpointed (memory.py); fsdp:
+    through FSDP2's shards instead of DDP's replicas."""
     tok, policy, vms = make_models()
     batch = make_batch(policy, len(tok), lengths=lengths)
     for model in [policy, *(vm.backbone for vm in vms)] if checkpointing else []:
@@ -109,31 +112,34 @@ def update_deltas(loss_agg: str, rank: int, world: int, tokens: int = 0, lengths
         ent_coef=0.01,
         temperature=0.9,
     )
-    ddp = world > 1
-    policy_train = torch.nn.parallel.DistributedDataParallel(policy) if ddp else policy
-    opt = torch.optim.SGD(policy.parameters(), lr=1.0)
-    critics = Critics(vms, lr=1.0, adam_eps=1e-8, ddp=ddp)
-    critics.opts = [torch.optim.SGD(vm.parameters(), lr=1.0) for vm in vms]  # plain SGD here too
+    wrap = partial(shard_or_replicate, world=world, fsdp=fsdp) if world > 1 or fsdp else None
     named = {f"policy.{n}": p for n, p in policy.named_parameters()}
     named.update({f"critic{k}.{n}": p for k, vm in enumerate(vms) for n, p in vm.named_parameters()})
-    before = {n: p.detach().clone() for n, p in named.items()}
+    before = {n: p.detach().clone() for n, p in named.items()}  # whole, before any sharding
+    policy_train = wrap(policy) if wrap else policy
+    critics = Critics(vms, lr=1.0, adam_eps=1e-8, wrap=wrap)
+    opt = torch.optim.SGD(policy.parameters(), lr=1.0)  # after the wrap: FSDP2's parameters are new (shards)
+    critics.opts = [torch.optim.SGD(vm.parameters(), lr=1.0) for vm in vms]  # plain SGD here too
     pm.ppo_update(
         cfg, policy_train, opt, critics, batch, world, torch.Generator().manual_seed(0), contextlib.nullcontext
     )
-    return {n: (p.detach() - before[n]) for n, p in named.items()}
+    after = {f"policy.{n}": p for n, p in policy.named_parameters()}
+    after.update({f"critic{k}.{n}": p for k, vm in enumerate(vms) for n, p in vm.named_parameters()})
+    whole = {n: p.full_tensor() if hasattr(p, "full_tensor") else p for n, p in after.items()}  # FSDP2: gathered
+    return {n: (whole[n].detach() - before[n]) for n in named}
 
 
-def main(out: str) -> None:
+def main(out: str, fsdp: bool = False) -> None:
     rank, _, world, _ = setup_dist(timeout_s=60, device="cpu")
-    result = {mode: update_deltas(mode, rank, world) for mode in pm.AGG_MODES}
+    result = {mode: update_deltas(mode, rank, world, fsdp=fsdp) for mode in pm.AGG_MODES}
     for lengths in LENGTHS:  # packed under a token budget: the same gradient, ranks with unequal needs
         for mode in ("token-mean", "seq-mean-token-mean"):
-            result[f"{lengths}/{mode}/tokens"] = update_deltas(mode, rank, world, BUDGET, lengths)
-    result["checkpointed/token-mean"] = update_deltas("token-mean", rank, world, checkpointing=True)
+            result[f"{lengths}/{mode}/tokens"] = update_deltas(mode, rank, world, BUDGET, lengths, fsdp=fsdp)
+    result["checkpointed/token-mean"] = update_deltas("token-mean", rank, world, checkpointing=True, fsdp=fsdp)
     if rank == 0:
         torch.save(result, out)
     torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], "--fsdp" in sys.argv[2:])

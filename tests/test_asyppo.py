@@ -209,7 +209,7 @@ def test_critic_trains_in_the_precision_of_its_old_values(monkeypatch):
     policy = make_tiny_model(tok).eval()
     vm = critics.make_value_model(policy)
     torch.nn.init.normal_(vm.head.weight, std=0.1)
-    crit = critics.Critics([vm], lr=1e-3, adam_eps=1e-8, ddp=False)
+    crit = critics.Critics([vm], lr=1e-3, adam_eps=1e-8)
     B, P, R = 4, 5, 6
     ids, attention_mask = torch.randint(4, len(tok), (B, P + R)), torch.ones(B, P + R, dtype=torch.long)
     autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731

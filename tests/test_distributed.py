@@ -1,5 +1,6 @@
-"""Multi-process tests (DESIGN.md 9, 6): DDP gives the single-process gradient, a 2-rank ppo_minimal run
-works end to end, and a dead or stuck rank makes the survivor fail with an error naming it.
+"""Multi-process tests (DESIGN.md 9, 6): DDP and FSDP2 give the single-process gradient, a 2-rank ppo_minimal run
+works end to end (FSDP2's on two launchers, as two nodes, within 1e-5 of DDP's), and a dead or stuck rank makes the
+survivor fail with an error naming it.
 
 The dead-rank tests use torch.multiprocessing.spawn with join=False and a file:// rendezvous, not one
 torchrun agent: an agent kills the surviving ranks itself as soon as one exits, which would hide whether
@@ -36,11 +37,12 @@ def load_grad_check():
     return module
 
 
-@pytest.fixture(scope="module")
-def ddp_deltas(tmp_path_factory) -> dict:
-    """Parameter changes per loss_agg mode from one 2-rank torchrun of tests/ddp_grad_check.py."""
-    out = tmp_path_factory.mktemp("ddp") / "deltas.pt"
-    proc = torchrun("tests/ddp_grad_check.py", str(out))
+@pytest.fixture(scope="module", params=["ddp", "fsdp"])
+def ddp_deltas(tmp_path_factory, request) -> dict:
+    """Parameter changes per loss_agg mode from one 2-rank torchrun of tests/ddp_grad_check.py: through DDP's
+    replicas, and through FSDP2's shards (--fsdp), each test below for both."""
+    out = tmp_path_factory.mktemp(request.param) / "deltas.pt"
+    proc = torchrun("tests/ddp_grad_check.py", str(out), *["--fsdp"] * (request.param == "fsdp"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return torch.load(out, weights_only=True)
 
@@ -254,3 +256,97 @@ def test_strict_stops_every_rank_at_the_same_step(tmp_path, sft_path):
     for rank, (_, message) in enumerate(messages):
         assert message.startswith("--strict: stopping at step 2 on logprob_mismatch"), (rank, message)
     assert messages[0][1] == messages[1][1]
+
+
+def _fsdp_rank_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    """One rank of the FSDP2 dead-rank test: both run one sharded forward (each all-gathers the others' shards),
+    then rank 1 dies before the second."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    import common
+    import ppo_minimal as pm
+    from tasks import make_tiny_model, make_tokenizer
+
+    common.setup_dist(timeout_s=COLLECTIVE_TIMEOUT, device="cpu", init_method=f"file://{init_file}")
+    torch.manual_seed(0)
+    policy = common.shard_or_replicate(make_tiny_model(make_tokenizer()).eval(), world, fsdp=True)
+    cfg, ids = pm.Config(fsdp=True), torch.randint(4, 20, (2, 6))
+    with torch.no_grad():
+        pm.trainer_logprobs(cfg, policy, ids, torch.ones_like(ids), 3)  # everyone alive: this one succeeds
+        if rank == 1:
+            os._exit(3)
+        t0 = time.perf_counter()
+        try:
+            pm.trainer_logprobs(cfg, policy, ids, torch.ones_like(ids), 3)
+        except RuntimeError as e:
+            Path(out_dir, f"rank{rank}.txt").write_text(f"{time.perf_counter() - t0:.3f}\n{e}")
+            raise
+    Path(out_dir, f"rank{rank}.txt").write_text("no error")
+
+
+def test_dead_rank_is_named_under_fsdp(tmp_path):
+    """Under FSDP2 every forward all-gathers the weights' shards: a rank that died makes the survivor's next forward
+    fail within the collective timeout, naming it, as a dead rank does under DDP."""
+    ctx = mp.spawn(_fsdp_rank_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=False)
+    survivor, victim = ctx.processes
+    try:
+        survivor.join(120)
+        assert survivor.exitcode is not None, "rank 0 still running: it hangs instead of failing"
+        assert survivor.exitcode != 0 and victim.exitcode == 3, (survivor.exitcode, victim.exitcode)
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)
+                p.join(10)
+    elapsed, message = (tmp_path / "rank0.txt").read_text().split("\n", 1)
+    assert "rank(s) [1] never reached it" in message and "(sequence_logprobs)" in message, message
+    assert float(elapsed) < 2 * COLLECTIVE_TIMEOUT, f"the failed forward took {elapsed} s"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_fsdp_on_two_nodes_equals_ddp_and_resumes_bit_exact(sft_path, tmp_path):
+    """FSDP2 on 2 ranks started as two nodes (two torchrun launchers, --nnodes 2 --nproc-per-node 1, a c10d
+    rendezvous on 127.0.0.1): its first 3 iterations' metrics equal DDP's (one launcher, 2 ranks) within 1e-5; its
+    sharded step-2 checkpoint resumes into the same step 3 bit for bit; its final policy is a whole model."""
+    from runlog import read_jsonl
+    from tasks import load_policy
+
+    flags = ["ppo_minimal.py", "--model", str(sft_path), "--task", "reverse", "--steps", "3", "--prompts-per-step"]
+    flags += ["4", "--group-size", "4", "--eval-every", "3", "--eval-n", "16", "--dist-timeout", "60"]
+    proc = torchrun(*flags, "--out-dir", str(tmp_path / "ddp"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rdzv = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-id", "minrl-test"]
+    rdzv += ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *rdzv, *flags, "--fsdp", "--save-every", "2"]
+    nodes = [subprocess.Popen([*cmd, "--out-dir", str(tmp_path / "fsdp")], cwd=ROOT, env=ENV, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]  # fmt: skip
+    try:
+        logs = [node.communicate(timeout=300)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(log[-3000:] for log in logs)
+    assert any("world 2" in log for log in logs), logs
+    ddp, fsdp = read_jsonl(tmp_path / "ddp" / "metrics.jsonl"), read_jsonl(tmp_path / "fsdp" / "metrics.jsonl")
+    assert [r["step"] for r in fsdp] == [1, 2, 3]
+    for a, b in zip(ddp, fsdp):
+        keys = [k for k in a if not k.startswith(("time/", "perf/", "critic/params", "critic/mem", "critic/actor"))]
+        assert keys == [k for k in b if k in keys] and len(keys) > 30
+        worst = max(keys, key=lambda k: abs(a[k] - b[k]))
+        assert abs(a[worst] - b[worst]) < 1e-5, (a["step"], worst, a[worst], b[worst])
+    assert (tmp_path / "fsdp" / "ckpt-2" / "shards").is_dir() and not (tmp_path / "fsdp" / "ckpt-2" / "policy").exists()
+    proc = torchrun(*flags, "--fsdp", "--out-dir", str(tmp_path / "resumed"), "--resume", str(tmp_path / "fsdp"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    same = lambda row: {k: v for k, v in row.items() if not k.startswith(("time/", "perf/"))}  # noqa: E731
+    assert [same(r) for r in read_jsonl(tmp_path / "resumed" / "metrics.jsonl")] == [same(fsdp[2])]
+    gathered, replica = (load_policy(str(tmp_path / run / "policy"), "cpu")[0] for run in ("fsdp", "ddp"))
+    diff = max((p - q).abs().max().item() for p, q in zip(gathered.parameters(), replica.parameters(), strict=True))
+    assert diff < 1e-5, f"the final policy gathered from FSDP2's shards differs from DDP's by {diff:.2e}"
+    start = load_policy(str(sft_path), "cpu")[0]
+    assert max((p - q).abs().max().item() for p, q in zip(start.parameters(), replica.parameters())) > 1e-4

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import attention_credit
+import cli
 import common
 import critics
 import data
@@ -124,21 +125,21 @@ def test_flags_that_would_do_nothing_are_errors():
 
 def test_config_errors_from_the_command_line():
     with pytest.raises(ValueError, match=r"'lr' = -1.0 is out of range"):
-        common.parse_config(pm.Config, ["--lr", "-1"])
+        cli.parse_config(pm.Config, ["--lr", "-1"])
     with pytest.raises(SystemExit):  # argparse rejects a choice outside the Literal
-        common.parse_config(pm.Config, ["--adv-estimator", "ppo"])
-    cfg = common.parse_config(pm.Config, ["--clip-high", "0.28", "--dual_clip", "none", "--no-grpo-norm-std"])
+        cli.parse_config(pm.Config, ["--adv-estimator", "ppo"])
+    cfg = cli.parse_config(pm.Config, ["--clip-high", "0.28", "--dual_clip", "none", "--no-grpo-norm-std"])
     assert (cfg.clip_high, cfg.dual_clip, cfg.grpo_norm_std) == (0.28, None, False)
 
 
 def test_check_helpers():
-    common.check_range("x", 0.5, 0.0, 1.0)
+    cli.check_range("x", 0.5, 0.0, 1.0)
     with pytest.raises(ValueError, match=r"'x' = 1.5 is out of range: allowed \[0.0, 1.0\)"):
-        common.check_range("x", 1.5, 0.0, 1.0, hi_open=True)
+        cli.check_range("x", 1.5, 0.0, 1.0, hi_open=True)
     with pytest.raises(ValueError, match=r"'x' = None"):
-        common.check_range("x", None, 0)
+        cli.check_range("x", None, 0)
     with pytest.raises(ValueError, match=r"'mode' = 'b': must be one of \['a'\]"):
-        common.check_choice("mode", "b", ["a"])
+        cli.check_choice("mode", "b", ["a"])
 
 
 def test_help_lists_every_field_with_default_and_meaning():
@@ -174,9 +175,9 @@ def test_help_lists_every_field_with_default_and_meaning():
 
 
 def test_flags_spelled_with_underscores_still_parse():
-    cfg = common.parse_config(pm.Config, ["--max_new_tokens", "8", "--no-kl_loss", "--out_dir=runs/x", "--seed", "3"])
+    cfg = cli.parse_config(pm.Config, ["--max_new_tokens", "8", "--no-kl_loss", "--out_dir=runs/x", "--seed", "3"])
     assert (cfg.max_new_tokens, cfg.kl_loss, cfg.out_dir, cfg.seed) == (8, False, "runs/x", 3)
-    cfg = common.parse_config(pm.Config, ["--off-policy", "none", "--model", "my_dir/with_under_scores"])
+    cfg = cli.parse_config(pm.Config, ["--off-policy", "none", "--model", "my_dir/with_under_scores"])
     assert cfg.off_policy == "none" and cfg.model == "my_dir/with_under_scores"  # values are left as they are
 
 

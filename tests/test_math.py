@@ -350,7 +350,7 @@ def test_critic_vf_clipfrac_averages_every_micro_batch_of_every_critic(monkeypat
     torch.manual_seed(0)
     tok = make_tokenizer()
     vms = [critics.make_value_model(make_tiny_model(tok).eval()) for _ in range(2)]
-    crit = critics.Critics(vms, lr=1e-3, adam_eps=1e-8, ddp=False)
+    crit = critics.Critics(vms, lr=1e-3, adam_eps=1e-8)
     fracs, real = iter([0.1, 0.2, 0.3, 0.4]), pm.value_loss
     clip = lambda: torch.tensor(next(fracs))  # noqa: E731  (value_loss's metric is a 0-d tensor)
     monkeypatch.setattr(pm, "value_loss", lambda *a, **k: (real(*a, **k)[0], {"vf_clipfrac": clip()}))

@@ -223,6 +223,38 @@ def test_estimate_parts_and_dry_run(capsys):
     assert "activations (3 x 80 tokens)" in out and "peak" in out and "[minrl]" not in out  # no run was started
 
 
+def test_estimate_under_fsdp_and_lora():
+    """FSDP2 at world 4: weights, moments, gradients, reference and critics in quarters, no DDP buckets, the root's
+    and two layers' weights whole in the update and every weight in the rollout. LoRA: the adapter count equals what
+    add_adapters puts in a real model; moments and gradients are theirs alone, no reference."""
+    import lora
+
+    policy, critics = memory.meta_models(None, n_critics=1)
+    N, Nc = (sum(p.numel() for p in m.parameters()) for m in (policy, critics[0]))
+    sizes, GiB = {"seqs": 32, "prompt_len": 8, "response_len": 24, "rows": 16}, 2**30
+    ddp = memory.estimate(policy, critics, memory.MemoryArgs(), world=4, **sizes)
+    fsdp = memory.estimate(policy, critics, memory.MemoryArgs(), world=4, fsdp=True, **sizes)
+    assert fsdp["policy weights + AdamW (1/4)"] == pytest.approx(ddp["policy weights + AdamW"] / 4)
+    for part in ("reference weights", "critic weights + AdamW", "policy gradients"):
+        assert fsdp[part] == pytest.approx(ddp[part] / 4), part
+    layer = sum(p.numel() for p in policy.model.layers[0].parameters())
+    L = policy.config.num_hidden_layers
+    assert fsdp["DDP gradient buckets (world 4)"] == 0 and ddp["FSDP2 weights gathered whole"] == 0
+    assert fsdp["FSDP2 weights gathered whole"] == pytest.approx((N - L * layer + 2 * layer) * 4 / GiB)
+    static = lambda est, w: sum(est[k] for k in (w, "reference weights", "critic weights + AdamW")) + est[  # noqa: E731
+        "DDP gradient buckets (world 4)"]  # fmt: skip
+    grown = static(fsdp, "policy weights + AdamW (1/4)") - static(ddp, "policy weights + AdamW") + N * 4 / GiB
+    assert fsdp["peak: rollout"] - ddp["peak: rollout"] == pytest.approx(grown)  # the gathered weights on top
+    args = lora.LoraArgs(lora_rank=8)
+    real = lora.add_adapters(make_tiny_model(make_tokenizer()), args)
+    n_adapters = lora.adapter_params(policy, args)
+    assert n_adapters == sum(p.numel() for p in real.parameters() if p.requires_grad) > 0
+    adapted = memory.estimate(policy, [], memory.MemoryArgs(), adapters=n_adapters, **sizes)
+    assert adapted["reference weights"] == 0
+    assert adapted["policy gradients"] == pytest.approx(n_adapters * 4 / GiB)
+    assert adapted["policy weights + AdamW"] == pytest.approx((N + 3 * n_adapters) * 4 / GiB)
+
+
 def test_memory_flags_validated():
     with pytest.raises(ValueError, match="micro_batch_tokens"):
         pm.Config(micro_batch_tokens=-1)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-import common
+import cli
 import data
 import ppo_minimal as pm
 import tasks
@@ -199,13 +199,13 @@ def test_reward_names_and_flags_checked_at_load(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         RewardSet(RewardArgs(reward=[str(tmp_path / "nope.py")]))
     # the CLI: a repeated flag and space-separated values both give a list; a list default is replaced, not extended
-    cfg = common.parse_config(pm.Config, ["--reward", "a.py:f", "--reward", "b.py", "exact", "--reward-weights", "1",
+    cfg = cli.parse_config(pm.Config, ["--reward", "a.py:f", "--reward", "b.py", "exact", "--reward-weights", "1",
                                           "0.5", "2"])  # fmt: skip
     assert cfg.reward == ["a.py:f", "b.py", "exact"] and cfg.reward_weights == [1.0, 0.5, 2.0]
     import scheduler
 
-    assert common.parse_config(scheduler.Config, ["--sweep-values", "1", "2"]).sweep_values == [1.0, 2.0]
-    assert common.parse_config(scheduler.Config, []).sweep_values == [0.0, 0.4, 0.8, 1.2]
+    assert cli.parse_config(scheduler.Config, ["--sweep-values", "1", "2"]).sweep_values == [1.0, 2.0]
+    assert cli.parse_config(scheduler.Config, []).sweep_values == [0.0, 0.4, 0.8, 1.2]
     assert pm.Config(reward="exact").reward == ["exact"]  # one name, as older config.json files hold it
 
 

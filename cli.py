@@ -1,0 +1,122 @@
+"""A command line from a dataclass, and the one way config values are validated (torch-free: every file uses it).
+
+- `parse_config(Config)`: `--help` lists every field once, grouped by the Args class that declares it, with its
+  default; the string literal under each field is its help. `--field-name`, `--field_name`, `--no-flag` all work.
+- `check_fields`, `check_range`, `check_choice`: raise ValueError naming the field, its value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import math
+import re
+import sys
+import textwrap
+import types
+import typing
+from pathlib import Path
+from typing import Literal
+
+
+def field_docs(cls) -> dict[str, str]:
+    """Map field name -> the string literal written right under it in the class body."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__[:-1]):  # base classes first, so subclasses override
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):  # defined in a notebook / REPL: no source to read
+            continue
+        body = tree.body[0].body
+        for node, nxt in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr):
+                if isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+                    docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _parser_for(tp):
+    """(argparse type, choices, nargs) for a field annotation."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal:
+        return type(args[0]), list(args), None
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        base, choices, nargs = _parser_for(inner[0])  # "none" on the command line is None, also among choices
+        return (lambda s: None if s.lower() == "none" else base(s)), choices and [*choices, None], nargs
+    if origin in (list, tuple):
+        return args[0], None, "*"
+    return tp, None, None
+
+
+class _ListFlag(argparse.Action):
+    """A list field: `--x a b` and `--x a --x b` both give [a, b] (the default is replaced, never extended)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        so_far = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, ([] if so_far is self.default else list(so_far)) + list(values))
+
+
+def parse_config(cls, argv: list[str] | None = None, description: str | None = None):
+    """Build `cls` (a dataclass) from command-line flags; `--help` lists every field once, with its default."""
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    doc = description or (inspect.getdoc(sys.modules[cls.__module__]) or "").split("\n\n")[0]
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    fields, seen = [f for f in dataclasses.fields(cls) if f.init], set()
+    for klass in [k for k in cls.__mro__ if dataclasses.is_dataclass(k)]:  # a group per class: the class itself first
+        about = inspect.getdoc(klass)  # @dataclass writes its signature there when a class has no docstring
+        about = None if about == klass.__name__ + str(inspect.signature(klass)).replace(" -> None", "") else about
+        group = p.add_argument_group(f"{klass.__name__} ({Path(inspect.getfile(klass)).name})", about)
+        for f in [f for f in fields if f.name in vars(klass).get("__annotations__", {}) and f.name not in seen]:
+            default, seen = f.default if f.default is not dataclasses.MISSING else f.default_factory(), seen | {f.name}
+            kind = dict(zip(("type", "choices", "nargs"), _parser_for(hints[f.name])))
+            kind = {"action": argparse.BooleanOptionalAction} if hints[f.name] is bool else kind
+            kind = {**kind, "action": _ListFlag} if kind.get("nargs") else kind
+            help_ = docs.get(f.name, "").replace("%", "%%")  # argparse formats help strings with %
+            group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=default, help=help_, **kind)
+    argv = sys.argv[1:] if argv is None else argv
+    flag = re.compile(r"--(no-)?[a-z0-9_]+(=.*)?")  # --field_name, --no-field_name, --field_name=VALUE
+    argv = [a.split("=")[0].replace("_", "-") + a[len(a.split("=")[0]) :] if flag.fullmatch(a) else a for a in argv]
+    return cls(**vars(p.parse_args(argv)))
+
+
+def check_range(name: str, value, lo=None, hi=None, *, lo_open: bool = False, hi_open: bool = False) -> None:
+    """Raise ValueError naming the field unless lo <= value <= hi (bounds optional, open if asked)."""
+    bad = value is None or (isinstance(value, float) and not math.isfinite(value))
+    if lo is not None and not bad:
+        bad = value <= lo if lo_open else value < lo
+    if hi is not None and not bad:
+        bad = value >= hi if hi_open else value > hi
+    if bad:
+        left = "(" if lo_open or lo is None else "["
+        right = ")" if hi_open or hi is None else "]"
+        span = f"{left}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{right}"
+        raise ValueError(f"config field '{name}' = {value!r} is out of range: allowed {span}")
+
+
+def check_choice(name: str, value, choices) -> None:
+    """Raise ValueError naming the field unless value is one of choices."""
+    if value not in choices:
+        raise ValueError(f"config field '{name}' = {value!r}: must be one of {list(choices)}")
+
+
+def check_fields(cfg, ranges: dict[str, tuple[str, ...]], owner: type | None = None) -> None:
+    """Validate a config dataclass: each Literal-typed field that `owner` (default: cfg's class) declares itself
+    against its choices, and each field named in `ranges` (an interval such as "(0, 1]" -> field names) against
+    its interval. None passes wherever the annotation allows it. An Args class that Config inherits passes itself
+    as `owner`: each class checks its own fields, once."""
+    owner = owner or type(cfg)
+    hints = typing.get_type_hints(owner)
+    optional = {n for n, tp in hints.items() if type(None) in typing.get_args(tp)}
+    for name in vars(owner).get("__annotations__", {}):
+        literal = [t for t in (hints[name], *typing.get_args(hints[name])) if typing.get_origin(t) is Literal]
+        if literal and not (getattr(cfg, name) is None and name in optional):
+            check_choice(name, getattr(cfg, name), typing.get_args(literal[0]))
+    for interval, names in ranges.items():
+        lo, hi = (None if "inf" in x else float(x) if "." in x else int(x) for x in interval[1:-1].split(","))
+        for name in names:
+            if not (getattr(cfg, name) is None and name in optional):
+                check_range(name, getattr(cfg, name), lo, hi, lo_open=interval[0] == "(", hi_open=interval[-1] == ")")
