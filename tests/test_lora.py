@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import lora
@@ -139,3 +140,29 @@ def test_embedded_default_learns_with_lora(tmp_path, default_sft_path):
                     kl_metric_every=0)  # fmt: skip
     (_, start), (step, end) = pm.train(cfg)["eval_history"]
     assert step == cfg.steps and end - start >= 0.30, (start, end)
+
+
+def test_lora_and_fsdp_flags_fail_loudly(monkeypatch):
+    """Each refusal names its field: a rank below 0, an alpha of 0, no targets, targets the model lacks, the flags
+    that need one process or whole models, the async trainer; without peft the message says what to install."""
+    import async_loop
+    from tasks import make_tiny_model, make_tokenizer
+
+    refused = [
+        ({"lora_rank": -1}, "lora_rank"),
+        ({"lora_alpha": 0.0}, "lora_alpha"),
+        ({"lora_rank": 4, "lora_targets": []}, "lora_targets"),
+        ({"fsdp": True, "dump_batch": 2}, "fsdp"),
+        ({"lora_rank": 4, "credit": "attention"}, "lora_rank"),
+    ]
+    for kw, field in refused:
+        with pytest.raises(ValueError, match=field):
+            pm.Config(**kw)
+    with pytest.raises(ValueError, match="async trainer is one rank"):
+        async_loop.AsyncConfig(fsdp=True)
+    model = make_tiny_model(make_tokenizer())
+    with pytest.raises(ValueError, match="lora_targets.*no_such_proj"):
+        lora.add_adapters(model, lora.LoraArgs(lora_rank=4, lora_targets=["no_such_proj"]))
+    monkeypatch.setitem(sys.modules, "peft", None)  # as if not installed
+    with pytest.raises(ImportError, match="pip install peft"):
+        lora.add_adapters(model, lora.LoraArgs(lora_rank=4))
