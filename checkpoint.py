@@ -43,9 +43,17 @@ import lora
 
 MARKER = "checkpoint.json"
 RUN_FIELDS = ("out_dir", "save_every", "resume", "resume_allow", "tensorboard", "save_final", "strict", "dist_timeout")
-RUN_FIELDS += ("dump_batch", "replay")  # where a run writes, how it reports: free to change on resume
+RUN_FIELDS += ("dump_batch", "replay", "lora_merge")  # where a run writes, how it reports: free to change on resume
 IDENTITY = ("task", "reward", "sft_target", "adv_estimator", "critic", "critic_model", "critic_depth", "n_critics")
-IDENTITY += ("fsdp", "lora_rank", "lora_targets", "model_config_sha256", "tokenizer_sha256", "data_sha256")
+IDENTITY += (
+    "fsdp",
+    "lora_rank",
+    "lora_alpha",
+    "lora_targets",
+    "model_config_sha256",
+    "tokenizer_sha256",
+    "data_sha256",
+)
 IDENTITY += (
     "user_files_sha256",
 )  # never change: the checkpoint's layout, its contents (a moved model: allow its path)
@@ -128,13 +136,15 @@ def save_checkpoint(path, rank: int, fingerprint: dict, state: dict, policy, tok
     if cfg.get("fsdp"):  # every rank writes its shards of every model and optimizer
         import torch.distributed.checkpoint as dcp
 
-        dcp.save(sharded_state(policy, opt, critics), checkpoint_id=tmp / "shards")
+        stepped = [name for name, (_, o) in trained(policy, opt, critics).items() if o.state]
+        dcp.save(sharded_state(policy, opt, critics, stepped), checkpoint_id=tmp / "shards")
+        optimizers = {"sharded_optimizers": stepped}
     else:
         save_policy(policy, tokenizer, tmp / "policy", rank, cfg)
-    if rank == 0:
-        for k, model in enumerate(critics.models if critics and not cfg.get("fsdp") else []):
+        for k, model in enumerate(critics.models if critics and rank == 0 else []):
             model.save_pretrained(tmp / f"critic_{k}")
-        optimizers = {"opt": opt.state_dict(), **(critics.state() if critics else {})} if not cfg.get("fsdp") else {}
+        optimizers = {"opt": opt.state_dict(), **(critics.state() if critics else {})}
+    if rank == 0:
         torch.save({**state, **optimizers, "config": json.dumps(cfg)}, tmp / "state.pt")
     barrier()  # every rank's streams are on disk
     if rank != 0:
@@ -171,13 +181,18 @@ def save_policy(policy, tokenizer, path, rank: int, cfg: dict, merge: bool = Fal
         tokenizer.save_pretrained(path)
 
 
-def sharded_state(policy, opt, critics) -> dict:
-    """The model and optimizer states of policy and critics as DTensor shards, each rank its own part: what
-    torch.distributed.checkpoint saves, and loads in place (the template's shards are filled)."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+def sharded_state(policy, opt, critics, stepped: list[str]) -> dict:
+    """The model states of policy and critics as DTensor shards, each rank its own part, and the optimizer states of
+    those named in `stepped`: what torch.distributed.checkpoint saves, and loads in place (the template is filled).
+    An optimizer not stepped yet (critic warm-up) is left out: torch would initialise it with a step at lr 0, whose
+    count would change AdamW's bias correction from then on."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
-    pairs = trained(policy, opt, critics).items()
-    return {k: v for name, mo in pairs for k, v in zip((name, name + "_opt"), get_state_dict(*mo))}
+    out = {}
+    for name, (model, optimizer) in trained(policy, opt, critics).items():
+        both = get_state_dict(model, optimizer) if name in stepped else (get_model_state_dict(model),)
+        out.update(zip((name, name + "_opt"), both))
+    return out
 
 
 def trained(policy, opt, critics) -> dict:
@@ -254,7 +269,8 @@ def check_resume(ckpt: str, cfg, fingerprint: dict) -> int:
         fix = " ".join(sorted(k for k in refused if k not in IDENTITY))
         hint = f" Pass the checkpoint's values, or add --resume-allow {fix} to change them on purpose." * bool(fix)
         if refused.keys() & set(IDENTITY):
-            hint += " The model's config, tokenizer, data, task, reward, estimator and critic layout cannot change."
+            hint += " The model's config, tokenizer, data, task, reward, estimator, critics, sharding (--fsdp) and LoRA"
+            hint += " layout cannot change."
         raise ValueError(f"--resume {ckpt}: the checkpoint is of another run: {show(refused)}.{hint}")
     if diffs:
         print(f"[minrl] resume: {show(diffs)} (--resume-allow): the run continues with the new values", flush=True)
@@ -283,8 +299,9 @@ def load_pt(path: Path, need=(), what: str = "checkpoint file", **kw) -> dict:
 
 
 def resume_checkpoint(path, rank: int, policy, opt, critics, rng, gens: dict, fsdp: bool = False) -> dict:
-    """Load a checkpoint of save_checkpoint (checked by check_resume) into the optimizer, the critics and this
-    rank's random streams (last: loading the critics draws from the global RNG). A rank the checkpoint has no
+    """Load a checkpoint of save_checkpoint (checked by check_resume) into the optimizer, the critics (fsdp: policy,
+    critics and optimizers from this rank's part of the shards) and this rank's random streams (last: loading the
+    critics draws from the global RNG). A rank the checkpoint has no
     streams for (a world size raised with --resume-allow world_size) keeps its fresh seed + rank streams, but
     takes the minibatch order (shuffle_gen, the same on every rank) from rank 0. Returns its state.pt."""
     import torch
@@ -293,15 +310,19 @@ def resume_checkpoint(path, rank: int, policy, opt, critics, rng, gens: dict, fs
     state = load_pt(path / "state.pt", map_location="cpu")
     if fsdp:  # each rank reads its part of every shard (the world size may differ from the saving run's)
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_state_dict
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
-        shards = sharded_state(policy, opt, critics)
+        shards = sharded_state(policy, opt, critics, state["sharded_optimizers"])
         dcp.load(shards, checkpoint_id=path / "shards")
         for name, (model, optimizer) in trained(policy, opt, critics).items():
-            set_state_dict(model, optimizer, model_state_dict=shards[name], optim_state_dict=shards[name + "_opt"])
+            if name + "_opt" in shards:
+                set_state_dict(model, optimizer, model_state_dict=shards[name], optim_state_dict=shards[name + "_opt"])
+            else:  # an optimizer not stepped before the save: it stays empty
+                set_model_state_dict(model, shards[name])
     else:
         opt.load_state_dict(state["opt"])
-        critics.load(path, state) if critics is not None else None
+        if critics is not None:
+            critics.load(path, state)
     mine = path / f"rank{rank}.pt"
     streams = load_pt(mine if mine.is_file() else path / "rank0.pt")
     if mine.is_file():

@@ -4,7 +4,7 @@ rank, masked reductions (the CLI and validation are cli.py's).
     torchrun --standalone --nproc_per_node=2 common.py     # check the process group: ranks, devices, an all-reduce
 
 - `DistArgs`, `setup_dist()` -> (rank, local_rank, world_size, device), `(0, 0, 1, cpu|cuda)` without torchrun;
-  `shard_or_replicate` (DDP or FSDP2), `accumulating`, `gathered`, `clip_grad_norm`; collective helpers return at
+  `shard_or_replicate` (DDP or FSDP2), `gathered`, `clip_grad_norm`; collective helpers return at
   once for world size 1, so the algorithm never branches on it; `make_autocast`.
 - Masked reductions (veRL semantics; `mask` 0/1 like x; `global_=True` all-reduces the sums: statistics of the
   whole batch over the ranks): `masked_sum`, `masked_mean`, `masked_var`, `masked_whiten`.
@@ -99,13 +99,13 @@ def decoder_layers(model) -> list:
     return layers
 
 
-def shard_or_replicate(model, world: int, fsdp: bool, bf16: bool = False):
+def shard_or_replicate(model, world: int, fsdp: bool, bf16: bool = False, fp32=()):
     """nanoGPT's DDP block with FSDP2 beside it: the module to train through. With fsdp, `model` itself, sharded in
     place by FSDP2 (`fully_shard` on each decoder layer, then on the root, which keeps embeddings and head; the
     root's weights, gathered in its forward, stay until its backward, so the LM head may run after the forward in
     chunks, rollout.py detail 4). Its parameters become DTensor shards: build the optimizer after this. bf16: bf16
-    weights in compute, gradients reduced in fp32. Else a DDP replica (world > 1; its no_sync skips a micro-batch's
-    all-reduce) or the model."""
+    weights in compute, gradients reduced in fp32 (but fp32 in the modules `fp32`, sharded on their own). Else a
+    DDP replica (world > 1; its no_sync skips a micro-batch's all-reduce) or the model."""
     import torch
 
     if not fsdp:
@@ -115,16 +115,15 @@ def shard_or_replicate(model, world: int, fsdp: bool, bf16: bool = False):
     mp = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if bf16 else MixedPrecisionPolicy()
     if not (layers := decoder_layers(model)):
         raise ValueError(f"--fsdp: {type(model).__name__} has no decoder layers (GradientCheckpointingLayer) to shard")
-    for layer in layers:
-        fully_shard(layer, mp_policy=mp)
+    for unit, policy in [*((m, MixedPrecisionPolicy()) for m in fp32), *((layer, mp) for layer in layers)]:
+        fully_shard(unit, mp_policy=policy)
     return fully_shard(model, mp_policy=mp)
 
 
 @contextlib.contextmanager
 def gathered(model):
-    """Inside, every FSDP2 weight of `model` is whole on every rank and no forward runs a collective, so ranks may
-    run different numbers of forwards (sampling, evaluation): the copy an inference engine holds, for the rollout
-    only. A model that is not sharded is left as it is."""
+    """Inside, every FSDP2 weight of `model` is whole on every rank, no forward a collective: ranks may run different
+    numbers of forwards (sampling, evaluation), as an inference engine's copy would. Else nothing is done."""
     from torch.distributed.fsdp import FSDPModule
 
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]

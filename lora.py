@@ -1,6 +1,7 @@
 """LoRA: train low-rank adapters of the policy's linear layers, the base frozen; the reference is the base itself.
 
     python ppo_minimal.py --lora-rank 8 --lr 2e-3                          # the embedded default, adapters only
+    python lora.py --lora-rank 8 --lora-targets q_proj v_proj             # which layers get adapters, how many weights
     torchrun --nproc_per_node=8 ppo_minimal.py --model M --fsdp --lora-rank 64 --lora-targets q_proj v_proj
 
 LoRA (Hu et al. 2021, eq. 3): a target layer computes h = W0 x + (alpha / r) B A x, A [r, in] random, B [out, r]
@@ -11,7 +12,8 @@ path here (chunked head, checkpointing, DDP, FSDP2, the estimate's probes) treat
 - the reference is the policy with its adapters off (`adapters_off`), no second copy of the model: KL to the
   reference is KL to the base;
 - a checkpoint's `policy/` and the final one hold the adapters in peft's layout (`PeftModel.from_pretrained(base,
-  folder)` loads them), or with --lora-merge the merged weights, a plain model (`adapter_state`);
+  folder)` loads them; under --fsdp a checkpoint holds the whole model's shards instead); with --lora-merge the
+  final one holds the merged weights, a plain model (`adapter_state`);
 - the critics (PPO with GAE) stay whole models: a value head on a frozen base would learn little.
 Needs peft (`pip install peft==0.21.0`), imported only here.
 """
@@ -42,6 +44,10 @@ class LoraArgs:
         check_fields(self, {"[0, inf)": ("lora_rank",), "(0.0, inf)": ("lora_alpha",)}, LoraArgs)
         if self.lora_rank and not self.lora_targets:
             raise ValueError("config field 'lora_targets' is empty: name the modules that get adapters, or all-linear")
+        if self.lora_merge and not self.lora_rank:
+            raise ValueError(
+                "config field 'lora_merge' needs --lora-rank R: without adapters there is nothing to merge"
+            )
 
 
 def add_adapters(model, args: LoraArgs, saved: str | None = None):
@@ -62,21 +68,27 @@ def add_adapters(model, args: LoraArgs, saved: str | None = None):
         from safetensors.torch import load_file
 
         state = {k.removeprefix(PEFT_PREFIX): v for k, v in load_file(Path(saved) / ADAPTER_FILE).items()}
-        missing = peft.set_peft_model_state_dict(model, state).unexpected_keys
-        if missing:
-            raise ValueError(f"{saved}: adapter weights {missing[:3]} fit no layer of the model (another LoRA layout)")
+        loaded = peft.set_peft_model_state_dict(model, state)
+        lacking = [k for k in loaded.missing_keys if ".lora_" in k]
+        if (extra := loaded.unexpected_keys) or lacking:
+            raise ValueError(f"{saved}: another LoRA layout than --lora-targets / --lora-rank give: adapters "
+                             f"{extra[:3]} fit no layer, {lacking[:3]} are not in the file")  # fmt: skip
     return model
 
 
 def adapter_params(model, args: LoraArgs) -> int:
     """How many adapter weights add_adapters gives `model` (the memory estimate's, on a meta model): r (in + out) per
-    target linear layer, every one but the output head for all-linear (as peft chooses them)."""
+    target linear layer (torch's Linear, or GPT-2's Conv1D), every one but the output head for all-linear."""
+    import peft
     import torch
+    from peft.tuners.tuners_utils import check_target_module_exists
+    from transformers.pytorch_utils import Conv1D
 
     head, every = model.get_output_embeddings(), args.lora_targets == ["all-linear"]
-    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not head]
-    targets = [m for n, m in linears if every or n.split(".")[-1] in args.lora_targets]
-    return sum(args.lora_rank * (m.in_features + m.out_features) for m in targets)
+    config = peft.LoraConfig(r=args.lora_rank, target_modules=None if every else list(args.lora_targets))
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear | Conv1D) and m is not head]
+    targets = [m for n, m in linears if every or check_target_module_exists(config, n)]  # peft's own name matching
+    return sum(args.lora_rank * sum(m.weight.shape) for m in targets)
 
 
 ADAPTER_FILE = "adapter_model.safetensors"  # peft's names: PeftModel.from_pretrained(base, folder) loads the folder
@@ -111,12 +123,14 @@ def adapter_state(model, state: dict, merge: bool, args: LoraArgs) -> dict:
     if not merge:
         return peft.get_peft_model_state_dict(model, state_dict=state)
     out, scale = {}, args.lora_alpha / args.lora_rank
+    transposed = {n for n, m in model.named_modules() if getattr(m, "fan_in_fan_out", False)}  # Conv1D: W0 [in, out]
     for k, v in state.items():
         if ".lora_" in k:
             continue
         if k.endswith(".base_layer.weight"):  # a linear layer with an adapter
             stem = k.removesuffix(".base_layer.weight")
-            v = v + scale * state[f"{stem}.lora_B.default.weight"] @ state[f"{stem}.lora_A.default.weight"]
+            delta = scale * state[f"{stem}.lora_B.default.weight"] @ state[f"{stem}.lora_A.default.weight"]  # [out, in]
+            v = v + (delta.T if stem in transposed else delta)
         out[k.replace(".base_layer.", ".")] = v
     return out
 
@@ -133,5 +147,30 @@ def save(model, tokenizer, path, state: dict, merge: bool, cfg: dict) -> None:
 
         Path(path).mkdir(parents=True, exist_ok=True)
         save_file({PEFT_PREFIX + k: v.contiguous() for k, v in state.items()}, Path(path) / ADAPTER_FILE)
+        model.peft_config["default"].base_model_name_or_path = cfg.get("model")  # None: the embedded warm start
         model.peft_config["default"].save_pretrained(str(path))
     tokenizer.save_pretrained(path)
+
+
+def main(argv=None) -> None:
+    """`python lora.py [--lora-rank R --lora-targets ...]`: the embedded model's layers that get adapters, and the
+    trained share of its weights."""
+    from cli import parse_config
+    from tasks import make_tiny_model, make_tokenizer
+
+    args = parse_config(LoraArgs, argv)
+    args.lora_rank = args.lora_rank or 8
+    model = make_tiny_model(make_tokenizer())
+    whole = sum(p.numel() for p in model.parameters())
+    add_adapters(model, args)
+    layers = [n for n, m in model.named_modules() if m in tuner_layers(model)]
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    print(f"rank {args.lora_rank}, alpha {args.lora_alpha}: adapters on {len(layers)} layers: {', '.join(layers)}")
+    print(
+        f"{trained} adapter weights train, {trained / whole:.1%} of the base's {whole} (lora.adapter_params: "
+        f"{adapter_params(make_tiny_model(make_tokenizer()), args)})"
+    )
+
+
+if __name__ == "__main__":
+    main()

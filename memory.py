@@ -210,8 +210,10 @@ def estimate(policy, critics, args: MemoryArgs, *, seqs: int, rows: int, prompt_
     meta_models. Activations are measured on small probes at that length (activation_bytes); nothing is
     trained. reference False: without the frozen reference's weights (the trainer always holds one; a bench not).
     fsdp: weights, moments, gradients and the reference in world shards, plus what is gathered whole at once (the
-    root's weights, two layers': one computing, one prefetched; in the rollout all of them). adapters: the LoRA
-    weights (lora.adapter_params) that alone train: moments, gradients and buckets are theirs; no reference."""
+    root's weights, two layers': one computing, one prefetched; in the rollout all of them) and the root's gradient,
+    whole until the end of the backward (not counted: the critics' gathered weights, fewer than the policy's).
+    adapters: the LoRA weights (lora.adapter_params) that alone train: moments, gradients, buckets are theirs; no
+    reference."""
     config, s, kv_s = policy.config, 4, 2 if dtype == "bfloat16" else 4  # fp32 weights, moments, gradients
     N, R, T = sum(p.numel() for p in policy.parameters()), response_len, prompt_len + response_len
     b = rows
@@ -221,33 +223,38 @@ def estimate(policy, critics, args: MemoryArgs, *, seqs: int, rows: int, prompt_
     whole = args.logit_chunk == 0 or lm_head(policy) is None  # a soft-capped or scaled head: the model's logits
     logits = 4 * b * (R + 1) * V * s if whole else 4 * min(args.logit_chunk, b * R) * V * s + V * H * s
     transient = max(logits, layer)  # L: the head's backward (and a chunk's head-weight gradient), then the layers'
+    shard = world if fsdp else 1  # FSDP2: parameters, their gradients and moments in world shards
     critic_step = 0
     if critics:  # every critic has the same config: probe it once
         c_act, c_layer = micro_batch_activations(critics[0].backbone.config, b, T, R, autocast, args.grad_checkpointing)
-        critic_step = sum(p.numel() for p in critics[0].parameters()) * s + c_act + c_layer
+        critic_step = sum(p.numel() for p in critics[0].parameters()) * s / shard + c_act + c_layer
     n_critic = sum(p.numel() for m in critics for p in m.parameters())
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or H // config.num_attention_heads
     kv = seqs * T * L * 2 * kv_heads * head_dim * kv_s
-    trained, shard = adapters or N, world if fsdp else 1  # LoRA: the adapters alone train
-    layer_n = sum(p.numel() for p in common.decoder_layers(policy)[0].parameters()) if fsdp else 0
-    gathered = (N - L * layer_n + 2 * layer_n) * s if fsdp else 0  # FSDP2: the root's weights and two layers' whole
+    trained = adapters or N  # LoRA: the adapters alone train
+    if fsdp and not (units := common.decoder_layers(policy)):
+        raise ValueError(f"--fsdp: {type(policy).__name__} has no decoder layers (GradientCheckpointingLayer) to shard")
+    layer_n = sum(p.numel() for p in units[0].parameters()) if fsdp else 0
+    g = 2 if dtype == "bfloat16" else s  # FSDP2's gathered weights: bf16 copies under bf16 (on a GPU)
+    gathered = (N - L * layer_n + 2 * layer_n) * g if fsdp else 0  # FSDP2: the root's weights and two layers' whole
+    root_grad = (N - L * layer_n) * g if fsdp and not adapters else 0  # the root reduces its gradient at the end
     buckets = (trained + n_critic) * s if world > 1 and not fsdp else 0  # DDP's gradient buckets: a copy of each
     ref_n = 0 if adapters or not reference else N  # LoRA's reference is the policy with its adapters off
     static = ((N + adapters + 2 * trained) + ref_n + 3 * n_critic) * s / shard + buckets
-    update = static + gathered + max(trained * s / shard + act + transient, critic_step / shard)
+    update = static + gathered + max(trained * s / shard + root_grad + act + transient, critic_step)
     step = static + 2 * trained * s / shard  # opt.step: gradients and foreach AdamW's temporaries, activations freed
-    rollout = static + kv + 4 * seqs * V * s + (N * s if fsdp else 0)  # FSDP2: every weight gathered (common.gathered)
+    rollout = static + kv + 4 * seqs * V * s + (N * g if fsdp else 0)  # FSDP2: every weight gathered (common.gathered)
     parts = {
         f"policy weights + AdamW{f' (1/{shard})' if fsdp else ''}": (N + adapters + 2 * trained) * s / shard,
         "reference weights": ref_n * s / shard,
         "critic weights + AdamW": 3 * n_critic * s / shard,
         f"DDP gradient buckets (world {world})": buckets,
         "FSDP2 weights gathered whole": gathered,
-        "policy gradients": trained * s / shard,
+        "policy gradients": trained * s / shard + root_grad,
         f"activations ({b} x {T} tokens)": act,
         "logits " + ("(whole)" if whole else "chunk") + " + backward transients": transient,
-        "critic step, beyond the policy's": max(0, critic_step / shard - (trained * s / shard + act + transient)),
+        "critic step, beyond the policy's": max(0, critic_step - (trained * s / shard + root_grad + act + transient)),
         f"rollout KV cache ({seqs} x {T} tokens)": kv,
         "peak: update": update,
         "peak: optimizer step": step,

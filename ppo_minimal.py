@@ -188,6 +188,7 @@ class Config(TaskArgs, DataArgs, RewardArgs, SampleArgs, EvalArgs, CriticArgs, C
              f"'group_size' = {self.group_size}: {self.adv_estimator} needs >= 2"),
             (self.prompts_per_step * self.group_size < 2, f"'prompts_per_step' x 'group_size' = "
              f"{self.prompts_per_step * self.group_size}: a batch needs >= 2 samples (reward std, whitening)"),
+            (self.lora_merge and not self.save_final, "'lora_merge' needs --save-final: it shapes that folder alone"),
             ((self.fsdp or self.lora_rank) and (self.dump_batch or self.credit != "none" or self.inject),
              "'fsdp' / 'lora_rank' do not combine with dump_batch, credit or inject yet (one process, whole models)"),
         ):  # fmt: skip
@@ -596,9 +597,12 @@ def anchor_logprobs(cfg: Config, anchor, ref, input_ids, attention_mask, respons
     recompute = lambda: trainer_logprobs(cfg, anchor, input_ids, attention_mask, R)[0]  # noqa: E731
 
     def by_tokens(model):
-        """The model's logprobs [B, R], micro-batched as the update is (micro_batch_tokens: its budget, here too)."""
-        logprobs = lambda ids, mask, r: trainer_logprobs(cfg, model, ids, mask, r)[0]  # noqa: E731
+        """The model's logprobs [B, R], micro-batched as the update is (micro_batch_tokens: its budget and one forward
+        per micro-batch, so every rank runs as many: under FSDP2 each is a collective)."""
+        logprobs = lambda ids, mask, r: trainer_logprobs(cfg, model, ids, mask, r, micro_batch=one(ids))[0]  # noqa: E731
         return memory.by_micro_batches(logprobs, input_ids, attention_mask, R, **plan, response_mask=response_mask)
+
+    one = lambda ids: ids.shape[0] if cfg.micro_batch_tokens else None  # noqa: E731 (None: micro_batch rows)
 
     old, gamma, credit = None, None, {}
     if cfg.credit == "attention":  # its maps are taken in one pass over the batch: micro_batch rows at a time
@@ -608,12 +612,15 @@ def anchor_logprobs(cfg: Config, anchor, ref, input_ids, attention_mask, respons
         old = by_tokens(anchor)
     with adapters_off(ref, cfg.lora_rank > 0):  # LoRA: the reference is the policy's base (lora.py)
         ref_logp = by_tokens(ref) if needs_reference(cfg, step) else None
+    if cfg.fsdp and ref_logp is not None:  # FSDP2's root keeps its gathered weights for a backward that never comes
+        ref.reshard()
     return old, ref_logp, gamma, credit
 
 
 def critic_values(cfg: Config, critics: Critics, input_ids, attention_mask, response_mask):
     """[M, B, R] every critic's values, no gradient, micro-batched as the update is (micro_batch_tokens too)."""
-    values = lambda ids, mask, r: critics.values(ids, mask, r, cfg.micro_batch)  # noqa: E731
+    rows = lambda ids: ids.shape[0] if cfg.micro_batch_tokens else cfg.micro_batch  # noqa: E731 (as by_tokens)
+    values = lambda ids, mask, r: critics.values(ids, mask, r, rows(ids))  # noqa: E731
     plan = {"rows": cfg.micro_batch, "tokens": cfg.micro_batch_tokens, "response_mask": response_mask}
     return memory.by_micro_batches(values, input_ids, attention_mask, response_mask.shape[1], **plan)
 
@@ -658,17 +665,19 @@ def build_models(cfg: Config, device, world: int):
         check_resume(cfg.resume, cfg, fingerprint)
     bf16 = cfg.dtype == "bfloat16" and device.type == "cuda"  # FSDP2's compute weights (fp32 on CPU)
 
-    def prepare(model):  # checkpointing first: FSDP2 shards around the checkpointed layers
+    def prepare(model, fp32=()):  # checkpointing first: FSDP2 shards around the checkpointed layers
         if cfg.grad_checkpointing:
             memory.checkpoint_layers(model)  # memory.py: each decoder layer's activations recomputed in backward
-        return common.shard_or_replicate(model, world, cfg.fsdp, bf16)
+        return common.shard_or_replicate(model, world, cfg.fsdp, bf16, fp32=fp32)
 
     gae_critics = cfg.adv_estimator == "gae"  # M = 1 critic for PPO, M mini-critics for AsyPPO
-    critics = make_critics(cfg, policy, tokenizer, device, adam_eps=cfg.adam_eps, wrap=prepare) if gae_critics else None
+    wrap = lambda m: prepare(m, fp32=[m.head])  # noqa: E731 (the value head in fp32: critics.py detail 5)
+    critics = make_critics(cfg, policy, tokenizer, device, adam_eps=cfg.adam_eps, wrap=wrap) if gae_critics else None
     if cfg.lora_rank:  # lora.py: adapters only train; on resume the checkpoint's (FSDP2's: in its shards)
+        torch.manual_seed(cfg.seed)  # A's init the same on every rank, whether the warm start was built just now or not
         add_adapters(policy, cfg, cfg.resume + "/policy" if cfg.resume and not cfg.fsdp else None)
-    elif cfg.fsdp:
-        common.shard_or_replicate(ref, world, True, bf16)  # the reference sharded too
+    elif cfg.fsdp:  # the reference sharded too (in place: `ref` is the sharded module)
+        common.shard_or_replicate(ref, world, True, bf16)
     policy_train = prepare(policy)
     trained = [p for p in policy.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trained, lr=cfg.lr, eps=cfg.adam_eps, weight_decay=0.0)

@@ -20,6 +20,7 @@ Peaks default to the H200 datasheet (989 TFLOP/s dense bf16, 4.8 TB/s HBM3e); pa
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import sys
 import tempfile
@@ -135,14 +136,15 @@ def trainer_run(cfg: Config, folder: Path, device, fsdp: bool) -> dict:
                    max_new_tokens=cfg.train_len, micro_batch=16, eval_every=0, kl_metric_every=1, save_final=False,
                    dtype="bfloat16" if device.type == "cuda" else "float32", device=device.type, fsdp=fsdp,
                    out_dir=tempfile.mkdtemp(prefix="gpu_check_"), warmup_steps=0)  # fmt: skip
+    gc.collect()  # the earlier run's cycles (hooks, patched forwards) freed before the peak is reset
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    rows = []
-    pm.train(tc, hooks=[lambda step, m: rows.append(m)])
+    rows, stamps = [], []
+    pm.train(tc, hooks=[lambda step, m: (rows.append(m), stamps.append(time.perf_counter()))])
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
     est = memory.trainer_estimate(tc, pm.sequences_per_rank(tc, 1), 1)["peak"]
-    iteration = rows[-1]["time/rollout"] + rows[-1]["time/train"]
+    iteration = stamps[-1] - stamps[-2]  # the second iteration, hook to hook
     return {
         "iteration_s": iteration,
         "peak_gib": peak,
@@ -166,6 +168,8 @@ def main(argv=None) -> None:
         out["plain"] = trainer_run(cfg, folder, device, fsdp=False)
         out["fsdp"] = trainer_run(cfg, folder, device, fsdp=True)
         out["wall_s"] = time.perf_counter() - t0
+    if torch.distributed.is_initialized():  # the FSDP2 run's process group (nccl)
+        torch.distributed.destroy_process_group()
     Path(cfg.out).write_text(json.dumps(out, indent=1))
     p, f = out["plain"], out["fsdp"]
     print(f"{out['device']}, {out['params'] / 1e6:.0f}M parameters, {out['wall_s']:.0f} s")

@@ -129,6 +129,24 @@ def update_deltas(loss_agg: str, rank: int, world: int, tokens: int = 0, lengths
     return {n: (whole[n].detach() - before[n]) for n in named}
 
 
+def no_grad_passes(rank: int, world: int, fsdp: bool = False) -> dict[str, torch.Tensor]:
+    """Stanza 3 on this rank's half of the ragged batch under a token budget (34) and micro_batch 2: old and
+    reference logprobs [b, R] and both critics' values [M, b, R]. Rank 0 packs its half into 2 micro-batches of 2
+    forwards' rows, rank 1 into 2 of 3: each micro-batch must be one forward (under FSDP2 an all-gather apiece)."""
+    tok, policy, vms = make_models()
+    batch = make_batch(policy, len(tok)).rows(torch.arange(rank * B // world, (rank + 1) * B // world))
+    wrap = partial(shard_or_replicate, world=world, fsdp=fsdp) if world > 1 or fsdp else None
+    model = wrap(policy) if fsdp else policy  # DDP's no-grad passes run on the model itself
+    critics = Critics(vms, lr=1.0, adam_eps=1e-8, wrap=wrap)
+    cfg = pm.Config(micro_batch=2, micro_batch_tokens=34, ppo_epochs=2, fsdp=fsdp, temperature=0.9)
+    ids, attn, mask = batch.input_ids, batch.attention_mask, batch.response_mask
+    with torch.no_grad():
+        old, ref, _, _ = pm.anchor_logprobs(cfg, model, model, ids, attn, mask, step=0)
+        values = pm.critic_values(cfg, critics, ids, attn, mask)
+    m = mask.float()  # valid tokens only: a cut padding column is 0 in one packing, a number in another
+    return {"old": old * m, "ref": ref * m, "values": values.transpose(0, 1) * m[:, None]}  # [b, ...] rows first
+
+
 def main(out: str, fsdp: bool = False) -> None:
     rank, _, world, _ = setup_dist(timeout_s=60, device="cpu")
     result = {mode: update_deltas(mode, rank, world, fsdp=fsdp) for mode in pm.AGG_MODES}
@@ -136,6 +154,9 @@ def main(out: str, fsdp: bool = False) -> None:
         for mode in ("token-mean", "seq-mean-token-mean"):
             result[f"{lengths}/{mode}/tokens"] = update_deltas(mode, rank, world, BUDGET, lengths, fsdp=fsdp)
     result["checkpointed/token-mean"] = update_deltas("token-mean", rank, world, checkpointing=True, fsdp=fsdp)
+    halves = [None] * world  # every rank's rows of the no-grad passes, for rank 0 to save
+    torch.distributed.all_gather_object(halves, no_grad_passes(rank, world, fsdp))
+    result["no_grad"] = {k: torch.cat([h[k] for h in halves]) for k in halves[0]}
     if rank == 0:
         torch.save(result, out)
     torch.distributed.destroy_process_group()

@@ -95,6 +95,15 @@ def test_ddp_checkpointed_layers_equal_single_process(ddp_deltas):
     assert diff < 1e-5, f"checkpointed DDP and single-process updates differ by {diff:.2e}"
 
 
+def test_no_grad_passes_under_a_token_budget_equal_single_process(ddp_deltas):
+    """Old and reference logprobs and the critics' values on 2 ranks under a token budget whose micro-batches have
+    other row counts on each rank == 1 process (under FSDP2 a rank with one forward more would hang in an
+    all-gather, or pair its gathers with another model's)."""
+    single = load_grad_check().no_grad_passes(0, 1)
+    for k, v in ddp_deltas["no_grad"].items():
+        assert v.shape == single[k].shape and (v - single[k]).abs().max() < 1e-5, k
+
+
 def test_torchrun_ppo_minimal_smoke(sft_path, tmp_path):
     """`torchrun --nproc_per_node=2 ppo_minimal.py` runs 2 steps; only rank 0 writes the metrics rows. Its step-1
     checkpoint (atomic, with both ranks' streams) resumes on 2 ranks into the same step 2, and is refused on 1."""
@@ -324,13 +333,16 @@ def test_fsdp_on_two_nodes_equals_ddp_and_resumes_bit_exact(sft_path, tmp_path):
     rdzv = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-id", "minrl-test"]
     rdzv += ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
     cmd = [sys.executable, "-m", "torch.distributed.run", *rdzv, *flags, "--fsdp", "--save-every", "2"]
-    nodes = [subprocess.Popen([*cmd, "--out-dir", str(tmp_path / "fsdp")], cwd=ROOT, env=ENV, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]  # fmt: skip
+    logs = [tmp_path / f"node{i}.log" for i in range(2)]  # files, not pipes: a full pipe would block its launcher
+    nodes = [subprocess.Popen([*cmd, "--out-dir", str(tmp_path / "fsdp")], cwd=ROOT, env=ENV, stdout=log.open("w"),
+                              stderr=subprocess.STDOUT) for log in logs]  # fmt: skip
     try:
-        logs = [node.communicate(timeout=300)[0] for node in nodes]
+        for node in nodes:
+            node.wait(timeout=300)
     finally:
         for node in nodes:
             node.kill()
+    logs = [log.read_text() for log in logs]
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(log[-3000:] for log in logs)
     assert any("world 2" in log for log in logs), logs
     ddp, fsdp = read_jsonl(tmp_path / "ddp" / "metrics.jsonl"), read_jsonl(tmp_path / "fsdp" / "metrics.jsonl")
@@ -349,4 +361,58 @@ def test_fsdp_on_two_nodes_equals_ddp_and_resumes_bit_exact(sft_path, tmp_path):
     diff = max((p - q).abs().max().item() for p, q in zip(gathered.parameters(), replica.parameters(), strict=True))
     assert diff < 1e-5, f"the final policy gathered from FSDP2's shards differs from DDP's by {diff:.2e}"
     start = load_policy(str(sft_path), "cpu")[0]
-    assert max((p - q).abs().max().item() for p, q in zip(start.parameters(), replica.parameters())) > 1e-4
+    assert max((p - q).abs().max().item() for p, q in zip(start.parameters(), replica.parameters(), strict=True)) > 1e-4
+
+
+def test_fsdp_token_budget_critic_warmup_and_early_checkpoint_equal_ddp(sft_path, tmp_path):
+    """FSDP2 under a token budget, with a critic warm-up that checkpoints before the policy's first step (its AdamW
+    state empty: not saved, so never initialised by torch's step at lr 0, whose count would change the bias
+    correction): the same 3 iterations as DDP within 1e-5, and the step-1 checkpoint resumes into the same steps 2
+    and 3 bit for bit."""
+    from runlog import read_jsonl
+
+    flags = ["ppo_minimal.py", "--model", str(sft_path), "--task", "reverse", "--steps", "3", "--prompts-per-step", "4"]
+    flags += ["--group-size", "4", "--eval-every", "0", "--dist-timeout", "60", "--micro-batch", "3"]
+    flags += ["--micro-batch-tokens", "60", "--critic-warmup-steps", "2", "--save-every", "1"]
+    resume = ["--fsdp", "--resume", str(tmp_path / "fsdp" / "ckpt-1")]
+    for name, extra in (("ddp", []), ("fsdp", ["--fsdp"]), ("resumed", resume)):
+        proc = torchrun(*flags, *extra, "--out-dir", str(tmp_path / name))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ddp, fsdp, resumed = (read_jsonl(tmp_path / name / "metrics.jsonl") for name in ("ddp", "fsdp", "resumed"))
+    skip = ("time/", "perf/", "critic/params", "critic/mem", "critic/actor")
+    for a, b in zip(ddp, fsdp, strict=True):
+        keys = [k for k in a if not k.startswith(skip)]
+        worst = max(keys, key=lambda k: abs(a[k] - b[k]))
+        assert abs(a[worst] - b[worst]) < 1e-5, (a["step"], worst, a[worst], b[worst])
+    same = lambda row: {k: v for k, v in row.items() if not k.startswith(("time/", "perf/"))}  # noqa: E731
+    assert [same(r) for r in resumed] == [same(r) for r in fsdp[1:]]
+
+
+def _bf16_critic_worker(rank: int, init_file: str, out: str) -> None:
+    """A world of one: the value model sharded with bf16 compute weights, its head in fp32 or not."""
+    import common
+    from critics import make_value_model
+    from tasks import make_tiny_model, make_tokenizer
+
+    common.setup_dist(device="cpu", init_method=f"file://{init_file}", group=True)
+    ids, outcome = torch.randint(4, 20, (2, 6)), {}
+    for fp32 in (True, False):
+        torch.manual_seed(0)
+        vm = make_value_model(make_tiny_model(make_tokenizer()).eval())
+        common.shard_or_replicate(vm, 1, fsdp=True, bf16=True, fp32=[vm.head] if fp32 else [])
+        try:
+            values = vm(ids, torch.ones_like(ids), 3)
+            values.sum().backward()
+            outcome[fp32] = str(values.dtype)
+        except RuntimeError as e:
+            outcome[fp32] = f"error: {e}"
+    Path(out).write_text(repr(outcome))
+
+
+def test_fsdp_bf16_keeps_the_value_head_in_fp32(tmp_path):
+    """FSDP2's bf16 compute weights would make the value head bf16 while its input is fp32 (critics.py detail 5):
+    sharded on its own in fp32 the critic computes fp32 values; the control, the head inside the root's bf16, fails."""
+    mp.spawn(_bf16_critic_worker, args=(str(tmp_path / "init"), str(tmp_path / "out.txt")), nprocs=1, join=True)
+    outcome = eval((tmp_path / "out.txt").read_text())  # a dict this test's worker wrote
+    assert outcome[True] == "torch.float32", outcome
+    assert outcome[False].startswith("error") and "dtype" in outcome[False], outcome
