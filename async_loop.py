@@ -98,13 +98,8 @@ class AsyncConfig(Config):
         if self.rollout_workers is None:
             self.rollout_workers = 1 if self.async_ratio > 0 else 0
         super().__post_init__()
-        zero_or_more = (
-            "async_ratio",
-            "rollout_workers",
-            "redundant_groups",
-            "crash_worker_after",
-            "crash_trainer_after",
-        )
+        zero_or_more = ("async_ratio", "rollout_workers", "redundant_groups", "crash_worker_after",
+                        "crash_trainer_after")  # fmt: skip
         check_fields(self, {"[0, inf)": zero_or_more, "[1, inf)": ("queue_depth",), "(0, inf)": ("worker_timeout",)})
         if self.rollout_workers == 0 and "WORLD_SIZE" not in os.environ and self.async_ratio > 0:
             raise ValueError("config field 'async_ratio' > 0 needs rollout workers (--rollout-workers >= 1)")

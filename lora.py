@@ -24,7 +24,8 @@ import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cli import check_fields
+from cli import check_fields, parse_config
+from tasks import make_tiny_model, make_tokenizer
 
 
 @dataclass
@@ -155,9 +156,6 @@ def save(model, tokenizer, path, state: dict, merge: bool, cfg: dict) -> None:
 def main(argv=None) -> None:
     """`python lora.py [--lora-rank R --lora-targets ...]`: the embedded model's layers that get adapters, and the
     trained share of its weights."""
-    from cli import parse_config
-    from tasks import make_tiny_model, make_tokenizer
-
     args = parse_config(LoraArgs, argv)
     args.lora_rank = args.lora_rank or 8
     model = make_tiny_model(make_tokenizer())

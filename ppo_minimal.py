@@ -599,10 +599,8 @@ def anchor_logprobs(cfg: Config, anchor, ref, input_ids, attention_mask, respons
     def by_tokens(model):
         """The model's logprobs [B, R], micro-batched as the update is (micro_batch_tokens: its budget and one forward
         per micro-batch, so every rank runs as many: under FSDP2 each is a collective)."""
-        logprobs = lambda ids, mask, r: trainer_logprobs(cfg, model, ids, mask, r, micro_batch=one(ids))[0]  # noqa: E731
+        logprobs = lambda ids, mask, r: trainer_logprobs(cfg, model, ids, mask, r, forward_rows(cfg, ids))[0]  # noqa: E731
         return memory.by_micro_batches(logprobs, input_ids, attention_mask, R, **plan, response_mask=response_mask)
-
-    one = lambda ids: ids.shape[0] if cfg.micro_batch_tokens else None  # noqa: E731 (None: micro_batch rows)
 
     old, gamma, credit = None, None, {}
     if cfg.credit == "attention":  # its maps are taken in one pass over the batch: micro_batch rows at a time
@@ -619,10 +617,15 @@ def anchor_logprobs(cfg: Config, anchor, ref, input_ids, attention_mask, respons
 
 def critic_values(cfg: Config, critics: Critics, input_ids, attention_mask, response_mask):
     """[M, B, R] every critic's values, no gradient, micro-batched as the update is (micro_batch_tokens too)."""
-    rows = lambda ids: ids.shape[0] if cfg.micro_batch_tokens else cfg.micro_batch  # noqa: E731 (as by_tokens)
-    values = lambda ids, mask, r: critics.values(ids, mask, r, rows(ids))  # noqa: E731
+    values = lambda ids, mask, r: critics.values(ids, mask, r, forward_rows(cfg, ids))  # noqa: E731
     plan = {"rows": cfg.micro_batch, "tokens": cfg.micro_batch_tokens, "response_mask": response_mask}
     return memory.by_micro_batches(values, input_ids, attention_mask, response_mask.shape[1], **plan)
+
+
+def forward_rows(cfg: Config, input_ids) -> int:
+    """Rows per forward of a no-grad pass: a planned micro-batch whole under micro_batch_tokens (one forward each, as
+    in the update, so every rank runs as many: under FSDP2 each is a collective), else micro_batch."""
+    return input_ids.shape[0] if cfg.micro_batch_tokens else cfg.micro_batch
 
 
 def needs_reference(cfg: Config, step: int) -> bool:
@@ -658,9 +661,7 @@ def build_models(cfg: Config, device, world: int):
     whole = cfg.resume and not (cfg.fsdp or cfg.lora_rank)  # else the source, then the shards or adapters on it
     policy, tokenizer = load_policy(cfg.resume + "/policy" if whole else source, device)
     ref, ref_tokenizer = (policy, tokenizer) if cfg.lora_rank else load_policy(source, device)
-    fingerprint = run_fingerprint(
-        cfg, world, source, ref if cfg.lora_rank else ref.requires_grad_(False), ref_tokenizer
-    )
+    fingerprint = run_fingerprint(cfg, world, source, ref, ref_tokenizer)
     if cfg.resume:  # before anything trains: same model, tokenizer, data, estimator, layout, world size, config
         check_resume(cfg.resume, cfg, fingerprint)
     bf16 = cfg.dtype == "bfloat16" and device.type == "cuda"  # FSDP2's compute weights (fp32 on CPU)
@@ -676,11 +677,13 @@ def build_models(cfg: Config, device, world: int):
     if cfg.lora_rank:  # lora.py: adapters only train; on resume the checkpoint's (FSDP2's: in its shards)
         torch.manual_seed(cfg.seed)  # A's init the same on every rank, whether the warm start was built just now or not
         add_adapters(policy, cfg, cfg.resume + "/policy" if cfg.resume and not cfg.fsdp else None)
-    elif cfg.fsdp:  # the reference sharded too (in place: `ref` is the sharded module)
-        common.shard_or_replicate(ref, world, True, bf16)
+    elif cfg.fsdp:  # the reference frozen and sharded too (in place: `ref` is the sharded module)
+        common.shard_or_replicate(ref.requires_grad_(False), world, True, bf16)
+    else:
+        ref.requires_grad_(False)
     policy_train = prepare(policy)
-    trained = [p for p in policy.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trained, lr=cfg.lr, eps=cfg.adam_eps, weight_decay=0.0)
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr, eps=cfg.adam_eps,
+                            weight_decay=0.0)  # fmt: skip
     return policy, policy_train, opt, ref, tokenizer, stop_token_ids(policy, tokenizer), critics, fingerprint
 
 
