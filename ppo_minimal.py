@@ -599,7 +599,10 @@ def anchor_logprobs(cfg: Config, anchor, ref, input_ids, attention_mask, respons
     def by_tokens(model):
         """The model's logprobs [B, R], micro-batched as the update is (micro_batch_tokens: its budget and one forward
         per micro-batch, so every rank runs as many: under FSDP2 each is a collective)."""
-        logprobs = lambda ids, mask, r: trainer_logprobs(cfg, model, ids, mask, r, forward_rows(cfg, ids))[0]  # noqa: E731
+
+        def logprobs(ids, mask, r):
+            return trainer_logprobs(cfg, model, ids, mask, r, micro_batch=forward_rows(cfg, ids))[0]
+
         return memory.by_micro_batches(logprobs, input_ids, attention_mask, R, **plan, response_mask=response_mask)
 
     old, gamma, credit = None, None, {}
