@@ -93,20 +93,20 @@ class AsyncConfig(Config):
     """Fault injection for the tests: the trainer exits abruptly (os._exit) at this step (0 = never)."""
 
     def __post_init__(self):
-        if self.off_policy is None:  # derived once here, printed with the config
-            self.off_policy = "tis" if self.async_ratio > 0 else "none"
+        if self.off_policy is None:  # derived once here, printed with the config (--rollout-is: that one instead)
+            self.off_policy = "tis" if self.async_ratio > 0 and self.rollout_is is None else "none"
         if self.rollout_workers is None:
             self.rollout_workers = 1 if self.async_ratio > 0 else 0
         super().__post_init__()
-        zero_or_more = ("async_ratio", "rollout_workers", "redundant_groups", "crash_worker_after",
-                        "crash_trainer_after")  # fmt: skip
-        check_fields(self, {"[0, inf)": zero_or_more, "[1, inf)": ("queue_depth",), "(0, inf)": ("worker_timeout",)})
+        nonneg = ("async_ratio", "rollout_workers", "redundant_groups", "crash_worker_after", "crash_trainer_after")
+        check_fields(self, {"[0, inf)": nonneg, "[1, inf)": ("queue_depth",), "(0, inf)": ("worker_timeout",)})
         if self.rollout_workers == 0 and "WORLD_SIZE" not in os.environ and self.async_ratio > 0:
             raise ValueError("config field 'async_ratio' > 0 needs rollout workers (--rollout-workers >= 1)")
         if self.resume and self.rollout_workers:
             raise ValueError("config field 'resume' is not supported with rollout workers (the buffer is not saved)")
-        if self.fsdp or self.lora_rank:  # the workers load the trainer's whole state dict into plain models
-            raise ValueError("config fields 'fsdp' and 'lora_rank' are ppo_minimal.py's: the async trainer is one rank")
+        if self.fsdp or self.lora_rank or self.rollout_dtype != "float32":  # the workers load whole fp32 state dicts
+            raise ValueError("config fields 'fsdp', 'lora_rank' and 'rollout_dtype' are ppo_minimal.py's: the async "
+                             "trainer is one rank, its workers sample in fp32")  # fmt: skip
 
 
 def pack(samples: Rollout) -> torch.Tensor:

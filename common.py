@@ -227,21 +227,21 @@ def all_reduce_sum(t):
 
 
 def reduce_metrics(metrics: dict[str, float], device=None) -> dict[str, float]:
-    """Mean of every metric over ranks (keys ending in '_max' take the max). Identity for world size 1. Exact only
-    for a metric that is global already (token statistics: masked_mean(global_=True)) or a mean over as many items
-    on every rank (sequences, micro-batches); a std must be computed global at its source (masked_var)."""
+    """Mean of every metric over ranks (keys ending in '_max' / '_min' take the max / min). Identity for world size 1.
+    Exact only for a metric that is global already (token statistics: masked_mean(global_=True)) or a mean over as
+    many items on every rank (sequences, micro-batches); a std must be computed global at its source (masked_var)."""
     if world_size() == 1 or not metrics:
         return metrics
     import torch
     import torch.distributed as dist
 
-    out = {}
-    for is_max in (False, True):
-        keys = [k for k in sorted(metrics) if k.endswith("_max") == is_max]
+    out, ops = {}, {"_max": dist.ReduceOp.MAX, "_min": dist.ReduceOp.MIN}
+    for end in ("", "_max", "_min"):
+        keys = [k for k in sorted(metrics) if k[-4:] == end or (not end and k[-4:] not in ops)]
         if keys:
             t = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=device)
-            collective(dist.all_reduce, t, op=dist.ReduceOp.MAX if is_max else dist.ReduceOp.SUM)
-            out.update({k: v if is_max else v / world_size() for k, v in zip(keys, t.tolist())})
+            collective(dist.all_reduce, t, op=ops.get(end, dist.ReduceOp.SUM))
+            out.update({k: v if end else v / world_size() for k, v in zip(keys, t.tolist())})
     return out
 
 

@@ -204,7 +204,7 @@ def largest_micro_batch(micro_batch: int, minibatch: int, tokens: int, T: int) -
 
 def estimate(policy, critics, args: MemoryArgs, *, seqs: int, rows: int, prompt_len: int, response_len: int,
              dtype: str = "float32", world: int = 1, reference: bool = True, fsdp: bool = False,
-             adapters: int = 0) -> dict[str, float]:  # fmt: skip
+             adapters: int = 0, engine: str = "float32") -> dict[str, float]:  # fmt: skip
     """The per-rank peak (GiB) by part (module docstring) of an update on `seqs` sequences per rank of prompt_len +
     response_len tokens whose largest micro-batch has `rows` of them (largest_micro_batch), for models from
     meta_models. Activations are measured on small probes at that length (activation_bytes); nothing is
@@ -213,8 +213,8 @@ def estimate(policy, critics, args: MemoryArgs, *, seqs: int, rows: int, prompt_
     root's weights, two layers': one computing, one prefetched; in the rollout all of them) and the root's gradient,
     whole until the end of the backward (not counted: the critics' gathered weights, fewer than the policy's).
     adapters: the LoRA weights (lora.adapter_params) that alone train: moments, gradients, buckets are theirs; no
-    reference."""
-    config, s, kv_s = policy.config, 4, 2 if dtype == "bfloat16" else 4  # fp32 weights, moments, gradients
+    reference. engine bfloat16 (--rollout-dtype): the sampler's bf16 copy of the policy, held throughout."""
+    config, s, kv_s = policy.config, 4, 2 if "bfloat16" in (dtype, engine) else 4  # fp32 weights, moments, gradients
     N, R, T = sum(p.numel() for p in policy.parameters()), response_len, prompt_len + response_len
     b = rows
     autocast = common.make_autocast(dtype, torch.device("cpu"))
@@ -241,13 +241,15 @@ def estimate(policy, critics, args: MemoryArgs, *, seqs: int, rows: int, prompt_
     root_grad = (N - L * layer_n) * g if fsdp and not adapters else 0  # the root reduces its gradient at the end
     buckets = (trained + n_critic) * s if world > 1 and not fsdp else 0  # DDP's gradient buckets: a copy of each
     ref_n = 0 if adapters or not reference else N  # LoRA's reference is the policy with its adapters off
-    static = ((N + adapters + 2 * trained) + ref_n + 3 * n_critic) * s / shard + buckets
+    copy = (N + adapters) * 2 if engine == "bfloat16" else 0  # offpolicy.inference_copy (never under FSDP2)
+    static = ((N + adapters + 2 * trained) + ref_n + 3 * n_critic) * s / shard + buckets + copy
     update = static + gathered + max(trained * s / shard + root_grad + act + transient, critic_step)
     step = static + 2 * trained * s / shard  # opt.step: gradients and foreach AdamW's temporaries, activations freed
     rollout = static + kv + 4 * seqs * V * s + (N * g if fsdp else 0)  # FSDP2: every weight gathered (common.gathered)
     parts = {
         f"policy weights + AdamW{f' (1/{shard})' if fsdp else ''}": (N + adapters + 2 * trained) * s / shard,
         "reference weights": ref_n * s / shard,
+        "sampler's bf16 copy (--rollout-dtype)": copy,
         "critic weights + AdamW": 3 * n_critic * s / shard,
         f"DDP gradient buckets (world {world})": buckets,
         "FSDP2 weights gathered whole": gathered,
@@ -273,7 +275,8 @@ def trainer_estimate(cfg, n_local: int, world: int) -> dict[str, float]:
     policy, critics = meta_models(cfg.model, cfg.critic_model, cfg.critic_depth, n_critics)
     adapters = adapter_params(policy, cfg) if cfg.lora_rank else 0
     return estimate(policy, critics, cfg, seqs=n_local, rows=rows, prompt_len=cfg.max_prompt_len, adapters=adapters,
-                    response_len=T - cfg.max_prompt_len, dtype=cfg.dtype, world=world, fsdp=cfg.fsdp)  # fmt: skip
+                    response_len=T - cfg.max_prompt_len, dtype=cfg.dtype, world=world, fsdp=cfg.fsdp,
+                    engine=cfg.rollout_dtype)  # fmt: skip
 
 
 def by_micro_batches(fn, input_ids, attention_mask, response_len: int, *, rows: int, tokens: int, response_mask=None):

@@ -9,8 +9,9 @@
 
 One iteration, train()'s numbered stanzas (DESIGN.md 4): 1 rollout, G episodes per prompt -> 2 rewards -> 3 old
 logprobs (the PPO anchor), reference logprobs, values -> 4 the Batch: token rewards, advantages (GAE then
-whitening, or a group baseline), off-policy weights, token weights and masks -> 5 ppo_epochs x minibatches of the
-clipped policy loss (+ value loss), gradients accumulated over micro-batches -> 6 metrics, eval, checkpoint.
+whitening, or a group baseline), off-policy weights and rejections, token weights and masks -> 5 ppo_epochs x
+minibatches of the policy loss (PPO's clip, or a family of offpolicy.py) (+ value loss), gradients accumulated over
+micro-batches -> 6 metrics, eval, checkpoint.
 
 Equations (PPO eq. 7; GAE eq. 16; GRPO sec. 4.1; Dr. GRPO; RLOO; Schulman's k1-k3; veRL 0.9.1 core_algos):
   GAE      delta_t = r_t + gamma V_{t+1} - V_t,  A_t = delta_t + gamma lam A_{t+1}   (masked t pass through)
@@ -59,6 +60,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common
 import memory
+import offpolicy
 import repro
 from attention_credit import CreditArgs, credit_weights
 from checkpoint import check_resume, load_pt, resume_checkpoint, run_fingerprint, save_checkpoint, save_policy
@@ -71,7 +73,7 @@ from envs import ENVS, EnvArgs, multi_turn, rollout_kw, sample_episodes
 from evaluation import EvalArgs, evaluate, evaluate_all, held_out, rollout_metrics
 from lora import LoraArgs, adapters_off, add_adapters
 from memory import MemoryArgs
-from offpolicy import OffPolicyArgs, gap_stats, off_policy_weights
+from offpolicy import OffPolicyArgs
 from repro import ReproArgs
 from rewards import RewardArgs
 from rollout import SampleArgs, last_valid, rollout_env
@@ -79,6 +81,7 @@ from runlog import MetricsLogger, RunArgs, write_result
 from tasks import TASKS, TaskArgs, load_policy, stop_token_ids
 from warm_start import sft_config_for, sft_target_for, sft_warm_start
 
+ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")  # Config.adv_estimator
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")  # Config.loss_agg
 
 
@@ -87,8 +90,8 @@ class Config(TaskArgs, DataArgs, RewardArgs, SampleArgs, EvalArgs, CriticArgs, C
              MemoryArgs, LoraArgs, DistArgs, RunArgs, ReproArgs):  # fmt: skip
     """The trainer's knobs: PPO's own here, each concept's in the Args class it inherits (`--help` lists all)."""
 
-    adv_estimator: Literal["gae", "grpo", "rloo"] = "gae"
-    """Advantage estimator: gae (PPO with a critic), grpo (group baseline), rloo (leave-one-out)."""
+    adv_estimator: Literal[ESTIMATORS] = "gae"
+    """Advantage estimator: gae (PPO, a critic), grpo / rloo / reinforce_plus_plus[_baseline] (offpolicy.py)."""
     steps: int = 90
     """Number of RL iterations."""
     prompts_per_step: int = 32
@@ -184,13 +187,18 @@ class Config(TaskArgs, DataArgs, RewardArgs, SampleArgs, EvalArgs, CriticArgs, C
              f"'gae', not {self.adv_estimator!r}: {self.adv_estimator} has no critic, the flag would do nothing"),
             (self.kl_ctrl == "adaptive" and not self.kl_in_reward, "'kl_ctrl' = 'adaptive' needs --kl-in-reward: "
              "the controller adapts the KL-in-reward coefficient (the KL loss' kl_loss_coef is fixed)"),
-            (self.adv_estimator != "gae" and self.group_size < 2,
+            (self.adv_estimator not in ("gae", "reinforce_plus_plus") and self.group_size < 2,
              f"'group_size' = {self.group_size}: {self.adv_estimator} needs >= 2"),
+            (self.loss_mode == "geo_mean" and (self.adv_estimator in ("gae", "reinforce_plus_plus") or self.credit
+             != "none"), "'loss_mode' = 'geo_mean' needs one advantage per sequence (GMPO): adv_estimator grpo, rloo "
+             f"or reinforce_plus_plus_baseline and no credit, not {self.adv_estimator!r} / {self.credit!r}"),
             (self.prompts_per_step * self.group_size < 2, f"'prompts_per_step' x 'group_size' = "
              f"{self.prompts_per_step * self.group_size}: a batch needs >= 2 samples (reward std, whitening)"),
             (self.lora_merge and not self.save_final, "'lora_merge' needs --save-final: it shapes that folder alone"),
             ((self.fsdp or self.lora_rank) and (self.dump_batch or self.credit != "none" or self.inject),
              "'fsdp' / 'lora_rank' do not combine with dump_batch, credit or inject yet (one process, whole models)"),
+            (self.fsdp and self.rollout_dtype != "float32",
+             f"'rollout_dtype' = {self.rollout_dtype!r} needs whole weights to copy: not with --fsdp yet"),
         ):  # fmt: skip
             if bad:
                 raise ValueError(f"config field {why}")
@@ -294,26 +302,34 @@ def kl_estimate(logprobs, ref_logprobs, kind: str = "k1"):
     raise ValueError(f"unknown KL estimator {kind!r}: k1 | k2 | k3")
 
 
-def policy_loss(logprobs, old_logprobs, advantages, mask, *, clip_low=0.2, clip_high=0.2, dual_clip=3.0,
-                agg="token-mean", token_weights=None, is_weights=None, pg_mask=None, denom=None, world=1):  # fmt: skip
-    """Clipped PPO surrogate (+ dual clip) aggregated over valid tokens. All inputs [B, R]. pg_mask (AsyPPO) zeroes
-    the term of some tokens; the normaliser still counts every token of `mask`."""
+def policy_loss(logprobs, old_logprobs, advantages, mask, *, kind="vanilla", clip_low=0.2, clip_high=0.2,
+                dual_clip=3.0, tau_pos=1.0, tau_neg=1.05, agg="token-mean", token_weights=None, is_weights=None,
+                pg_mask=None, denom=None, world=1):  # fmt: skip
+    """The policy loss aggregated over valid tokens: kind vanilla = clipped PPO (+ dual clip), else one of the loss
+    families of offpolicy.py (same call, same metrics). All inputs [B, R]. is_weights: the rollout correction's,
+    detached. pg_mask (AsyPPO) zeroes the term of some tokens; the normaliser still counts every token of `mask`."""
     if token_weights is not None:
         advantages = advantages * token_weights  # shaped advantage gamma_t * A_t (attention credit)
+    agg = offpolicy.policy_agg(kind, agg)  # sapo, geo_mean: per sequence, whatever loss_agg says (veRL's)
     log_ratio = (logprobs - old_logprobs).clamp(-20, 20)  # [B, R]
     ratio = torch.exp(log_ratio)
-    l1, l2 = -advantages * ratio, -advantages * ratio.clamp(1 - clip_low, 1 + clip_high)
-    loss = torch.maximum(l1, l2)  # PPO eq. 7, as a loss
-    metrics = {"clipfrac": masked_mean((l2 > l1).float(), mask), "clipfrac_lower": mask.new_zeros(())}
-    if dual_clip is not None:
-        l3 = -advantages * dual_clip
-        metrics["clipfrac_lower"] = masked_mean(((loss > l3) & (advantages < 0)).float(), mask)
-        loss = torch.where(advantages < 0, torch.minimum(loss, l3), loss)  # dual clip: A < 0 only
-    if is_weights is not None:
-        loss = loss * is_weights  # off-policy correction weights (offpolicy.py), detached
+    if kind != "vanilla":
+        loss, metrics = offpolicy.family_loss(kind, logprobs, old_logprobs, advantages, mask, clip_low=clip_low,
+                                              clip_high=clip_high, cap=dual_clip, tau_pos=tau_pos, tau_neg=tau_neg,
+                                              is_weights=is_weights)  # fmt: skip
+    else:
+        l1, l2 = -advantages * ratio, -advantages * ratio.clamp(1 - clip_low, 1 + clip_high)
+        loss = torch.maximum(l1, l2)  # PPO eq. 7, as a loss
+        metrics = {"clipfrac": masked_mean((l2 > l1).float(), mask), "clipfrac_lower": mask.new_zeros(())}
+        if dual_clip is not None:
+            l3 = -advantages * dual_clip
+            metrics["clipfrac_lower"] = masked_mean(((loss > l3) & (advantages < 0)).float(), mask)
+            loss = torch.where(advantages < 0, torch.minimum(loss, l3), loss)  # dual clip: A < 0 only
+        if is_weights is not None:
+            loss = loss * is_weights  # off-policy correction weights (offpolicy.py), detached
+        metrics["approx_kl"] = masked_mean(-log_ratio, mask).detach()  # veRL ppo_kl: of the clamped log-ratio
     if pg_mask is not None:
         loss = loss * pg_mask  # I^A_t (AsyPPO advantage mask); masking shrinks the step (DESIGN.md 7.2)
-    metrics["approx_kl"] = masked_mean(-log_ratio, mask).detach()  # veRL ppo_kl: of the clamped log-ratio
     metrics["ratio_mean"] = masked_mean(ratio, mask).detach()
     metrics["ratio_max"] = (ratio * mask).max().detach()
     return aggregate(loss, mask, agg, denom, world), metrics
@@ -355,6 +371,7 @@ class Batch:
     input_ids: torch.Tensor  # [B, P+R] prompt (left-padded) + response (right-padded)
     attention_mask: torch.Tensor  # [B, P+R] 1 on real prompt, action and observation tokens
     response_mask: torch.Tensor  # [B, R] 1 on action tokens, each action up to and including its stop token
+    loss_mask: torch.Tensor  # [B, R] float: what the policy's losses average over (rollout rejection: fewer tokens)
     old_logprobs: torch.Tensor | None  # [B, R] the trainer's recompute; None: the update's first forward fills it
     clip_anchor: torch.Tensor | None  # [B, R] the ratio's denominator: old_logprobs, or the sampler's (behav)
     ref_logprobs: torch.Tensor | None  # [B, R] the frozen reference's; None on an iteration without its pass
@@ -362,7 +379,7 @@ class Batch:
     token_weights: torch.Tensor  # [B, R] gamma_t multiplying A_t (attention credit), else 1
     pg_mask: torch.Tensor  # [B, R] tokens whose policy term counts (AsyPPO), else response_mask
     ent_mask: torch.Tensor  # [B, R] tokens whose entropy bonus counts (AsyPPO), else response_mask
-    is_weights: torch.Tensor  # [B, R] off-policy importance weights (tis, decoupled; detached), else 1
+    is_weights: torch.Tensor | None  # [B, R] off-policy importance weights (detached), None without a correction
     old_values: torch.Tensor | None  # [B, M, R] each critic's values before its update; None without a critic
     critic_returns: torch.Tensor | None  # [B, M, R] each critic's own target R^(m) = GAE(V_m) + V_m
     shares: torch.Tensor | None  # [B, M] bool: the rows critic m trains on (AsyPPO's partition)
@@ -409,11 +426,15 @@ def compute_advantages(cfg: Config, token_scores, response_mask, old_logp, ref_l
     both = old_logp is not None and ref_logp is not None
     kl = kl_estimate(old_logp, ref_logp, "k1") * mask if both else torch.zeros_like(mask)  # [B, R]
     token_rewards = token_scores - kl_beta * kl if cfg.kl_in_reward else token_scores.clone()  # [B, R]
+    seq_score = token_rewards.sum(-1)  # [B] veRL: an outcome estimator's score is the sum of token rewards
     if cfg.adv_estimator == "gae":
         adv, returns = gae(token_rewards, values, mask, cfg.gamma, cfg.lam)
         adv = masked_whiten(adv, mask, global_=True) * mask  # detail 2: global statistics
+    elif cfg.adv_estimator == "reinforce_plus_plus":  # offpolicy.py 4: whitened returns-to-go (global statistics)
+        adv, returns = offpolicy.reinforce_pp_advantages(token_rewards, mask, cfg.gamma)
+    elif cfg.adv_estimator == "reinforce_plus_plus_baseline":
+        adv = returns = offpolicy.reinforce_pp_baseline_advantages(seq_score, group_ids, mask)
     else:
-        seq_score = token_rewards.sum(-1)  # [B] veRL: the score is the sum of token rewards
         if cfg.adv_estimator == "grpo":
             seq_adv = group_advantages(seq_score, group_ids, norm_std=cfg.grpo_norm_std)
         else:
@@ -495,14 +516,17 @@ def policy_step(cfg: Config, policy_train, opt, mb: Batch, world, autocast, upda
     memory.micro_batches). Returns each micro-batch's stats (0-d tensors; its max |ratio - 1| as "ratio_dev"), the
     step's losses and gradient norm, and the minibatch's logprobs [b, R] (detached; None unless the batch has no
     anchor: then they are its anchor)."""
-    mask, plan = mb.response_mask.float(), plan or micro_batches_of(cfg, mb)
-    denom = agg_denominator(mask, cfg.loss_agg, scale=cfg.loss_scale_factor)  # every valid token, masks or not
+    mask, plan = mb.loss_mask, plan or micro_batches_of(cfg, mb)
+    denom = agg_denominator(mask, cfg.loss_agg, scale=cfg.loss_scale_factor)  # every kept token, pg_mask or not
     agg = {"mode": cfg.loss_agg, "denom": denom, "world": world}
-    clip = {"clip_low": cfg.clip_low, "clip_high": cfg.clip_high, "dual_clip": cfg.dual_clip, "agg": cfg.loss_agg}
+    pg_agg = offpolicy.policy_agg(cfg.loss_mode, cfg.loss_agg)  # sapo, geo_mean: per sequence (veRL)
+    pg_denom = denom if pg_agg == cfg.loss_agg else agg_denominator(mask, pg_agg)
+    clip = {"kind": cfg.loss_mode, "clip_low": cfg.clip_low, "clip_high": cfg.clip_high, "dual_clip": cfg.dual_clip}
+    clip.update({"tau_pos": cfg.sapo_tau_pos, "tau_neg": cfg.sapo_tau_neg, "agg": cfg.loss_agg})
     losses, rows, logps = {}, [], None if mb.old_logprobs is not None else torch.zeros_like(mask)
     for n, (idx, lo, r) in enumerate(plan):
         mi = mb.part(idx, lo, r)  # [b, lo:P + r] tokens, [b, r] response
-        mmask = mi.response_mask.float()  # [b, r]
+        mmask = mi.loss_mask  # [b, r]
         sync = n == len(plan) - 1 or not isinstance(policy_train, DDP)  # DDP all-reduces on the last one (FSDP2: each)
         no_sync = contextlib.nullcontext() if sync else policy_train.no_sync()
         with no_sync, autocast(), torch.set_grad_enabled(update_actor):
@@ -511,7 +535,7 @@ def policy_step(cfg: Config, policy_train, opt, mb: Batch, world, autocast, upda
             old = logp.detach() if mi.old_logprobs is None else mi.old_logprobs  # (reuse_old_logprobs)
             anchor = old if mi.clip_anchor is None else mi.clip_anchor
             shaping = {"token_weights": mi.token_weights, "pg_mask": mi.pg_mask.float(), "is_weights": mi.is_weights}
-            pg, m = policy_loss(logp, anchor, mi.advantages, mmask, **clip, **shaping, denom=denom, world=world)
+            pg, m = policy_loss(logp, anchor, mi.advantages, mmask, **clip, **shaping, denom=pg_denom, world=world)
             ent_loss = aggregate(ent * mi.ent_mask.float(), mmask, **agg)  # I^H_t H_t: AsyPPO's entropy filter
             terms = {"loss/policy": pg, "loss/entropy": ent_loss}
             if mi.ref_logprobs is not None:  # an iteration with the reference pass (needs_reference)
@@ -586,6 +610,7 @@ def reuses_anchor(cfg: Config) -> bool:
     nothing needs the anchor before the update (KL in the reward, tis / decoupled weights, behav, attention
     credit's pass); injections keep the recompute (several are planted on it)."""
     alone = cfg.off_policy == "none" and not cfg.kl_in_reward and cfg.credit == "none"
+    alone = alone and cfg.rollout_is is None and cfg.rollout_rs is None
     return cfg.reuse_old_logprobs and cfg.ppo_epochs == cfg.minibatches == 1 and alone and not cfg.inject
 
 
@@ -716,6 +741,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     sampling = rollout_kw(cfg)  # rollout_env's limits and sampling settings (envs.py)
     policy, policy_train, opt, ref, tokenizer, eos_ids, critics, fingerprint = build_models(cfg, device, world)
     anchor = repro.stale_anchor(cfg.inject, policy)  # computes old_logprobs: the policy; INJECT stale_old_logprobs
+    engine = offpolicy.inference_copy(policy, cfg.rollout_dtype)  # samples: the policy, or its bf16 copy
     task = None if multi_turn(cfg) else load_task(cfg, tokenizer, device)  # a procedural task, or --data's rows
     kl_beta = cfg.kl_coef  # beta of KL in the reward (kl_controller)
     rng = np.random.default_rng(cfg.seed + rank)  # tasks and env seeds: seed + rank
@@ -751,9 +777,10 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
             n, G = n_local // cfg.group_size, cfg.group_size
             envs, seeds = zip(*sample_episodes(task, cfg.task, "train", n, rng, G, cfg.env_latency))
             group_ids = torch.arange(n_local, device=device) // G + rank * n_local  # [B]
+            offpolicy.sync_weights(engine, policy)  # --rollout-dtype bfloat16: the weight sync
             with autocast(), common.gathered(policy):  # FSDP2: whole weights, ranks' forwards may differ in number
                 rollout, episodes = rollout_env(
-                    policy, tokenizer, envs, seeds, eos_ids, **sampling, generator=sample_gen
+                    engine, tokenizer, envs, seeds, eos_ids, **sampling, generator=sample_gen
                 )
         else:
             rollout, episodes, group_ids, sampled = sampler(step, policy)
@@ -783,18 +810,17 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
 
         # --- 4. the batch: off-policy weights, token rewards and advantages, then token weights and masks
         behav = rollout.rollout_logprobs  # [B, R] the sampler's logprobs
-        is_weights, off_stats = off_policy_weights(
-            old_logprobs, behav, mask, cfg.off_policy, cfg.is_cap, cfg.is_mask_cap
-        )
+        is_weights, loss_mask, off_stats = offpolicy.corrections(cfg, old_logprobs, behav, mask)  # weights, rejections
         token_rewards, adv, returns, kl, adv_stats = compute_advantages(
             cfg, token_scores, response_mask, old_logprobs, ref_logprobs, kl_beta, group_ids, values
         )
         weights, pg_mask, ent_mask, shaped = shape_advantages(cfg, response_mask, adv, all_values, shuffle_gen, gamma)
         batch = Batch(
-            input_ids=ids, attention_mask=attn, response_mask=response_mask, old_logprobs=old_logprobs,
+            input_ids=ids, attention_mask=attn, response_mask=response_mask, loss_mask=loss_mask,
+            old_logprobs=old_logprobs,
             clip_anchor=behav if cfg.off_policy == "behav" else old_logprobs, ref_logprobs=ref_logprobs,  # (a) behav
             advantages=adv, token_weights=weights, pg_mask=pg_mask, ent_mask=ent_mask,
-            is_weights=torch.ones_like(mask) if is_weights is None else is_weights,
+            is_weights=is_weights,
             old_values=all_values.transpose(0, 1) if critics else None,  # [B, M, R] batch-first for minibatches
             critic_returns=critic_targets(cfg, token_rewards, all_values, mask, returns) if critics else None,
             shares=partition_shares(group_ids, len(critics.models), part_gen) if critics else None,  # [B, M]
@@ -819,7 +845,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         old_logprobs = batch.old_logprobs  # (reuse: the update's first forward filled it)
         if ref_logprobs is not None:
             m["stats/kl"] = float(masked_mean(kl_estimate(old_logprobs, ref_logprobs) * mask, mask, global_=True))
-        m.update(gap_stats(old_logprobs, behav, mask, rollout.policy_version, step))
+        m.update(offpolicy.gap_stats(old_logprobs, behav, mask, rollout.policy_version, step))
         m["stats/kl_coef"] = kl_beta
         m.update({"stats/lr": opt.param_groups[0]["lr"], "time/rollout": t1 - t0})  # (the reward calls inside too)
         m.update({"perf/tokens_per_s": mask.sum().item() / (t3 - t0), "time/train": t3 - t2})

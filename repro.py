@@ -244,9 +244,9 @@ def batch_fields(saved: dict, names: list[str], where: str) -> dict:
         raise ValueError(f"{where}: the batch has fields {sorted(unknown)} that Batch lacks (its fields: {names})")
     mask, old = saved["response_mask"], saved.get("old_logprobs")  # old None: the anchor is the first forward's
     ones = torch.ones_like(mask, dtype=torch.float32)
-    neutral = {"clip_anchor": old, "is_weights": ones, "token_weights": ones, "pg_mask": mask, "ent_mask": mask}
+    neutral = {"clip_anchor": old, "token_weights": ones, "pg_mask": mask, "ent_mask": mask, "loss_mask": mask.float()}
     fields = {k: neutral[k] if saved.get(k) is None and k in neutral else saved.get(k) for k in names}
-    optional = ("old_values", "critic_returns", "shares", "old_logprobs", "clip_anchor", "ref_logprobs")
+    optional = ("old_values", "critic_returns", "shares", "old_logprobs", "clip_anchor", "ref_logprobs", "is_weights")
     if missing := [k for k, v in fields.items() if v is None and k not in optional]:
         raise ValueError(f"{where}: the batch lacks {missing}: only critic fields, anchors, ref_logprobs may be None")
     return fields

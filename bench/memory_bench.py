@@ -82,10 +82,10 @@ def make_batch(vocab: int, B: int, P: int, R: int, ragged: bool) -> pm.Batch:
     mask = response_mask.float()
     old = -torch.rand(B, R, generator=g) * 5 * mask
     none = dict(ref_logprobs=None, old_values=None, critic_returns=None, shares=None)
-    return pm.Batch(input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask,
+    return pm.Batch(input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask, loss_mask=mask,
                     old_logprobs=old, clip_anchor=old, advantages=torch.randn(B, R, generator=g) * mask,
                     token_weights=torch.ones(B, R), pg_mask=response_mask, ent_mask=response_mask,
-                    is_weights=torch.ones(B, R), **none)  # fmt: skip
+                    is_weights=None, **none)  # fmt: skip
 
 
 def make_model(overrides: dict):

@@ -74,6 +74,7 @@ def make_batch(vocab: int, cfg: Config, device) -> pm.Batch:
         input_ids=input_ids,
         attention_mask=attention_mask,
         response_mask=response_mask,
+        loss_mask=mask,  # [B, R] nothing rejected
         old_logprobs=old_logprobs,  # [B, R]
         clip_anchor=old_logprobs,
         ref_logprobs=-torch.rand(B, R, generator=g) * 5 * mask,  # [B, R]
@@ -81,12 +82,12 @@ def make_batch(vocab: int, cfg: Config, device) -> pm.Batch:
         token_weights=torch.ones(B, R),
         pg_mask=response_mask,
         ent_mask=response_mask,
-        is_weights=torch.ones(B, R),
+        is_weights=None,
         old_values=torch.zeros(B, 1, R),  # [B, M=1, R]
         critic_returns=returns[:, None],  # [B, M=1, R]
         shares=torch.ones(B, 1, dtype=torch.bool),  # [B, M=1]
     )
-    return pm.Batch(**{k: v.to(device) for k, v in vars(batch).items()})
+    return pm.Batch(**{k: v if v is None else v.to(device) for k, v in vars(batch).items()})
 
 
 def bare_update(policy, policy_opt, critic, critic_opt, batch: pm.Batch, cfg: Config, autocast) -> None:

@@ -2,8 +2,8 @@
 
 The trainer always builds every field (train() stanza 4); a test that exercises one piece of the update gives
 the tensors that piece reads and gets the neutral value of the others (repro.batch_fields, which also spells out
-old dumps): the clip anchored at old_logprobs, token weights and importance weights 1, the pg / entropy masks
-equal to the response mask, no critic.
+old dumps): the clip anchored at old_logprobs, token weights 1, no importance weights (None), the pg / entropy /
+loss masks equal to the response mask, no critic.
 """
 
 import dataclasses

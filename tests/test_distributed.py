@@ -182,7 +182,7 @@ def metric_rows(rank: int, world: int) -> dict:
     import common
     import ppo_minimal as pm
     from evaluation import eos_mask_errors
-    from offpolicy import gap_stats, off_policy_weights
+    from offpolicy import OffPolicyArgs, corrections, gap_stats, off_policy_weights
 
     g = torch.Generator().manual_seed(0)
     B, R = 8, 9
@@ -200,6 +200,12 @@ def metric_rows(rank: int, world: int) -> dict:
                                    values[rows])[-1])  # fmt: skip
     m.update(off_policy_weights(old[rows], behav[rows], mask[rows], "tis")[1])
     m.update(gap_stats(old[rows], behav[rows], mask[rows]))
+    icepop = OffPolicyArgs(rollout_is="token", rollout_is_threshold="0.5_2.0", rollout_rs="token_k1,seq_mean_k3",
+                           rollout_rs_threshold="2.0,0.05")  # fmt: skip
+    m.update(corrections(icepop, old[rows], behav[rows], mask[rows])[2])  # veRL's rollout_corr/ metrics, global
+    seq_is = corrections(OffPolicyArgs(rollout_is="sequence", rollout_rs="seq_max_k2", rollout_rs_threshold="0.3"),
+                         old[rows], behav[rows], mask[rows])[2]  # fmt: skip
+    m.update({f"seq/{k}": v for k, v in seq_is.items()})
     m["stats/kl"] = float(
         common.masked_mean(pm.kl_estimate(old[rows], ref[rows]) * mask[rows], mask[rows], global_=True)
     )
@@ -229,8 +235,14 @@ def test_metrics_under_ddp_pool_every_sample_and_token(tmp_path):
         "stats/return_std",
         "stats/is_weight_mean",
         "stats/eos_mask_err_frac",
+        "rollout_corr/rollout_is_min",
+        "rollout_corr/rollout_is_eff_sample_size",
+        "rollout_corr/rollout_rs_seq_masked_fraction",
+        "seq/rollout_corr/rollout_is_max",
+        "seq/rollout_corr/chi2_seq",
     ):
         assert key in single
+    assert 0 < single["rollout_corr/rollout_rs_masked_fraction"] < 1 and single["rollout_corr/rollout_is_oob_ratio"] > 0
     assert single["stats/eos_mask_err_frac"] > 0  # rows without the stop token 3 are errors: not vacuous
     bad = {k: (parts[0][k], v) for k, v in single.items() if abs(parts[0][k] - v) > 1e-6 * max(1.0, abs(v))}
     assert not bad, f"pooled over ranks != single process: {bad}"

@@ -34,6 +34,21 @@ def test_reward_rises_against_lr0_control(tmp_path, sft_path, adv_estimator):
     assert max(r["stats/rollout_vs_old_logp_diff"] for r in rows) < 1e-4
 
 
+def test_loss_families_and_reinforce_pp_learn_against_lr0_control(tmp_path, sft_path):
+    """offpolicy.py's families learn like vanilla PPO does: GSPO (the paper's clip ranges, sequence-mean
+    aggregation) with GRPO advantages, CISPO with REINFORCE++-baseline advantages; the same lr = 0 control (the loss
+    family cannot matter without a step)."""
+    _, c_end, _ = run(tmp_path / "control", sft_path, adv_estimator="grpo", lr=0.0)
+    arms = {
+        "gspo": dict(adv_estimator="grpo", loss_mode="gspo", loss_agg="seq-mean-token-mean", clip_low=3e-4,
+                     clip_high=4e-4),
+        "cispo": dict(adv_estimator="reinforce_plus_plus_baseline", loss_mode="cispo"),
+    }  # fmt: skip
+    for name, kw in arms.items():
+        start, end, _ = run(tmp_path / name, sft_path, **kw)  # (one epoch of one minibatch: the ratio stays 1)
+        assert end - start > 0.05 and end - c_end > 0.05, f"{name}: {start:.3f} -> {end:.3f}, control {c_end:.3f}"
+
+
 def test_embedded_default_raises_held_out_greedy_accuracy(tmp_path, default_sft_path):
     """The embedded default as `python ppo_minimal.py --adv-estimator grpo` runs it (sort, its SFT warm start,
     90 iterations; README "Learning": +52 points on 500 prompts for seed 0): greedy exact match on 200 held-out

@@ -256,6 +256,24 @@ def test_estimate_under_fsdp_and_lora():
     assert adapted["policy weights + AdamW"] == pytest.approx((N + 3 * n_adapters) * 4 / GiB)
 
 
+def test_estimate_counts_the_bf16_sampler_copy():
+    """--rollout-dtype bfloat16: the sampler's copy (2 bytes a weight) on every peak, its KV cache in bf16 (measured:
+    offpolicy.inference_copy holds exactly that many bf16 parameters)."""
+    import offpolicy
+
+    policy, critics = memory.meta_models(None, n_critics=1)
+    N, GiB = sum(p.numel() for p in policy.parameters()), 2**30
+    sizes = {"seqs": 32, "prompt_len": 8, "response_len": 24, "rows": 16}
+    fp32 = memory.estimate(policy, critics, memory.MemoryArgs(), **sizes)
+    bf16 = memory.estimate(policy, critics, memory.MemoryArgs(), engine="bfloat16", **sizes)
+    copy = offpolicy.inference_copy(make_tiny_model(make_tokenizer()), "bfloat16")
+    assert bf16["sampler's bf16 copy (--rollout-dtype)"] * GiB == sum(p.numel() * p.element_size() for p in
+                                                                     copy.parameters()) == 2 * N  # fmt: skip
+    kv = "rollout KV cache (32 x 32 tokens)"
+    assert bf16[kv] == pytest.approx(fp32[kv] / 2) and fp32["sampler's bf16 copy (--rollout-dtype)"] == 0
+    assert bf16["peak: update"] - fp32["peak: update"] == pytest.approx(2 * N / GiB)
+
+
 def test_memory_flags_validated():
     with pytest.raises(ValueError, match="micro_batch_tokens"):
         pm.Config(micro_batch_tokens=-1)

@@ -73,9 +73,10 @@ def test_one_update_equals_ppo_minimal_update_on_the_same_batch():
     loss_a, gn_a = T.update(ours, opt_a, ids, attn, resp_mask, old, adv)
 
     ones = torch.ones_like(adv)
-    mb = pm.Batch(input_ids=ids, attention_mask=attn, response_mask=resp_mask, old_logprobs=old, clip_anchor=old,
+    mb = pm.Batch(input_ids=ids, attention_mask=attn, response_mask=resp_mask, loss_mask=resp_mask.float(),
+                  old_logprobs=old, clip_anchor=old,
                   ref_logprobs=None, advantages=adv, token_weights=ones, pg_mask=resp_mask, ent_mask=resp_mask,
-                  is_weights=ones, old_values=None, critic_returns=None, shares=None)  # fmt: skip
+                  is_weights=None, old_values=None, critic_returns=None, shares=None)  # fmt: skip
     rows, step, _ = pm.policy_step(pm.Config(), theirs, opt_b, mb, 1, contextlib.nullcontext, True, "test")
     assert 0 < rows[0]["stats/clipfrac"] < 1 and rows[0]["stats/clipfrac_lower"] > 0  # both clips bind
     torch.testing.assert_close(loss_a.double(), step["loss/policy"], rtol=1e-6, atol=1e-8)

@@ -15,6 +15,13 @@ veRL -> minrl correspondence:
   compute_value_loss             -> value_loss (vf_clipfrac)
   kl_penalty kl / mse / low_var_kl -> kl_estimate k1 / k2 / k3
   agg_loss                       -> aggregate
+  rollout_corr_helper: compute_rollout_correction_weights -> offpolicy.rollout_is_weights,
+    compute_rollout_rejection_mask -> rollout_rejection_mask, compute_offpolicy_metrics -> gap_metrics
+    (minrl's metric keys: veRL's with the rollout_corr/ prefix of its unified entry point; a subset of them)
+  compute_policy_loss_{gspo,cispo,sapo,geo_mean,dppo_tv,dppo_kl} -> policy_loss(kind=...): values, metrics and
+    gradients w.r.t. log_prob (geo_mean: veRL takes torch.mean over every row, minrl the seq-mean-token-mean over
+    non-empty rows: compared as ours * n_nonempty / B)
+  compute_reinforce_plus_plus[_baseline]_outcome_advantage -> offpolicy.reinforce_pp[_baseline]_advantages
 """
 
 import json
@@ -192,3 +199,136 @@ def test_kl_estimate_matches_verl(kind):
 def test_aggregate_matches_verl(case, _s, mode):
     loss_mat, mask = t64(case["inputs"]["loss_mat"]), t64(case["inputs"]["mask"])
     close_scalar(pm.aggregate(loss_mat, mask, mode), case["outputs"][mode], f"aggregate {case['name']} {mode}")
+
+
+# ------------------------------------------------------------------------------------------------
+# rollout_corr_helper: rollout IS weights, rejection masks, off-policy metrics (offpolicy.py 1)
+
+CORR = GOLDEN["rollout_corr"]
+
+
+def gap_of(case):
+    inp = case["inputs"]
+    return t64(inp["old_logprobs"]), t64(inp["rollout_logprobs"]), t64(inp["mask"])
+
+
+def same_metrics(ours: dict, verl: dict, what: str, expected: set[str]) -> None:
+    """minrl reports exactly the `expected` metrics (rollout_corr/<veRL's key>), each one of veRL's and equal to it."""
+    assert {k.removeprefix("rollout_corr/") for k in ours} == expected, f"{what}: {sorted(ours)}"
+    for key, value in ours.items():
+        name = key.removeprefix("rollout_corr/")
+        assert key.startswith("rollout_corr/") and name in verl, f"{what}: {key} is not a veRL metric"
+        close_scalar(value, verl[name], f"{what} {name}")
+
+
+def test_rollout_corr_golden_coverage():
+    import offpolicy
+
+    kinds = {o for c in CORR["rs"] for s in c["settings"] for o in s["kind"].split(",")}
+    assert kinds == set(offpolicy.RS_OPTIONS), "every rejection option is golden-tested"
+    assert any("," in s["kind"] and "," in s["threshold"] for s in CORR["rs"][0]["settings"]), "a chain"
+    for c in CORR["is"]:
+        old, rollout, mask = gap_of(c)
+        rho = (old - rollout)[mask.bool()]
+        assert (rho > 20).any() and (rho < -20).any(), "valid log-ratios beyond the +-20 safety bound"
+        assert (mask.sum(-1) == 0).any() and ((mask[:, :-1] == 0) & (mask[:, 1:] == 1)).any(), "empty rows, holes"
+    fams = {(s["kind"], s["agg"]) for c in GOLDEN["policy_loss_families"] for s in c["settings"]}
+    assert {k for k, _ in fams} == set(offpolicy.LOSS_MODES) - {"vanilla"}, "every loss family is golden-tested"
+    assert len(fams) == 6 * len(AGG_MODES), "each under every aggregation mode (sapo, geo_mean: veRL ignores it)"
+    for c in GOLDEN["policy_loss_families"]:
+        x, adv = t64(c["inputs"]["logprobs"]) - t64(c["inputs"]["old_logprobs"]), t64(c["inputs"]["advantages"])
+        valid = t64(c["inputs"]["mask"]).bool()
+        assert (x[valid] > 20).any() and (adv == 0).all(-1).any(), "ratios beyond exp(20), a row with A = 0"
+
+
+@pytest.mark.parametrize("case,setting", [
+    pytest.param(c, s, id=f"{c['name']}-{s['level']}-{s['threshold']}") for c in CORR["is"] for s in c["settings"]
+])  # fmt: skip
+def test_rollout_is_weights_match_verl(case, setting):
+    from offpolicy import rollout_is_weights
+
+    old, rollout, mask = gap_of(case)
+    w, m = rollout_is_weights(old, rollout, mask, level=setting["level"], threshold=setting["threshold"])
+    what = f"rollout_is {case['name']} {setting['level']} {setting['threshold']}"
+    close_at_valid(w, t64(setting["weights"]), torch.ones_like(mask), what)  # 0 at masked positions in both
+    assert not w.requires_grad
+    keys = {f"rollout_is_{k}" for k in ("mean", "max", "min", "eff_sample_size", "ratio_fraction_high")}
+    keys |= {"rollout_is_ratio_fraction_low"} | ({"rollout_is_oob_ratio"} if "_" in setting["threshold"] else set())
+    same_metrics(m, setting["metrics"], what, keys)  # IcePop also reports the share it zeroed
+
+
+@pytest.mark.parametrize("case,setting", [
+    pytest.param(c, s, id=f"{c['name']}-{s['kind']}-{s['threshold']}") for c in CORR["rs"] for s in c["settings"]
+])  # fmt: skip
+def test_rollout_rejection_mask_matches_verl(case, setting):
+    from offpolicy import rollout_rejection_mask
+
+    old, rollout, mask = gap_of(case)
+    keep, m = rollout_rejection_mask(old, rollout, mask, kind=setting["kind"], threshold=setting["threshold"])
+    what = f"rollout_rs {case['name']} {setting['kind']} {setting['threshold']}"
+    assert torch.equal(keep.to(F64), t64(setting["mask"])), f"{what}: masks differ"
+    each = ("mean", "max", "masked_fraction", "seq_masked_fraction")
+    keys = {f"rollout_rs_{o}_{k}" for o in setting["kind"].split(",") for k in each}
+    same_metrics(m, setting["metrics"], what, keys | {"rollout_rs_masked_fraction", "rollout_rs_seq_masked_fraction"})
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c["name"]) for c in CORR["offpolicy_metrics"]])
+def test_gap_metrics_match_verl(case):
+    from offpolicy import gap_metrics
+
+    m = gap_metrics(*gap_of(case))
+    keys = {"kl", "k3_kl", "training_ppl", "rollout_ppl", "log_ppl_diff", "log_ppl_abs_diff", "log_ppl_diff_max"}
+    keys |= {"ppl_ratio", "chi2_token", "chi2_seq"}
+    same_metrics(m, case["metrics"], f"offpolicy metrics {case['name']}", keys)
+
+
+# ------------------------------------------------------------------------------------------------
+# core_algos: the loss families (values AND gradients w.r.t. log_prob) and REINFORCE++ (offpolicy.py 3, 4)
+
+
+@pytest.mark.parametrize("case,setting", [
+    pytest.param(c, s, id=f"{c['name']}-{s['kind']}-{s['clip_low']}-{s['agg']}-{'w' if s['weighted'] else 'nw'}")
+    for c in GOLDEN["policy_loss_families"] for s in c["settings"]
+])  # fmt: skip
+def test_loss_families_match_verl_values_and_gradients(case, setting):
+    inp = {k: t64(v) for k, v in case["inputs"].items()}
+    mask, kind = inp["mask"], setting["kind"]
+    lp = inp["logprobs"].clone().requires_grad_(True)
+    loss, m = pm.policy_loss(
+        lp, inp["old_logprobs"], inp["advantages"], mask, kind=kind, clip_low=setting["clip_low"],
+        clip_high=setting["clip_high"], dual_clip=3.0, tau_pos=1.0, tau_neg=1.05, agg=setting["agg"],
+        is_weights=inp["is_weights"] if setting["weighted"] else None,
+    )  # fmt: skip
+    (grad,) = torch.autograd.grad(loss, lp)
+    if kind == "geo_mean":  # veRL: torch.mean over every row; minrl: over non-empty rows (seq-mean-token-mean)
+        scale = (mask.sum(-1) > 0).sum() / mask.shape[0]
+        loss, grad = loss * scale, grad * scale
+    what = f"{kind} {case['name']} clip=({setting['clip_low']}, {setting['clip_high']}) {setting['agg']}"
+    what += " weighted" if setting["weighted"] else ""
+    close_scalar(loss.detach(), setting["loss"], f"loss {what}")
+    close_at_valid(grad, t64(setting["grad"]), torch.ones_like(mask), f"d loss / d logprob {what}")
+    out = setting["metrics"]
+    close_scalar(m["clipfrac"], out["pg_clipfrac"], f"clipfrac {what}")
+    close_scalar(m["clipfrac_lower"], out["pg_clipfrac_lower"], f"clipfrac_lower {what}")
+    close_scalar(m["approx_kl"], out["ppo_kl"], f"approx_kl {what}")
+
+
+@pytest.mark.parametrize("case,setting,_k", cases("reinforce_pp", "settings"))
+def test_reinforce_pp_matches_verl(case, setting, _k):
+    from offpolicy import reinforce_pp_advantages
+
+    r, mask = t64(case["inputs"]["token_rewards"]), t64(case["inputs"]["mask"])
+    adv, ret = reinforce_pp_advantages(r, mask, setting["gamma"])
+    what = f"reinforce++ {case['name']} gamma={setting['gamma']}"
+    close_at_valid(ret, t64(setting["returns"]), mask, f"{what} returns")
+    close_at_valid(adv, t64(setting["advantages"]), mask, f"{what} advantages")
+
+
+@pytest.mark.parametrize("case,_s,_k", cases("reinforce_pp_baseline"))
+def test_reinforce_pp_baseline_matches_verl(case, _s, _k):
+    from offpolicy import reinforce_pp_baseline_advantages
+
+    inp = case["inputs"]
+    rewards, ids, mask = t64(inp["rewards"]), torch.tensor(inp["group_ids"]), t64(inp["mask"])
+    adv = reinforce_pp_baseline_advantages(rewards, ids, mask)
+    close_at_valid(adv, t64(case["advantages"]), mask, f"reinforce++ baseline {case['name']}")

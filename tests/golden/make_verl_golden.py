@@ -14,8 +14,8 @@ How to regenerate (CPU only, a throwaway venv of about 1.4 GB, never the system 
     /tmp/verl-env/bin/python tests/golden/make_verl_golden.py   # from the repository root
 
 (`--no-deps` because verl's full dependency list, vllm/wandb/datasets/..., is not needed to import
-`verl.trainer.ppo.core_algos`; the packages on the last pip line are exactly what its import chain needs.
-pip prints a dependency-conflict warning about the rest; that is expected.)
+`verl.trainer.ppo.core_algos` and `rollout_corr_helper`; the packages on the last pip line are exactly what their
+import chain needs. pip prints a dependency-conflict warning about the rest; that is expected.)
 
 What the file holds (every float is fp64, written with `repr`, so it reads back bit for bit; inputs are
 rounded to 6 decimals to keep the file small, outputs are not rounded):
@@ -39,6 +39,16 @@ rounded to 6 decimals to keep the file small, outputs are not rounded):
    agree), with log-ratios that hit the +-20 input clamp and the +-10 output clamp of k3.
 7. `agg_loss`: agg_loss for token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm (its
    default loss_scale_factor, the padded width T).
+
+8. `rollout_corr` (verl.trainer.ppo.rollout_corr_helper): compute_rollout_correction_weights (token and sequence
+   level, TIS "2.0" / "1.2" and IcePop "0.5_5.0"), compute_rollout_rejection_mask (every option alone, two chains,
+   veRL's geometric preset 0.999_1.001), compute_offpolicy_metrics; log-ratios beyond the +-20 safety bound.
+9. `policy_loss_families`: get_policy_loss_fn(gspo | cispo | sapo | geo_mean | dppo_tv | dppo_kl) per aggregation
+   mode, with and without rollout IS weights: the loss, the metrics AND the gradient d loss / d log_prob (the
+   stop-gradients of GSPO, CISPO, SAPO and DPPO show only there); ratios beyond exp(20), rows with A = 0.
+10. `reinforce_pp`: compute_reinforce_plus_plus_outcome_advantage (gamma 1 and 0.99, observation holes);
+    `reinforce_pp_baseline`: compute_reinforce_plus_plus_baseline_outcome_advantage on the GRPO inputs.
+Sections 8-10 come after the others from the same seeded stream, so the inputs of 1-7 did not change.
 
 Masks are 0/1 floats, right-padded with ragged lengths, with fully masked rows and rows whose middle
 positions are masked (multi-turn observation tokens). At masked positions veRL's outputs hold
@@ -336,10 +346,177 @@ def agg_cases(rng, core) -> list[dict]:
     return cases
 
 
+def gap_inputs(rng, b: int, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(old, rollout, mask) [B, T] for the rollout corrections: a near-on-policy gap (bf16-like, |rho| ~ 0.05), a few
+    large ones, and valid tokens beyond the +-20 safety bound; masks with an empty row and holes."""
+    mask = torch.from_numpy(make_mask(rng, b, t, n_empty=1, n_holes=2))
+    old = rounded(-np.abs(rng.normal(1.0, 1.0, size=(b, t))))
+    rho = 0.05 * rng.normal(size=(b, t))
+    pick = rng.random(size=(b, t))
+    rho[pick < 0.2] = rng.choice([-1.5, -0.7, 0.4, 0.9, 1.8], size=int((pick < 0.2).sum()))
+    valid = np.argwhere(mask.numpy() > 0)
+    for (i, j), x in zip(valid[rng.choice(len(valid), 2, replace=False)], [24.0, -23.0]):
+        rho[i, j] = x  # rho = old - rollout beyond the +-20 clamp
+    rollout = rounded(old - rho)
+    return torch.from_numpy(old), torch.from_numpy(rollout), mask
+
+
+def rollout_corr_cases(rng, rc) -> dict:
+    """rollout_corr_helper: IS weights (token / sequence x TIS / IcePop thresholds), rejection masks (each option,
+    a chain with per-option thresholds, a shared threshold), the off-policy metrics. Metric keys are veRL's, without
+    the rollout_corr/ prefix (compute_rollout_correction_and_rejection_mask adds it)."""
+    out = {"is": [], "rs": [], "offpolicy_metrics": []}
+    rs_settings = [("token_k1", "2.0"), ("token_k1", "0.8_1.5"), ("token_k2", "0.02"), ("token_k3", "0.02")]
+    bounds = ((1, "0.5_2.0"), (2, "0.05"), (3, "0.05"))
+    rs_settings += [(f"seq_{a}_k{k}", th) for a in ("sum", "mean") for k, th in bounds]
+    rs_settings += [("seq_mean_k1", "0.999_1.001"), ("seq_max_k2", "0.1"), ("seq_max_k3", "0.1")]
+    rs_settings += [("token_k1,seq_mean_k3", "0.5_2.0,0.02"), ("token_k2,seq_max_k3", "0.05")]
+    for name, (b, t) in [("small", (6, 9)), ("medium", (12, 16))]:
+        old, rollout, mask = gap_inputs(rng, b, t)
+        inputs = {"old_logprobs": as_list(old), "rollout_logprobs": as_list(rollout), "mask": mask_list(mask)}
+        settings = []
+        for level in ("token", "sequence"):
+            for th in ("2.0", "0.5_5.0", "1.2"):
+                w, m = rc.compute_rollout_correction_weights(
+                    old - rollout, mask, rollout_is=level, rollout_is_threshold=th
+                )
+                settings.append({"level": level, "threshold": th, "weights": as_list(w), "metrics": m})
+        out["is"].append({"name": name, "inputs": inputs, "settings": settings})
+        settings = []
+        for kind, th in rs_settings:
+            keep, m = rc.compute_rollout_rejection_mask(old - rollout, mask, rollout_rs=kind, rollout_rs_threshold=th)
+            settings.append({"kind": kind, "threshold": th, "mask": as_list(keep), "metrics": m})
+        out["rs"].append({"name": name, "inputs": inputs, "settings": settings})
+        m = rc.compute_offpolicy_metrics(old_log_prob=old, rollout_log_prob=rollout, response_mask=mask)
+        out["offpolicy_metrics"].append({"name": name, "inputs": inputs, "metrics": m})
+    # the unified entry point prefixes every key with rollout_corr/ and swaps the mask: checked once here
+    _, keep, m = rc.compute_rollout_correction_and_rejection_mask(
+        old,
+        rollout,
+        mask,
+        rollout_is="token",
+        rollout_is_threshold=2.0,
+        rollout_rs="seq_mean_k1",
+        rollout_rs_threshold="0.999_1.001",
+    )
+    assert all(k.startswith("rollout_corr/") for k in m) and keep.shape == mask.shape
+    return out
+
+
+FAMILIES = ["gspo", "cispo", "sapo", "geo_mean", "dppo_tv", "dppo_kl"]
+
+
+def family_loss_cases(rng, core, actor_config_cls) -> list[dict]:
+    """Each loss family's loss, metrics and gradient d loss / d log_prob, per aggregation mode (sapo and geo_mean
+    aggregate per sequence whatever the mode), with and without rollout IS weights. Log-probs stay < 0 (DPPO
+    takes probabilities); rows of an all-equal group have A = 0; log-ratios beyond +-20 and dual-clip territory."""
+    cases = []
+    for name, (b, t) in [("small", (6, 8)), ("medium", (10, 14))]:
+        mask = torch.from_numpy(make_mask(rng, b, t, n_empty=1, n_holes=2))
+        old = -np.abs(rng.normal(1.2, 1.2, size=(b, t))) - 1e-3  # [B, T] old log-probs < 0
+        log_ratio = 0.15 * rng.normal(size=(b, t))
+        pick = rng.random(size=(b, t))
+        log_ratio[pick < 0.2] = rng.choice([-1.0, -0.3, 0.25, 0.6, 1.2], size=int((pick < 0.2).sum()))
+        adv = rng.normal(0.0, 1.0, size=(b,))[:, None].repeat(t, 1)  # sequence-level advantages (GMPO's case)
+        adv[0] = 0.0  # a row of an all-equal group
+        adv[1] += 0.3 * rng.normal(size=t)  # and a row with token-level advantages
+        valid = np.argwhere(mask.numpy() > 0)
+        for i, j in valid[rng.choice(len(valid), 2, replace=False)]:
+            old[i, j], log_ratio[i, j] = -25.0, 24.9  # a ratio beyond exp(20)
+        new = np.minimum(old + log_ratio, -1e-4)
+        old_t, new_t, adv_t = (torch.from_numpy(rounded(a)) for a in (old, new, adv))
+        is_w = torch.from_numpy(rounded(np.exp(np.clip(0.3 * rng.normal(size=(b, t)), -1, 1)))) * mask
+        settings = []
+        for kind in FAMILIES:
+            modes = AGG_MODES  # sapo and geo_mean ignore the mode (veRL): the same value under each
+            clips = [(0.2, 0.28)] if kind not in ("gspo",) else [(3e-4, 4e-4), (0.2, 0.28)]
+            for clip_low, clip_high in clips:
+                for mode in modes:
+                    for weighted in (False, True):
+                        cfg = actor_config_cls(
+                            strategy="fsdp",
+                            rollout_n=1,
+                            ppo_micro_batch_size_per_gpu=1,
+                            clip_ratio=clip_low,
+                            clip_ratio_low=clip_low,
+                            clip_ratio_high=clip_high,
+                            clip_ratio_c=3.0,
+                            tau_pos=1.0,
+                            tau_neg=1.05,
+                            loss_agg_mode=mode,
+                        )
+                        lp = new_t.clone().requires_grad_(True)
+                        fn = core.get_policy_loss_fn(kind)
+                        loss, m = fn(
+                            old_t,
+                            lp,
+                            adv_t,
+                            mask,
+                            loss_agg_mode=mode,
+                            config=cfg,
+                            rollout_is_weights=is_w if weighted else None,
+                        )
+                        (grad,) = torch.autograd.grad(loss, lp)
+                        settings.append(
+                            {
+                                "kind": kind,
+                                "clip_low": clip_low,
+                                "clip_high": clip_high,
+                                "agg": mode,
+                                "weighted": weighted,
+                                "loss": loss.item(),
+                                "grad": as_list(grad),
+                                "metrics": {k.split("/")[1]: v for k, v in m.items()},
+                            }
+                        )
+        cases.append(
+            {
+                "name": name,
+                "inputs": {
+                    "logprobs": as_list(new_t),
+                    "old_logprobs": as_list(old_t),
+                    "advantages": as_list(adv_t),
+                    "mask": mask_list(mask),
+                    "is_weights": as_list(is_w),
+                },
+                "settings": settings,
+            }
+        )
+    return cases
+
+
+def reinforce_pp_cases(rng, core, algo_config_cls) -> dict:
+    """reinforce_plus_plus (per-token rewards, gamma 1 and 0.99, masks with holes) and reinforce_plus_plus_baseline
+    (the GRPO inputs: a singleton group, an all-equal group)."""
+    plain = []
+    for name, (b, t) in [("small", (6, 8)), ("medium", (10, 14))]:
+        mask = torch.from_numpy(make_mask(rng, b, t, n_empty=1, n_holes=2))
+        rewards = torch.from_numpy(rounded(0.2 * rng.normal(size=(b, t)) + (rng.random((b, t)) < 0.1)))
+        settings = []
+        for gamma in (1.0, 0.99):
+            adv, ret = core.compute_reinforce_plus_plus_outcome_advantage(
+                rewards.clone(), mask, config=algo_config_cls(gamma=gamma)
+            )
+            settings.append({"gamma": gamma, "advantages": as_list(adv), "returns": as_list(ret)})
+        plain.append(
+            {"name": name, "inputs": {"token_rewards": as_list(rewards), "mask": mask_list(mask)}, "settings": settings}
+        )
+    baseline = []
+    for c in outcome_inputs(rng):
+        tr, mask = token_rewards_from_scores(c["scores"], c["mask"]), torch.from_numpy(c["mask"])
+        adv, ret = core.compute_reinforce_plus_plus_baseline_outcome_advantage(tr.clone(), mask, c["ids"])
+        assert torch.equal(adv, ret)
+        inputs = {"rewards": as_list(c["scores"]), "group_ids": c["ids"].tolist(), "mask": mask_list(mask)}
+        baseline.append({"name": c["name"], "inputs": inputs, "advantages": as_list(adv)})
+    return {"reinforce_pp": plain, "reinforce_pp_baseline": baseline}
+
+
 def main() -> None:
     import verl
     import verl.trainer.ppo.core_algos as core
+    import verl.trainer.ppo.rollout_corr_helper as rc
     import verl.utils.torch_functional as verl_F
+    from verl.trainer.config import AlgoConfig
     from verl.workers.config import ActorConfig
 
     rng = np.random.default_rng(SEED)
@@ -365,6 +542,10 @@ def main() -> None:
         "kl_penalty": kl_cases(rng, core),
         "agg_loss": agg_cases(rng, core),
     }
+    # issue 22, appended after the sections above so that their inputs (one seeded stream) stay the same
+    data["rollout_corr"] = rollout_corr_cases(rng, rc)
+    data["policy_loss_families"] = family_loss_cases(rng, core, ActorConfig)
+    data.update(reinforce_pp_cases(rng, core, AlgoConfig))
     text = json.dumps(data, separators=(",", ":"))
     OUT.write_text(text + "\n")
     print(
