@@ -71,14 +71,15 @@ class OffPolicyArgs:
     """decoupled: tokens whose pi_old / pi_behav exceeds this are masked out of the policy loss."""
     rollout_is: Literal["token", "sequence"] | None = None
     """veRL rollout IS weights pi_old / pi_rollout per token or per sequence (None = off)."""
-    rollout_is_threshold: str = "2.0"
-    """Rollout IS: "U" truncates weights at U (TIS); "L_U" zeroes weights outside [L, U] (IcePop)."""
+    rollout_is_threshold: str | None = None
+    """Rollout IS: "U" truncates weights at U (TIS); "L_U" zeroes weights outside [L, U] (IcePop) (None = 2.0)."""
     rollout_rs: str | None = None
     """Rollout rejection: comma-separated token_k1|k2|k3, seq_sum_kX, seq_mean_kX, seq_max_k2|k3 (None = off)."""
     rollout_rs_threshold: str | None = None
     """Rejection bounds, one for all options or one per option: kX "U", k1 ratios "L_U" (or "U": [1/U, U])."""
     loss_mode: Literal[LOSS_MODES] = "vanilla"
-    """Policy loss family: vanilla (PPO clip) | gspo | cispo | sapo | geo_mean | dppo_tv | dppo_kl (veRL's)."""
+    """Policy loss: vanilla (PPO clip) | gspo | cispo | sapo | geo_mean | dppo_tv | dppo_kl (veRL's). clip_low/high
+    bound all but sapo's (dppo: divergences); dual_clip is vanilla's dual clip and dppo's ratio cap, else unused."""
     sapo_tau_pos: float = 1.0
     """sapo: gate temperature for tokens with A > 0 (veRL tau_pos)."""
     sapo_tau_neg: float = 1.05
@@ -88,10 +89,13 @@ class OffPolicyArgs:
     stay fp32: a sampler-trainer gap to correct; evaluation uses the policy); float32 samples with the policy."""
 
     def __post_init__(self):
-        self.off_policy = self.off_policy or "none"  # derived once here, printed with the config
+        self.off_policy = self.off_policy or "none"  # derived once here, printed with the config, and:
+        if self.rollout_is and self.rollout_is_threshold is None:
+            self.rollout_is_threshold = "2.0"  # veRL's default (TIS at 2)
         check_fields(self, {"[1.0, inf)": ("is_cap", "is_mask_cap"), "(0, inf)": ("sapo_tau_pos", "sapo_tau_neg")},
                      OffPolicyArgs)  # fmt: skip
-        is_bounds(self.rollout_is_threshold)  # a malformed threshold fails here, naming the field
+        if self.rollout_is:
+            is_bounds(self.rollout_is_threshold)  # a malformed threshold fails here, naming the field
         if self.rollout_rs is not None:
             rs_bounds(self.rollout_rs, self.rollout_rs_threshold)
         for bad, why in (
@@ -99,13 +103,17 @@ class OffPolicyArgs:
              f"{self.off_policy!r}: both correct pi_old / pi_behav; keep one (--off-policy none)"),
             (self.rollout_rs is None and self.rollout_rs_threshold is not None,
              "'rollout_rs_threshold' without --rollout-rs: it bounds nothing (name the rejection kind)"),
-            (self.rollout_is is None and self.rollout_is_threshold != "2.0",
+            (self.rollout_is is None and self.rollout_is_threshold is not None,
              f"'rollout_is_threshold' = {self.rollout_is_threshold!r} without --rollout-is: it weights nothing"),
             (self.loss_mode != "sapo" and (self.sapo_tau_pos, self.sapo_tau_neg) != (1.0, 1.05),
              f"'sapo_tau_pos' / 'sapo_tau_neg' set with loss_mode = {self.loss_mode!r}: only sapo has a gate"),
         ):  # fmt: skip
             if bad:
                 raise ValueError(f"config field {why}")
+
+    def reports_gap(self) -> bool:
+        """veRL's rollout_corr/ gap metrics are logged: with a rollout correction or a bf16 sampler (as veRL)."""
+        return self.rollout_is is not None or self.rollout_rs is not None or self.rollout_dtype != "float32"
 
 
 def inference_copy(policy, dtype: str):
@@ -259,8 +267,7 @@ def gap_metrics(old_logprobs, rollout_logprobs, mask) -> dict:
 
 def corrections(args: OffPolicyArgs, old_logprobs, rollout_logprobs, mask):
     """The batch's off-policy corrections: IS weights [B, R] (detached; None without any), the loss mask [B, R]
-    (mask without the rejected tokens) and the metrics: rollout_corr/* with --rollout-is / --rollout-rs (as veRL)
-    or a bf16 sampler."""
+    (mask without the rejected tokens) and their metrics (rollout_corr/*, veRL's; the gap's own: gap_stats)."""
     weights, stats = off_policy_weights(old_logprobs, rollout_logprobs, mask, args.off_policy, args.is_cap,
                                         args.is_mask_cap)  # fmt: skip
     loss_mask = mask
@@ -272,8 +279,6 @@ def corrections(args: OffPolicyArgs, old_logprobs, rollout_logprobs, mask):
         loss_mask, m = rollout_rejection_mask(old_logprobs, rollout_logprobs, mask, kind=args.rollout_rs,
                                               threshold=args.rollout_rs_threshold)  # fmt: skip
         stats.update(m)
-    if args.rollout_is or args.rollout_rs or args.rollout_dtype != "float32":  # the gap's KL, PPL, chi^2
-        stats.update(gap_metrics(old_logprobs, rollout_logprobs, mask))
     return weights, loss_mask, stats
 
 
@@ -291,10 +296,11 @@ def off_policy_weights(old_logprobs, behav_logprobs, mask, mode: str, cap: float
     return out, stats
 
 
-def gap_stats(old_logprobs, behav_logprobs, mask, policy_version=None, step: int = 0) -> dict:
+def gap_stats(old_logprobs, behav_logprobs, mask, policy_version=None, step: int = 0, verl: bool = False) -> dict:
     """Mean |sampler - trainer| logprob gap over valid tokens: stats/rollout_vs_old_logp_diff on the samples of the
     current weights (numerics only; absent when every sample is stale), and with policy versions (async) also
-    stats/behav_vs_old_logp_diff over every sample, staleness included. All inputs [B, R]; policy_version [B]."""
+    stats/behav_vs_old_logp_diff over every sample, staleness included; verl: veRL's gap_metrics too (the trainer's
+    with a correction or a bf16 sampler: OffPolicyArgs.reports_gap). All inputs [B, R]; policy_version [B]."""
     gap = (behav_logprobs - old_logprobs).abs()  # [B, R]
     fresh = mask if policy_version is None else mask * (policy_version == step)[:, None]  # [B, R] same weights
     mean = lambda m: float(masked_mean(gap, m, global_=True))  # noqa: E731  (over the tokens of all ranks)
@@ -302,7 +308,7 @@ def gap_stats(old_logprobs, behav_logprobs, mask, policy_version=None, step: int
     stats = {"stats/rollout_vs_old_logp_diff": mean(fresh)} if policy_version is None or fresh.any() else {}
     if policy_version is not None:
         stats["stats/behav_vs_old_logp_diff"] = mean(mask)
-    return stats
+    return {**stats, **gap_metrics(old_logprobs, behav_logprobs, mask)} if verl else stats
 
 
 # ------------------------------------------------------------------------------------------------

@@ -845,7 +845,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         old_logprobs = batch.old_logprobs  # (reuse: the update's first forward filled it)
         if ref_logprobs is not None:
             m["stats/kl"] = float(masked_mean(kl_estimate(old_logprobs, ref_logprobs) * mask, mask, global_=True))
-        m.update(offpolicy.gap_stats(old_logprobs, behav, mask, rollout.policy_version, step))
+        m.update(offpolicy.gap_stats(old_logprobs, behav, mask, rollout.policy_version, step, cfg.reports_gap()))
         m["stats/kl_coef"] = kl_beta
         m.update({"stats/lr": opt.param_groups[0]["lr"], "time/rollout": t1 - t0})  # (the reward calls inside too)
         m.update({"perf/tokens_per_s": mask.sum().item() / (t3 - t0), "time/train": t3 - t2})

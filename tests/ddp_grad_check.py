@@ -90,12 +90,19 @@ def make_batch(policy, vocab: int, seed: int = 0, lengths: str = "ragged") -> pm
 
 
 def update_deltas(loss_agg: str, rank: int, world: int, tokens: int = 0, lengths: str = "ragged",
-                  checkpointing: bool = False, fsdp: bool = False) -> dict[str, torch.Tensor]:  # fmt: skip
+                  checkpointing: bool = False, fsdp: bool = False, loss_mode: str = "vanilla",
+                  reject: bool = False) -> dict[str, torch.Tensor]:  # fmt: skip
     """Parameter changes of policy and critics after one ppo_update on this rank's half of the batch; tokens > 0:
     micro-batches packed under that budget; checkpointing: every decoder layer checkpointed (memory.py); fsdp:
-    through FSDP2's shards instead of DDP's replicas."""
+    through FSDP2's shards instead of DDP's replicas; loss_mode: a loss family (offpolicy.py; sapo's policy term
+    has its own per-sequence normaliser); reject: a rollout rejection took every third token and row 1 out of the
+    losses (Batch.loss_mask)."""
     tok, policy, vms = make_models()
     batch = make_batch(policy, len(tok), lengths=lengths)
+    if reject:
+        keep = (torch.arange(R) % 3 != 1).float().expand(B, R).clone()
+        keep[1] = 0.0
+        batch.loss_mask = batch.loss_mask * keep
     for model in [policy, *(vm.backbone for vm in vms)] if checkpointing else []:
         checkpoint_layers(model)
     half = B // world
@@ -111,6 +118,7 @@ def update_deltas(loss_agg: str, rank: int, world: int, tokens: int = 0, lengths
         kl_loss_coef=0.1,
         ent_coef=0.01,
         temperature=0.9,
+        loss_mode=loss_mode,
     )
     wrap = partial(shard_or_replicate, world=world, fsdp=fsdp) if world > 1 or fsdp else None
     named = {f"policy.{n}": p for n, p in policy.named_parameters()}
@@ -154,6 +162,10 @@ def main(out: str, fsdp: bool = False) -> None:
         for mode in ("token-mean", "seq-mean-token-mean"):
             result[f"{lengths}/{mode}/tokens"] = update_deltas(mode, rank, world, BUDGET, lengths, fsdp=fsdp)
     result["checkpointed/token-mean"] = update_deltas("token-mean", rank, world, checkpointing=True, fsdp=fsdp)
+    result["sapo/token-mean"] = update_deltas("token-mean", rank, world, fsdp=fsdp, loss_mode="sapo")
+    result["rejected/seq-mean-token-mean"] = update_deltas("seq-mean-token-mean", rank, world, fsdp=fsdp, reject=True)
+    both = dict(loss_mode="sapo", reject=True, fsdp=fsdp)  # under a token budget, ranks with unequal packings
+    result["sapo-rejected/token-mean/tokens"] = update_deltas("token-mean", rank, world, BUDGET, "skewed", **both)
     halves = [None] * world  # every rank's rows of the no-grad passes, for rank 0 to save
     torch.distributed.all_gather_object(halves, no_grad_passes(rank, world, fsdp))
     result["no_grad"] = {k: torch.cat([h[k] for h in halves]) for k in halves[0]}

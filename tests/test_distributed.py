@@ -95,6 +95,23 @@ def test_ddp_checkpointed_layers_equal_single_process(ddp_deltas):
     assert diff < 1e-5, f"checkpointed DDP and single-process updates differ by {diff:.2e}"
 
 
+@pytest.mark.parametrize("key", ["sapo/token-mean", "rejected/seq-mean-token-mean", "sapo-rejected/token-mean/tokens"])
+def test_loss_family_and_rejected_tokens_equal_single_process(ddp_deltas, key):
+    """offpolicy.py's paths under 2 ranks == 1 process: sapo's policy term averaged per sequence over every rank's
+    rows (its own global normaliser) beside token-mean entropy, KL and value terms; rejected tokens and a rejected
+    row (Batch.loss_mask) out of the losses and of their global normalisers; both at once on the skewed batch
+    packed under a token budget (the single process: plain micro-batches)."""
+    check = load_grad_check()
+    mode, agg = key.split("/")[:2]
+    lengths = "skewed" if key.endswith("tokens") else "ragged"
+    kw = {"loss_mode": "sapo" if "sapo" in mode else "vanilla", "reject": "rejected" in mode, "lengths": lengths}
+    single = check.update_deltas(agg, rank=0, world=1, **kw)
+    plain = check.update_deltas(agg, rank=0, world=1, lengths=lengths)
+    assert max((single[n] - plain[n]).abs().max().item() for n in single) > 1e-4, f"{key}: the same as vanilla PPO"
+    diff = max((ddp_deltas[key][n] - single[n]).abs().max().item() for n in single)
+    assert diff < 1e-5, f"{key}: 2 ranks and 1 process differ by {diff:.2e}"
+
+
 def test_no_grad_passes_under_a_token_budget_equal_single_process(ddp_deltas):
     """Old and reference logprobs and the critics' values on 2 ranks under a token budget whose micro-batches have
     other row counts on each rank == 1 process (under FSDP2 a rank with one forward more would hang in an
@@ -199,7 +216,7 @@ def metric_rows(rank: int, world: int) -> dict:
     m.update(pm.compute_advantages(cfg, scores[rows], mask[rows], old[rows], ref[rows], 0.1, group_ids[rows],
                                    values[rows])[-1])  # fmt: skip
     m.update(off_policy_weights(old[rows], behav[rows], mask[rows], "tis")[1])
-    m.update(gap_stats(old[rows], behav[rows], mask[rows]))
+    m.update(gap_stats(old[rows], behav[rows], mask[rows], verl=True))  # + veRL's rollout_corr/ gap metrics
     icepop = OffPolicyArgs(rollout_is="token", rollout_is_threshold="0.5_2.0", rollout_rs="token_k1,seq_mean_k3",
                            rollout_rs_threshold="2.0,0.05")  # fmt: skip
     m.update(corrections(icepop, old[rows], behav[rows], mask[rows])[2])  # veRL's rollout_corr/ metrics, global
@@ -239,7 +256,7 @@ def test_metrics_under_ddp_pool_every_sample_and_token(tmp_path):
         "rollout_corr/rollout_is_eff_sample_size",
         "rollout_corr/rollout_rs_seq_masked_fraction",
         "seq/rollout_corr/rollout_is_max",
-        "seq/rollout_corr/chi2_seq",
+        "rollout_corr/chi2_seq",
     ):
         assert key in single
     assert 0 < single["rollout_corr/rollout_rs_masked_fraction"] < 1 and single["rollout_corr/rollout_is_oob_ratio"] > 0

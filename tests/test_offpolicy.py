@@ -167,20 +167,25 @@ def update_of(loss_mask, advantages, old, seed=0, **cfg):
 @pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean"])
 def test_rejected_tokens_leave_the_loss_and_its_normaliser(loss_agg):
     """policy_step on a loss_mask with rejected tokens and a rejected row: what sits at the rejected positions
-    (anchors, advantages) changes nothing, and the loss is the kept tokens' own average (not over every token)."""
+    (advantages) changes nothing, and at ratio 1 (no anchor: the first forward's) the policy loss is -A averaged
+    over the kept tokens alone: sum(keep A) / sum(keep), or per kept row then over the kept rows."""
     g = torch.Generator().manual_seed(0)
     resp = (torch.arange(7) < torch.tensor([7, 3, 5, 1, 6, 4])[:, None]).float()
     keep = resp.clone()
     keep[0, 2], keep[2, 4], keep[4] = 0, 0, 0  # two tokens and the whole row 4 rejected
-    old, adv = -torch.rand(6, 7, generator=g) - 0.5, torch.randn(6, 7, generator=g)
-    loss, grads = update_of(keep, adv * resp, old * resp, loss_agg=loss_agg)
-    adv2, old2 = torch.where(keep.bool(), adv, 50.0) * resp, torch.where(keep.bool(), old, -9.0) * resp  # junk there
-    loss2, grads2 = update_of(keep, adv2, old2, loss_agg=loss_agg)
+    adv = torch.randn(6, 7, generator=g) * resp
+    loss, grads = update_of(keep, adv, None, loss_agg=loss_agg)
+    loss2, grads2 = update_of(keep, torch.where(keep.bool(), adv, 50.0) * resp, None, loss_agg=loss_agg)  # junk
     assert loss == pytest.approx(loss2, abs=1e-7)
     assert all(torch.allclose(grads[n], grads2[n], atol=1e-7) for n in grads)
-    full, _ = update_of(resp, adv * resp, old * resp, loss_agg=loss_agg)
-    assert abs(full - loss) > 1e-4  # rejecting did change the update
-    assert any(g.abs().sum() > 0 for g in grads.values())
+    if loss_agg == "token-mean":
+        want = -(adv * keep).sum() / keep.sum()
+    else:
+        rows = keep.sum(-1) > 0
+        want = -((adv * keep).sum(-1)[rows] / keep.sum(-1)[rows]).mean()
+    assert loss == pytest.approx(float(want), abs=1e-6)
+    full, _ = update_of(resp, adv, None, loss_agg=loss_agg)
+    assert abs(full - loss) > 1e-4 and any(g.abs().sum() > 0 for g in grads.values())
 
 
 SMALL = dict(task="reverse", steps=2, prompts_per_step=8, group_size=4, eval_every=0, max_new_tokens=8)
@@ -206,6 +211,16 @@ def test_trainer_with_a_bf16_sampler_reports_and_applies_the_corrections(tmp_pat
     assert rows["none"]["rollout_corr/kl"] == rows["tis"]["rollout_corr/kl"]  # the same samples, the same gap
     for name in ("tis", "rs"):  # ... and a different update
         assert abs(rows[name]["loss/policy"] - rows["none"]["loss/policy"]) > 1e-6, name
+
+
+def test_a_bf16_sampler_with_the_first_forward_as_anchor(tmp_path, sft_path):
+    """One epoch of one minibatch (reuse_old_logprobs): the anchor comes from the update's first forward, after
+    stanza 4; the gap and veRL's gap metrics are taken from it then."""
+    cfg = pm.Config(**SMALL, ppo_epochs=1, minibatches=1, rollout_dtype="bfloat16", model=str(sft_path),
+                    out_dir=str(tmp_path))  # fmt: skip
+    assert pm.reuses_anchor(cfg)
+    out = pm.train(cfg)
+    assert 1e-4 < out["stats/rollout_vs_old_logp_diff"] < 0.05 and "rollout_corr/chi2_token" in out
 
 
 def test_the_bf16_sampler_follows_the_policy(tmp_path, sft_path):

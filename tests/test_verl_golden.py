@@ -4,7 +4,8 @@ tests/golden/verl_core_algos.json holds seeded fp64 inputs and what `verl.traine
 `verl.utils.torch_functional` (verl 0.9.1, torch 2.13 CPU) returned for them. It was written by
 tests/golden/make_verl_golden.py in a separate virtualenv (its docstring says how); this test needs no
 veRL. Everything is compared in fp64 with an absolute tolerance of 1e-6, and only at valid positions:
-at masked positions veRL keeps pass-through values where minrl writes 0.
+at masked positions veRL keeps pass-through values where minrl writes 0. `python -m tests.test_verl_golden` runs
+them and prints the largest difference each test saw.
 
 veRL -> minrl correspondence:
   compute_gae_advantage_return  -> masked_whiten(gae(...)[0]) and gae(...)[1] (veRL whitens inside)
@@ -25,6 +26,8 @@ veRL -> minrl correspondence:
 """
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,16 +45,25 @@ def t64(x) -> torch.Tensor:
     return torch.tensor(x, dtype=F64)
 
 
+MAX_DIFF: dict[str, float] = {}  # test -> the largest |ours - veRL| it saw (`python -m tests.test_verl_golden`)
+
+
+def record(diff: float) -> float:
+    test = os.environ.get("PYTEST_CURRENT_TEST", "?").split("::")[-1].split("[")[0]
+    MAX_DIFF[test] = max(MAX_DIFF.get(test, 0.0), diff)
+    return diff
+
+
 def close_at_valid(ours, verl, mask, what: str) -> None:
     """ours == verl within ATOL where mask == 1; the message names the case and the max abs diff."""
     valid = mask.bool()
-    a, b = ours.to(F64)[valid], verl[valid]
-    diff = (a - b).abs().max().item() if a.numel() else 0.0
+    a, b = ours.detach().to(F64)[valid], verl[valid]
+    diff = record((a - b).abs().max().item() if a.numel() else 0.0)
     assert a.shape == b.shape and diff <= ATOL, f"{what}: max abs diff {diff:.3e} over {a.numel()} valid entries"
 
 
 def close_scalar(ours, verl: float, what: str) -> None:
-    diff = abs(float(ours) - verl)
+    diff = record(abs(float(ours) - verl))
     assert diff <= ATOL, f"{what}: ours {float(ours)!r} vs veRL {verl!r} (abs diff {diff:.3e})"
 
 
@@ -332,3 +344,10 @@ def test_reinforce_pp_baseline_matches_verl(case, _s, _k):
     rewards, ids, mask = t64(inp["rewards"]), torch.tensor(inp["group_ids"]), t64(inp["mask"])
     adv = reinforce_pp_baseline_advantages(rewards, ids, mask)
     close_at_valid(adv, t64(case["advantages"]), mask, f"reinforce++ baseline {case['name']}")
+
+
+if __name__ == "__main__":  # every golden test, then the largest difference from veRL each saw (RESULTS.md)
+    code = pytest.main([__file__, "-q", "-p", "no:cacheprovider"])
+    for test, diff in sorted(sys.modules[Path(__file__).stem].MAX_DIFF.items()):
+        print(f"{test:55s} max |minrl - veRL| {diff:.1e}")
+    sys.exit(code)
