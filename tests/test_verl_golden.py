@@ -34,6 +34,7 @@ import pytest
 import torch
 
 import common
+import offpolicy
 import ppo_minimal as pm
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "verl_core_algos.json").read_text())
@@ -234,8 +235,6 @@ def same_metrics(ours: dict, verl: dict, what: str, expected: set[str]) -> None:
 
 
 def test_rollout_corr_golden_coverage():
-    import offpolicy
-
     kinds = {o for c in CORR["rs"] for s in c["settings"] for o in s["kind"].split(",")}
     assert kinds == set(offpolicy.RS_OPTIONS), "every rejection option is golden-tested"
     assert any("," in s["kind"] and "," in s["threshold"] for s in CORR["rs"][0]["settings"]), "a chain"
@@ -257,10 +256,8 @@ def test_rollout_corr_golden_coverage():
     pytest.param(c, s, id=f"{c['name']}-{s['level']}-{s['threshold']}") for c in CORR["is"] for s in c["settings"]
 ])  # fmt: skip
 def test_rollout_is_weights_match_verl(case, setting):
-    from offpolicy import rollout_is_weights
-
     old, rollout, mask = gap_of(case)
-    w, m = rollout_is_weights(old, rollout, mask, level=setting["level"], threshold=setting["threshold"])
+    w, m = offpolicy.rollout_is_weights(old, rollout, mask, level=setting["level"], threshold=setting["threshold"])
     what = f"rollout_is {case['name']} {setting['level']} {setting['threshold']}"
     close_at_valid(w, t64(setting["weights"]), torch.ones_like(mask), what)  # 0 at masked positions in both
     assert not w.requires_grad
@@ -273,10 +270,8 @@ def test_rollout_is_weights_match_verl(case, setting):
     pytest.param(c, s, id=f"{c['name']}-{s['kind']}-{s['threshold']}") for c in CORR["rs"] for s in c["settings"]
 ])  # fmt: skip
 def test_rollout_rejection_mask_matches_verl(case, setting):
-    from offpolicy import rollout_rejection_mask
-
     old, rollout, mask = gap_of(case)
-    keep, m = rollout_rejection_mask(old, rollout, mask, kind=setting["kind"], threshold=setting["threshold"])
+    keep, m = offpolicy.rollout_rejection_mask(old, rollout, mask, kind=setting["kind"], threshold=setting["threshold"])
     what = f"rollout_rs {case['name']} {setting['kind']} {setting['threshold']}"
     assert torch.equal(keep.to(F64), t64(setting["mask"])), f"{what}: masks differ"
     each = ("mean", "max", "masked_fraction", "seq_masked_fraction")
@@ -286,9 +281,7 @@ def test_rollout_rejection_mask_matches_verl(case, setting):
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c["name"]) for c in CORR["offpolicy_metrics"]])
 def test_gap_metrics_match_verl(case):
-    from offpolicy import gap_metrics
-
-    m = gap_metrics(*gap_of(case))
+    m = offpolicy.gap_metrics(*gap_of(case))
     keys = {"kl", "k3_kl", "training_ppl", "rollout_ppl", "log_ppl_diff", "log_ppl_abs_diff", "log_ppl_diff_max"}
     keys |= {"ppl_ratio", "chi2_token", "chi2_seq"}
     same_metrics(m, case["metrics"], f"offpolicy metrics {case['name']}", keys)
@@ -327,10 +320,8 @@ def test_loss_families_match_verl_values_and_gradients(case, setting):
 
 @pytest.mark.parametrize("case,setting,_k", cases("reinforce_pp", "settings"))
 def test_reinforce_pp_matches_verl(case, setting, _k):
-    from offpolicy import reinforce_pp_advantages
-
     r, mask = t64(case["inputs"]["token_rewards"]), t64(case["inputs"]["mask"])
-    adv, ret = reinforce_pp_advantages(r, mask, setting["gamma"])
+    adv, ret = offpolicy.reinforce_pp_advantages(r, mask, setting["gamma"])
     what = f"reinforce++ {case['name']} gamma={setting['gamma']}"
     close_at_valid(ret, t64(setting["returns"]), mask, f"{what} returns")
     close_at_valid(adv, t64(setting["advantages"]), mask, f"{what} advantages")
@@ -338,11 +329,9 @@ def test_reinforce_pp_matches_verl(case, setting, _k):
 
 @pytest.mark.parametrize("case,_s,_k", cases("reinforce_pp_baseline"))
 def test_reinforce_pp_baseline_matches_verl(case, _s, _k):
-    from offpolicy import reinforce_pp_baseline_advantages
-
     inp = case["inputs"]
     rewards, ids, mask = t64(inp["rewards"]), torch.tensor(inp["group_ids"]), t64(inp["mask"])
-    adv = reinforce_pp_baseline_advantages(rewards, ids, mask)
+    adv = offpolicy.reinforce_pp_baseline_advantages(rewards, ids, mask)
     close_at_valid(adv, t64(case["advantages"]), mask, f"reinforce++ baseline {case['name']}")
 
 

@@ -84,6 +84,17 @@ def mask_list(m: torch.Tensor) -> list:
     return m.to(torch.int64).tolist()
 
 
+def actor_config(cls, clip_low: float, clip_high: float, c: float, **kw):
+    """A real veRL ActorConfig with the clip settings (clip_ratio = clip_ratio_low, as minrl has no third value)."""
+    return cls(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio=clip_low,
+               clip_ratio_low=clip_low, clip_ratio_high=clip_high, clip_ratio_c=c, **kw)  # fmt: skip
+
+
+def loss_inputs(new, old, adv, mask) -> dict:
+    """A policy-loss case's inputs as the golden file stores them."""
+    return {"logprobs": as_list(new), "old_logprobs": as_list(old), "advantages": as_list(adv), "mask": mask_list(mask)}
+
+
 def make_mask(rng: np.random.Generator, b: int, t: int, n_empty: int, n_holes: int) -> np.ndarray:
     """[B, T] right-padded ragged 0/1 mask: n_empty fully masked rows, one full row, n_holes rows with a
     masked position strictly inside the valid span; the first of them gets a second hole right before
@@ -223,15 +234,7 @@ def policy_loss_cases(rng, core, actor_config_cls) -> list[dict]:
         for clip_low, clip_high, c in [(0.2, 0.2, 3.0), (0.2, 0.28, 3.0), (0.1, 0.3, 2.0)]:
             per_mode = {}
             for mode in AGG_MODES:
-                cfg = actor_config_cls(
-                    strategy="fsdp",
-                    rollout_n=1,
-                    ppo_micro_batch_size_per_gpu=1,
-                    clip_ratio=clip_low,
-                    clip_ratio_low=clip_low,
-                    clip_ratio_high=clip_high,
-                    clip_ratio_c=c,
-                )
+                cfg = actor_config(actor_config_cls, clip_low, clip_high, c)
                 loss, m = core.compute_policy_loss_vanilla(old_t, new_t, adv_t, mask, loss_agg_mode=mode, config=cfg)
                 loss_d, clipfrac_d, kl_d, lower_d = core.compute_policy_loss(
                     old_t, new_t, adv_t, mask, None, clip_low, clip_high, c, loss_agg_mode=mode
@@ -245,18 +248,7 @@ def policy_loss_cases(rng, core, actor_config_cls) -> list[dict]:
                     "pg_clipfrac_lower": m["actor/pg_clipfrac_lower"],
                 }
             settings.append({"clip_low": clip_low, "clip_high": clip_high, "clip_ratio_c": c, "outputs": per_mode})
-        cases.append(
-            {
-                "name": name,
-                "inputs": {
-                    "logprobs": as_list(new_t),
-                    "old_logprobs": as_list(old_t),
-                    "advantages": as_list(adv_t),
-                    "mask": mask_list(mask),
-                },
-                "settings": settings,
-            }
-        )
+        cases.append({"name": name, "inputs": loss_inputs(new_t, old_t, adv_t, mask), "settings": settings})
     return cases
 
 
@@ -433,18 +425,8 @@ def family_loss_cases(rng, core, actor_config_cls) -> list[dict]:
             for clip_low, clip_high in clips:
                 for mode in modes:
                     for weighted in (False, True):
-                        cfg = actor_config_cls(
-                            strategy="fsdp",
-                            rollout_n=1,
-                            ppo_micro_batch_size_per_gpu=1,
-                            clip_ratio=clip_low,
-                            clip_ratio_low=clip_low,
-                            clip_ratio_high=clip_high,
-                            clip_ratio_c=3.0,
-                            tau_pos=1.0,
-                            tau_neg=1.05,
-                            loss_agg_mode=mode,
-                        )
+                        cfg = actor_config(actor_config_cls, clip_low, clip_high, 3.0, tau_pos=1.0, tau_neg=1.05,
+                                           loss_agg_mode=mode)  # fmt: skip
                         lp = new_t.clone().requires_grad_(True)
                         fn = core.get_policy_loss_fn(kind)
                         loss, m = fn(
@@ -469,19 +451,8 @@ def family_loss_cases(rng, core, actor_config_cls) -> list[dict]:
                                 "metrics": {k.split("/")[1]: v for k, v in m.items()},
                             }
                         )
-        cases.append(
-            {
-                "name": name,
-                "inputs": {
-                    "logprobs": as_list(new_t),
-                    "old_logprobs": as_list(old_t),
-                    "advantages": as_list(adv_t),
-                    "mask": mask_list(mask),
-                    "is_weights": as_list(is_w),
-                },
-                "settings": settings,
-            }
-        )
+        inputs = {**loss_inputs(new_t, old_t, adv_t, mask), "is_weights": as_list(is_w)}
+        cases.append({"name": name, "inputs": inputs, "settings": settings})
     return cases
 
 
