@@ -779,9 +779,8 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
             group_ids = torch.arange(n_local, device=device) // G + rank * n_local  # [B]
             offpolicy.sync_weights(engine, policy)  # --rollout-dtype bfloat16: the weight sync
             with autocast(), common.gathered(policy):  # FSDP2: whole weights, ranks' forwards may differ in number
-                rollout, episodes = rollout_env(
-                    engine, tokenizer, envs, seeds, eos_ids, **sampling, generator=sample_gen
-                )
+                rollout, episodes = rollout_env(engine, tokenizer, envs, seeds, eos_ids, **sampling,
+                                                generator=sample_gen)  # fmt: skip
         else:
             rollout, episodes, group_ids, sampled = sampler(step, policy)
         rollout = repro.at_rollout(cfg.inject, rollout, eos_ids[0])  # INJECT pad_eq_eos
