@@ -205,3 +205,12 @@ def test_identity_check_main_records_and_checks(tmp_path, capsys, default_sft_pa
     with pytest.raises(SystemExit):  # a check without its reference stops before running anything
         identity_check.main(["check", "--only", "ppo", "--ref", str(tmp_path)])
     assert "no reference for ['ppo']" in capsys.readouterr().err
+
+
+def test_mismatch_experiment_main_runs_an_arm_and_prints_its_row(default_sft_path):
+    """bench/mismatch_experiment.py on one arm, one seed, 2 iterations of the default recipe: its table row, with the
+    gap measured (the bf16 sampler) and IcePop's zeroed share."""
+    out = run("bench/mismatch_experiment.py", "--arms", "bf16, IcePop", "--seeds", "1", "--steps", "2", timeout=600)
+    row = next(line for line in out.splitlines() if line.startswith("| bf16, IcePop |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert float(cells[3].split()[0]) > 1e-4 and cells[6] != "-", out  # logp_diff of bf16, is_oob reported
