@@ -3,30 +3,38 @@ that makes their logprobs differ; a verdict per variation and correction thresho
 
     python mismatch.py                                   # the embedded tiny model (random init), every variation
     python mismatch.py --model PATH_OR_HUB_ID --prompts 64 --max-new-tokens 128 --task add
-    python mismatch.py --variations baseline sampler_bf16 --json out.json
+    python mismatch.py --variations baseline sampler_bf16 --json out.json --device cuda   # on the training GPU
 
 Run it before training (a pre-flight check): the trainer's PPO ratio assumes that the logprobs it recomputes are
 those the sampler drew from. The sampler is `rollout.generate` (KV cache, the sampling temperature); the trainer is
 `rollout.sequence_logprobs` as ppo_minimal.trainer_logprobs calls it. Against the baseline (both fp32, the sampler's
-batch and padding, a KV cache) each variation changes one thing (VARIATIONS):
-  sampler_bf16         the sampler holds the weights in bf16 (offpolicy.inference_copy), the trainer fp32
-  trainer_bf16         the trainer recomputes under bf16 autocast, the sampler fp32
-  both_bf16            both: bf16 sampler weights, bf16 trainer autocast (not the same kernels: still a gap)
-  no_kv_cache          the sampler's logprobs from one full forward per generated token instead of a KV cache
+batch and padding, the sampler with its KV cache against the trainer's one full forward) each variation changes one
+thing (VARIATIONS):
+  autocast_bf16        both under bf16 autocast, fp32 weights: what `ppo_minimal.py --dtype bfloat16` runs
+  sampler_bf16         the sampler holds the weights in bf16 (offpolicy.inference_copy, --rollout-dtype), trainer fp32
+  trainer_bf16         an fp32 engine against a trainer under bf16 autocast
+  both_bf16            bf16 sampler weights and a bf16-autocast trainer (not the same kernels: still a gap)
+  no_kv_cache          the sampler's logprobs of its tokens from a full forward over each prefix (cache off): what
+                       is left of the baseline's gap without the cache
   sampler_batch_1      the sampler generates one row at a time (batch-variant kernels on the sampler's side)
   trainer_micro_batch_1  the trainer recomputes one row at a time (on the trainer's side)
   extra_padding        the trainer sees `pad` more left-padding tokens per row (positions from the mask)
   bug_no_temperature   a control: the trainer forgets the sampling temperature (a bug, not numerics)
+Batch-variant kernels, padding-dependent attention and the cache show on the GPU the run trains on (--device); on a
+CPU their rows are mostly exact.
 
 Statistics over the valid response tokens, rho = log pi_trainer - log pi_sampler per token (offpolicy.py's rho):
 quantiles of |rho| (p50, p90, p99, max), veRL's k3 KL E[exp(rho) - 1 - rho] (rollout_corr/k3_kl, KL(sampler ||
-trainer) >= 0), the share of extreme tokens (exp(rho) outside [0.5, 2]) and the largest per-sequence mean |rho|.
+trainer) >= 0), the share of extreme tokens (exp(rho) outside [0.5, 2]) and the largest |mean rho| of a sequence.
 Verdict (our thresholds): `exact` when max |rho| <= 1e-4 (fp32 rounding: no correction needed); `numerics` when
-p99 <= 0.1 and at most 1 in 1000 tokens is extreme (a bf16-like gap: the rollout corrections of offpolicy.py fit
-it); `broken` otherwise (a recompute that is not the sampler's distribution: temperature, masks, positions, a
-chat template; fix it, do not correct it). For a non-exact variation the suggestions are the offpolicy.py flags
-that would act on about 1 token in 1000 (TIS cap, token_k1 bounds: the 99.9 % quantile of |rho|) and on about 1
-sequence in 100 (seq_mean_k1, the geometric mask: the 99 % quantile of the per-sequence mean |rho|).
+p99 <= 0.3 and at most 1 in 1000 tokens is extreme (a bf16-like gap: the rollout corrections of offpolicy.py fit
+it; bf16 on a trained, peaky policy reached p99 ~0.1 and no extreme token in notebook 01, a forgotten temperature
+p99 0.9-1.5 and 3-10 % extreme tokens); `broken` otherwise (a recompute that is not the sampler's distribution:
+temperature, masks, positions, a chat template; fix it, do not correct it). For a numerics gap the suggestions
+are the offpolicy.py flags that would act on about 1 token in 1000 (the TIS cap: the 99.9 % quantile of rho, TIS
+cuts one side; token_k1: of |rho|) and on about 1 sequence in 100 (seq_mean_k1, the geometric mask: the 99 %
+quantile of |mean rho|), printed in full precision, with the share each one acts on when offpolicy.py applies it
+to the measured samples. They need enough samples (SUGGEST_MIN: 1000 tokens, 100 sequences): fewer are reported.
 """
 
 from __future__ import annotations
@@ -34,15 +42,17 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
 
 from cli import check_fields, parse_config
 from common import make_autocast
-from offpolicy import inference_copy
-from rollout import generate, position_ids_from_mask, sequence_logprobs
+from offpolicy import inference_copy, rollout_is_weights, rollout_rejection_mask
+from rollout import _last_logits_kw, generate, position_ids_from_mask, sequence_logprobs
 from tasks import (
+    TASKS,
     format_prompt,
     load_policy,
     make_task,
@@ -52,9 +62,10 @@ from tasks import (
     tokenize_prompts,
 )
 
-VARIATIONS = ("baseline", "sampler_bf16", "trainer_bf16", "both_bf16", "no_kv_cache", "sampler_batch_1",
-              "trainer_micro_batch_1", "extra_padding", "bug_no_temperature")  # fmt: skip
-EXACT, P99_NUMERICS, EXTREME_NUMERICS = 1e-4, 0.1, 1e-3  # the verdict's thresholds (module docstring)
+VARIATIONS = ("baseline", "autocast_bf16", "sampler_bf16", "trainer_bf16", "both_bf16", "no_kv_cache",
+              "sampler_batch_1", "trainer_micro_batch_1", "extra_padding", "bug_no_temperature")  # fmt: skip
+EXACT, P99_NUMERICS, EXTREME_NUMERICS = 1e-4, 0.3, 1e-3  # the verdict's thresholds (module docstring)
+SUGGEST_MIN = (1000, 100)  # tokens, sequences below which the quantiles behind the suggestions are the maxima
 
 
 @dataclass
@@ -63,10 +74,12 @@ class MismatchArgs:
 
     model: str | None = None
     """HF model name or local folder (None = the embedded tiny model, random init)."""
-    task: str = "sort"
+    task: Literal[TASKS] = "sort"
     """Procedural task whose prompts are sampled (tasks.py)."""
-    prompts: int = 32
-    """Prompts (one response each) per variation."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to run (auto: cuda if available): measure on the device the run trains on."""
+    prompts: int = 128
+    """Prompts (one response each) per variation (the suggestions need >= 100 sequences, 1000 tokens)."""
     max_prompt_len: int = 64
     """Longest prompt in tokens."""
     max_new_tokens: int = 32
@@ -78,7 +91,7 @@ class MismatchArgs:
     seed: int = 0
     """Seed of the prompts and the sampler."""
     variations: list[str] = field(default_factory=lambda: list(VARIATIONS))
-    """Variations to measure (VARIATIONS; baseline first is the reference)."""
+    """Variations to measure (VARIATIONS), each once."""
     json: str | None = None
     """Also write the results as JSON to this file."""
 
@@ -87,6 +100,8 @@ class MismatchArgs:
                             "(0, inf)": ("temperature",), "[0, inf)": ("seed",)})  # fmt: skip
         if unknown := [v for v in self.variations if v not in VARIATIONS]:
             raise ValueError(f"config field 'variations': {unknown} are not among {list(VARIATIONS)}")
+        if not self.variations or len(set(self.variations)) < len(self.variations):
+            raise ValueError(f"config field 'variations' = {self.variations}: name each variation once, at least one")
 
 
 def gap_statistics(trainer_logprobs, sampler_logprobs, mask) -> dict:
@@ -102,7 +117,7 @@ def gap_statistics(trainer_logprobs, sampler_logprobs, mask) -> dict:
     extreme = float((r.abs() > math.log(2)).double().mean())  # exp(rho) outside [0.5, 2]
     out = {"p50": q[0], "p90": q[1], "p99": q[2], "max": float(tok.max()), "k3_kl": float((r.exp() - 1 - r).mean())}
     return {**out, "extreme": extreme, "seq_mean_max": float(seq.abs().max()), "tokens": int(valid.sum()),
-            "_tok": tok, "_seq": seq.abs()}  # fmt: skip
+            "seqs": int(rows.sum()), "_rho": rho[valid], "_seq": seq.abs()}  # fmt: skip
 
 
 def verdict(s: dict) -> str:
@@ -118,20 +133,36 @@ def suggestions(s: dict) -> dict:
     a bug to fix, which no correction should hide)."""
     if verdict(s) != "numerics":
         return {}
-    t = float(torch.quantile(s["_tok"], 0.999))  # |rho| of the 1-in-1000 token
+    w = max(float(torch.quantile(s["_rho"], 0.999)), 0.0)  # rho of the 1-in-1000 token from above: TIS cuts there
+    t = float(torch.quantile(s["_rho"].abs(), 0.999))  # |rho| of the 1-in-1000 token: token_k1 is two-sided
     q = float(torch.quantile(s["_seq"], 0.99))  # |mean rho| of the 1-in-100 sequence
-    up = lambda x: f"{math.exp(x):.4g}"  # noqa: E731
-    return {"--rollout-is token --rollout-is-threshold": up(t), "--rollout-rs token_k1 --rollout-rs-threshold": up(t),
-            "--rollout-rs seq_mean_k1 --rollout-rs-threshold": f"{math.exp(-q):.4g}_{up(q)}"}  # fmt: skip
+    exact = lambda x: f"{math.exp(x):.12g}"  # noqa: E731  (rounded to 4 digits, exp(4e-4) would print as 1)
+    return {"rollout_is_threshold": exact(w), "token_k1": exact(t), "seq_mean_k1": f"{exact(-q)}_{exact(q)}"}
+
+
+def acts_on(trainer_logprobs, sampler_logprobs, mask, suggested: dict) -> dict:
+    """The share each suggested flag acts on when offpolicy.py applies it to these samples: tokens TIS truncates,
+    tokens token_k1 rejects, sequences seq_mean_k1 rejects."""
+    if not suggested:
+        return {}
+    old, rollout = trainer_logprobs.double(), sampler_logprobs.double()
+    w = rollout_is_weights(old, rollout, mask, level="token", threshold=suggested["rollout_is_threshold"])[1]
+    tok = rollout_rejection_mask(old, rollout, mask, kind="token_k1", threshold=suggested["token_k1"])[1]
+    seq = rollout_rejection_mask(old, rollout, mask, kind="seq_mean_k1", threshold=suggested["seq_mean_k1"])[1]
+    return {"rollout_is_threshold": w["rollout_corr/rollout_is_ratio_fraction_high"],
+            "token_k1": tok["rollout_corr/rollout_rs_masked_fraction"],
+            "seq_mean_k1": seq["rollout_corr/rollout_rs_seq_masked_fraction"]}  # fmt: skip
 
 
 def uncached_logprobs(model, ids, mask, response_mask, temperature: float):
-    """The sampler's logprobs [B, R] of its own tokens without a KV cache: one full forward over each prefix."""
+    """The sampler's logprobs [B, R] of its own tokens without a KV cache: one full forward over each prefix (the
+    last position's logits only)."""
     B, R = response_mask.shape
-    P, out = ids.shape[1] - R, torch.zeros(B, R)
+    P, out, last = ids.shape[1] - R, torch.zeros(B, R, device=ids.device), _last_logits_kw(model, 1)
     for t in range(R):
         prefix, pmask = ids[:, : P + t], mask[:, : P + t]
-        logits = model(input_ids=prefix, attention_mask=pmask, position_ids=position_ids_from_mask(pmask)).logits
+        pos = position_ids_from_mask(pmask)
+        logits = model(input_ids=prefix, attention_mask=pmask, position_ids=pos, use_cache=False, **last).logits
         logp = torch.log_softmax(logits[:, -1].float() / temperature, -1)
         out[:, t] = logp.gather(-1, ids[:, P + t, None]).squeeze(1)
     return out * response_mask
@@ -141,12 +172,15 @@ def measure(args: MismatchArgs, model, tokenizer, prompt_ids, prompt_mask, varia
     """One variation: sample, recompute, the gap's statistics, verdict and suggestions."""
     sampler = inference_copy(model, "bfloat16") if variation in ("sampler_bf16", "both_bf16") else model
     stops = {"eos_token_ids": stop_token_ids(model, tokenizer), "pad_token_id": tokenizer.pad_token_id}
-    g = torch.Generator().manual_seed(args.seed)
+    dev = prompt_ids.device
+    g = torch.Generator(device=dev).manual_seed(args.seed)
+    sampler_cast = make_autocast("bfloat16" if variation == "autocast_bf16" else "float32", dev)
     rows, sample = 1 if variation == "sampler_batch_1" else prompt_ids.shape[0], {**stops, "generator": g}
     sample.update(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
-    with torch.no_grad():
+    with torch.no_grad(), sampler_cast():
         parts = [generate(sampler, prompt_ids[i : i + rows], prompt_mask[i : i + rows], **sample)
                  for i in range(0, len(prompt_ids), rows)]  # fmt: skip
+    with torch.no_grad():
         R = max(p.response_ids.shape[1] for p in parts)
         right = lambda t, v: torch.cat([torch.nn.functional.pad(p, (0, R - p.shape[1]), value=v) for p in t])  # noqa: E731
         resp_mask = right([p.response_mask for p in parts], 0)  # [B, R]
@@ -158,27 +192,33 @@ def measure(args: MismatchArgs, model, tokenizer, prompt_ids, prompt_mask, varia
         if variation == "extra_padding":  # more left padding: ids and mask shifted, positions from the mask
             ids = torch.cat([ids.new_full((len(ids), args.pad), tokenizer.pad_token_id), ids], 1)
             mask = torch.cat([mask.new_zeros(len(mask), args.pad), mask], 1)
-        autocast = make_autocast("bfloat16" if variation in ("trainer_bf16", "both_bf16") else "float32", ids.device)
+        bf16 = variation in ("autocast_bf16", "trainer_bf16", "both_bf16")
+        autocast = make_autocast("bfloat16" if bf16 else "float32", dev)
         temperature = 1.0 if variation == "bug_no_temperature" else args.temperature
         micro = 1 if variation == "trainer_micro_batch_1" else len(ids)
         with autocast():
             trainer, _ = sequence_logprobs(model, ids, mask, R, temperature=temperature, micro_batch=micro)
     s = gap_statistics(trainer.float(), behav, resp_mask.float())
-    return {"variation": variation, **{k: v for k, v in s.items() if not k.startswith("_")}, "verdict": verdict(s),
-            "suggest": suggestions(s)}  # fmt: skip
+    suggested = suggestions(s)
+    out = {"variation": variation, **{k: v for k, v in s.items() if not k.startswith("_")}, "verdict": verdict(s)}
+    return {**out, "suggest": suggested, "acts_on": acts_on(trainer.float(), behav, resp_mask.float(), suggested)}
 
 
-def check(args: MismatchArgs) -> list[dict]:
-    """Every requested variation's result (measure), on the same prompts."""
-    torch.manual_seed(args.seed)
-    if args.model is None:
+def check(args: MismatchArgs, model=None, tokenizer=None) -> list[dict]:
+    """Every requested variation's result (measure), on the same prompts; model and tokenizer: one already loaded
+    (a notebook's policy), else --model's, else the embedded tiny model (random init, seeded)."""
+    dev = torch.device(
+        "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    )
+    if model is None and args.model is None:
+        torch.manual_seed(args.seed)
         tokenizer = make_tokenizer()
-        model = make_tiny_model(tokenizer).eval()
-    else:
-        model, tokenizer = load_policy(args.model, torch.device("cpu"))
+        model = make_tiny_model(tokenizer).to(dev).eval()
+    elif model is None:
+        model, tokenizer = load_policy(args.model, dev)
     problems = make_task(args.task).sample(args.prompts, "train", np.random.default_rng(args.seed))
     texts = [format_prompt(tokenizer, p["prompt"]) for p in problems]
-    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, texts, args.max_prompt_len)
+    prompt_ids, prompt_mask = (t.to(dev) for t in tokenize_prompts(tokenizer, texts, args.max_prompt_len))
     return [measure(args, model, tokenizer, prompt_ids, prompt_mask, v) for v in args.variations]
 
 
@@ -189,9 +229,18 @@ def report(results: list[dict]) -> str:
     for r in results:
         lines.append(f"{r['variation']:22s} " + " ".join(f"{r[c]:12.3g}" for c in cols) + f" {r['tokens']:7d}  "
                      f"{r['verdict']}")  # fmt: skip
+    flags = {"rollout_is_threshold": "--rollout-is token --rollout-is-threshold", "token_k1": "--rollout-rs token_k1 "
+             "--rollout-rs-threshold", "seq_mean_k1": "--rollout-rs seq_mean_k1 --rollout-rs-threshold"}  # fmt: skip
     for r in results:
-        for flag, value in r["suggest"].items():
-            lines.append(f"  {r['variation']}: {flag} {value}")
+        few = r["tokens"] < SUGGEST_MIN[0] or r["seqs"] < SUGGEST_MIN[1]
+        for name, value in r["suggest"].items():
+            unit = "sequences" if name == "seq_mean_k1" else "tokens"
+            lines.append(
+                f"  {r['variation']}: {flags[name]} {value}   (acts on {r['acts_on'][name]:.2%} of the {unit})"
+            )
+        if r["suggest"] and few:
+            lines.append(f"  WARNING {r['variation']}: {r['tokens']} tokens / {r['seqs']} sequences are too few for "
+                         f"these quantiles (>= {SUGGEST_MIN[0]} / {SUGGEST_MIN[1]}): raise --prompts")  # fmt: skip
     return "\n".join(lines)
 
 
