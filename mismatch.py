@@ -49,8 +49,8 @@ import torch
 
 from cli import check_fields, parse_config
 from common import make_autocast
-from offpolicy import inference_copy, rollout_is_weights, rollout_rejection_mask
-from rollout import _last_logits_kw, generate, position_ids_from_mask, sequence_logprobs
+from offpolicy import gap_metrics, inference_copy, rollout_is_weights, rollout_rejection_mask
+from rollout import _last_logits_kw, cat_rollouts, generate, position_ids_from_mask, sequence_logprobs
 from tasks import (
     TASKS,
     format_prompt,
@@ -115,7 +115,8 @@ def gap_statistics(trainer_logprobs, sampler_logprobs, mask) -> dict:
     q = torch.quantile(tok, torch.tensor([0.5, 0.9, 0.99], dtype=torch.float64)).tolist()
     r = rho[valid].clamp(-20, 20)
     extreme = float((r.abs() > math.log(2)).double().mean())  # exp(rho) outside [0.5, 2]
-    out = {"p50": q[0], "p90": q[1], "p99": q[2], "max": float(tok.max()), "k3_kl": float((r.exp() - 1 - r).mean())}
+    k3 = gap_metrics(trainer_logprobs.double(), sampler_logprobs.double(), mask)["rollout_corr/k3_kl"]  # veRL's own
+    out = {"p50": q[0], "p90": q[1], "p99": q[2], "max": float(tok.max()), "k3_kl": k3}
     return {**out, "extreme": extreme, "seq_mean_max": float(seq.abs().max()), "tokens": int(valid.sum()),
             "seqs": int(rows.sum()), "_rho": rho[valid], "_seq": seq.abs()}  # fmt: skip
 
@@ -181,12 +182,9 @@ def measure(args: MismatchArgs, model, tokenizer, prompt_ids, prompt_mask, varia
         parts = [generate(sampler, prompt_ids[i : i + rows], prompt_mask[i : i + rows], **sample)
                  for i in range(0, len(prompt_ids), rows)]  # fmt: skip
     with torch.no_grad():
-        R = max(p.response_ids.shape[1] for p in parts)
-        right = lambda t, v: torch.cat([torch.nn.functional.pad(p, (0, R - p.shape[1]), value=v) for p in t])  # noqa: E731
-        resp_mask = right([p.response_mask for p in parts], 0)  # [B, R]
-        ids = torch.cat([prompt_ids, right([p.response_ids for p in parts], tokenizer.pad_token_id)], 1)
-        mask = torch.cat([prompt_mask, resp_mask], 1)  # [B, P + R]
-        behav = right([p.rollout_logprobs for p in parts], 0.0)
+        out = cat_rollouts(parts, tokenizer.pad_token_id, dev)  # one batch (sampler_batch_1: of single rows)
+        ids, mask, resp_mask, behav = out.input_ids, out.attention_mask, out.response_mask, out.rollout_logprobs
+        R = resp_mask.shape[1]
         if variation == "no_kv_cache":
             behav = uncached_logprobs(sampler, ids, mask, resp_mask, args.temperature)
         if variation == "extra_padding":  # more left padding: ids and mask shifted, positions from the mask

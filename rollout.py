@@ -113,8 +113,8 @@ def cat_rollouts(parts: list[Rollout], pad_id: int, device) -> Rollout:
         response_mask=cat(lambda r: right(r.response_mask, R, 0)),  # [B, R]
         rollout_logprobs=cat(lambda r: right(r.rollout_logprobs, R, 0.0)),  # [B, R]
         truncated=cat(lambda r: r.truncated),  # [B]
-        token_scores=cat(lambda r: right(r.token_scores, R, 0.0)),  # [B, R]
-        policy_version=cat(lambda r: r.policy_version),  # [B]
+        token_scores=None if parts[0].token_scores is None else cat(lambda r: right(r.token_scores, R, 0.0)),
+        policy_version=None if parts[0].policy_version is None else cat(lambda r: r.policy_version),  # [B]
     )
 
 
