@@ -238,7 +238,7 @@ def rollout_worker(cfg: AsyncConfig, rank: int, group, store, source: str) -> No
         t0 = time.time()
         with autocast():
             samples, episodes = rollout_env(policy, tokenizer, envs, seeds, eos_ids, generator=gen, **rollout_kw(cfg))
-        keep = ("return", "success", "turns", "malformed", "cut", "context_cut", "reward_info")
+        keep = ("return", "success", "turns", "malformed", "cut", "context_cut", "reward_info", "action_spans")
         info = [{**{k: e[k] for k in keep}, "env_s": [sum(e["env_s"])]} for e in episodes]
         header = {"kind": "samples", "rid": rid, "version": version, "pad": tokenizer.pad_token_id, "episodes": info}
         P, R = samples.prompt_ids.shape[1], samples.response_ids.shape[1]

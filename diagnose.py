@@ -61,6 +61,9 @@ THRESHOLDS = (
     Threshold("baseline_n", 5, "values in a median level (start, recent) and least history for a reference median"),
     Threshold("clear_steps", 3, "steps without the condition before a reported failure clears (no flicker)"),
     Threshold("saturated_frac", 0.9, "reward >= 0.9 reward_max or acc >= 0.9: at the ceiling, not stuck"),
+    Threshold(
+        "flat_reward.window", 60, "a flat reward is judged on 60 steps: a healthy 40-step CPU run may not rise yet"
+    ),
     Threshold("flat_reward.min_gain", 0.1, "a rise < 0.1 reward std (0.05 reward_max without std) is no progress"),
     Threshold("flat_reward.t_stat", 2.0, "a window slope under 2 standard errors is no trend (noise)"),
     Threshold("zero_variance_groups.frac", 0.75, "3/4 of groups all-equal: < 1/4 of the batch has any advantage"),
@@ -73,11 +76,30 @@ THRESHOLDS = (
     Threshold("reward_scale.persist", 3, "KL is ~0 on the first steps; the ratio must stay low, not dip once"),
     Threshold("kl_blowup.max", 2.0, "KL > 2 nat/token: tokens ~7x likelier than the reference (default run: < 0.6)"),
     Threshold("kl_blowup.jump", 10.0, "KL 10x its median over the previous window: a jump, not a drift"),
-    Threshold("kl_blowup.jump_floor", 0.1, "jumps count only above 0.1 nat/token (0.001 -> 0.01 is harmless)"),
+    Threshold(
+        "kl_blowup.jump_floor", 0.3, "jumps count above 0.3 nat/token only: healthy runs climb from 0 to 0.1-0.3"
+    ),
     Threshold("kl_blowup.persist", 2, "one noisy batch can spike; two steps in a row"),
-    Threshold("entropy_collapse.rel", 0.1, "entropy < 10% of its starting value: sampling is nearly greedy"),
+    Threshold("entropy_collapse.rel", 0.2, "entropy < 20% of its starting value: sampling is nearly greedy"),
     Threshold("entropy_collapse.abs", 0.01, "entropy < 0.01 nat/token: no exploration left"),
     Threshold("entropy_collapse.persist", 3, "entropy is noisy per batch; three steps in a row"),
+    Threshold("entropy_blowup.rel", 2.0, "entropy > 2x its starting value + entropy_blowup.abs: sampling turns noise"),
+    Threshold("entropy_blowup.abs", 0.5, "... + 0.5 nat/token: a low starting entropy may double in healthy runs"),
+    Threshold("entropy_blowup.persist", 3, "entropy is noisy per batch; three steps in a row"),
+    Threshold("reward_decline.window", 20, "a fall is judged on the last 20 steps (flat_reward's window is 60)"),
+    Threshold("reward_decline.t_stat", 3.0, "a window slope below -3 standard errors: a fall, not noise"),
+    Threshold("reward_decline.min_drop", 0.25, "and the recent level > 0.25 reward std below the start"),
+    Threshold(
+        "sampler_precision_gap.min", 5e-4, "mean |dlogp| over 5e-4 (fp32 sampler: ~1e-7; bf16: 3e-3 tiny model, 1e-2+)"
+    ),
+    Threshold(
+        "sampler_precision_gap.steady", 3.0, "...and < 3x its starting level: a sampler whose weights lag grows instead"
+    ),
+    Threshold("sampler_precision_gap.persist", 3, "a precision gap is there on every step"),
+    Threshold("policy_frozen.kl_max", 1e-8, "|KL to the reference| < 1e-8: the policy still IS the reference"),
+    Threshold("policy_frozen.persist", 5, "five steps with gradients in a row: any update (lr > 0) moves KL by more"),
+    Threshold("template_drift.first_turn_share", 0.25, "first-turn gap < 1/4 of the whole (over logprob_mismatch's)"),
+    Threshold("template_drift.persist", 2, "a re-tokenised history shows on every multi-turn batch"),
     Threshold("logprob_mismatch.first_mb_clipfrac", 1e-3, "ratio == 1 before the first step: any clipping is a bug"),
     Threshold("logprob_mismatch.first_mb_ratio_dev", 0.1, "max |ratio-1| there: ~1e-6 fp32, a few % bf16 at most"),
     # a sampling temperature of 0.7 missing on one side gives 0.08-0.26 (0.02-0.09 in probability)
@@ -96,6 +118,8 @@ THRESHOLDS = (
     Threshold("grad_spike.factor", 10.0, "grad norm 10x the median of the previous window; noise is 2-3x"),
 )
 TH = {t.name: t.value for t in THRESHOLDS}
+HISTORY = int(max(v for k, v in TH.items() if k.endswith("window"))) + 1  # values kept per metric: the longest window
+# (flat_reward's); the other checks read the last `window` + 1 of them (vals, prev)
 
 # (their name, our name), the first present wins (ours first). veRL: critic/rewards/mean = score - in-reward KL,
 # actor/kl_loss = raw KL loss, training/rollout_probs_diff_* = |p_rollout - p_actor|; TRL GRPOTrainer from `reward` on.
@@ -114,7 +138,7 @@ NAME_MAP = (
     ("reward_std", "rollout/reward_std"), ("frac_reward_zero_std", "rollout/zero_std_frac"), ("kl", "stats/kl"),
     ("entropy", "stats/entropy"), ("clip_ratio/region_mean", "stats/clipfrac"),
     ("completions/clipped_ratio", "rollout/truncated_frac"), ("completions/mean_length", "rollout/response_len"),
-    ("grad_norm", "stats/grad_norm"), ("loss", "loss/policy"),
+    ("grad_norm", "stats/grad_norm"), ("loss", "loss/policy"), ("actor/lr", "stats/lr"), ("learning_rate", "stats/lr"),
     ("sampling/sampling_logp_difference/mean", "stats/rollout_vs_old_logp_diff"),
     ("stats/score_std", "rollout/reward_std"),  # our own name for it up to 2026-12 (one name per quantity now)
 )  # fmt: skip
@@ -127,8 +151,13 @@ VERL_ALIASES.update({"stats/lr": "actor/lr", "time/rollout": "timing_s/gen", "ti
 # what logprob_mismatch reads; the threshold of stats/<x> is logprob_mismatch.<x>
 MISMATCH = ("stats/first_mb_clipfrac", "stats/first_mb_ratio_dev", "stats/rollout_vs_old_logp_diff")
 MISMATCH += ("stats/rollout_vs_old_prob_diff",)
-ONLY_OURS = ("rollout/acc", "stats/token_reward_kl_abs", "stats/adv_abs_mean", "stats/return_std")
+ONLY_OURS = ("rollout/acc", "stats/token_reward_kl_abs", "stats/adv_abs_mean", "stats/return_std", "stats/lr")
 ONLY_OURS += ("critic/grad_norm_0", "stats/eos_mask_err_frac")
+CORRECTED = ("rollout_corr/rollout_is_mean", "rollout_corr/rollout_rs_masked_fraction")  # a rollout correction is on
+CORRECTED += ("stats/is_weight_mean",)  # ours: --off-policy tis / decoupled / mask
+ONLY_OURS += CORRECTED  # (veRL's names, and ours: offpolicy.py logs veRL's)
+FIRST_TURN = "stats/rollout_vs_old_logp_diff_first_turn"  # multi-turn: the gap on each episode's first action
+ONLY_OURS += (FIRST_TURN,)
 KNOWN = frozenset(ONLY_OURS + MISMATCH) | {ours for _, ours in NAME_MAP}  # every name a check reads, and more
 FOREIGN = frozenset(theirs for theirs, _ in NAME_MAP)
 
@@ -168,7 +197,7 @@ class LiveDiagnoser:
 
     def __init__(self, reward_max: float = 1.0):
         self.reward_max = reward_max
-        self.hist: dict[str, deque] = {}  # name -> (step, value): the last window + 1 finite values
+        self.hist: dict[str, deque] = {}  # name -> (step, value): its last HISTORY finite values
         self.first: dict[str, list[float]] = {}  # name -> its first baseline_n finite values
         self.count: dict[str, int] = {}  # name -> finite values seen so far
         self.cur, self.nonfinite = {}, []  # this step's finite known values; its non-finite ones (any column)
@@ -186,7 +215,7 @@ class LiveDiagnoser:
                 self.nonfinite.append(f"{k}={v}")
             elif k in KNOWN:
                 self.cur[k] = float(v)
-                self.hist.setdefault(k, deque(maxlen=int(TH["window"]) + 1)).append((step, float(v)))
+                self.hist.setdefault(k, deque(maxlen=HISTORY)).append((step, float(v)))
                 self.count[k] = self.count.get(k, 0) + 1
                 if len(self.first.setdefault(k, [])) < TH["baseline_n"]:
                     self.first[k].append(float(v))
@@ -224,7 +253,7 @@ class LiveDiagnoser:
         if unknown := sorted(set(d) - set(vars(self))):
             raise ValueError(f"LiveDiagnoser.load_state: unknown field(s) {unknown}: not a state() of this version")
         vars(self).update(d)
-        self.hist = {k: deque(map(tuple, v), maxlen=int(TH["window"]) + 1) for k, v in self.hist.items()}
+        self.hist = {k: deque(map(tuple, v), maxlen=HISTORY) for k, v in self.hist.items()}
         self.evaluated = set(self.evaluated)
 
     def skipped(self) -> dict[str, str]:
@@ -237,8 +266,8 @@ class LiveDiagnoser:
         return out
 
     def vals(self, name: str) -> list[float]:
-        """The values of one metric in the window, oldest first."""
-        return [v for _, v in self.hist.get(name, ())]
+        """The values of one metric in the window (its last window + 1 values), oldest first."""
+        return [v for _, v in self.hist.get(name, ())][-int(TH["window"]) - 1 :]
 
     def prev(self, name: str) -> list[float]:
         """The window's values before this step."""
@@ -249,6 +278,11 @@ class LiveDiagnoser:
         """The starting level of a metric (median of its first values), None before there are enough."""
         f = self.first.get(name, [])
         return median(f) if len(f) >= TH["baseline_n"] else None
+
+    def reward_unit(self) -> float:
+        """The scale rewards move on: the median reward std (half of reward_max when the std is not logged)."""
+        std = median(self.vals("rollout/reward_std")) if "rollout/reward_std" in self.hist else 0.0
+        return std if std > 0 else 0.5 * self.reward_max
 
     def saturated(self) -> bool:
         """Recent accuracy (or reward) at the ceiling: median of the last baseline_n values."""
@@ -271,8 +305,29 @@ def _logprob_mismatch(d: LiveDiagnoser):
     old_logprobs, dropout on, top-p/top-k, a low-precision sampler. Try: recompute old_logprobs right before
     the update (dropout off, sampling temperature) and compare per-token logprobs of one batch."""
     got = [(k, TH[f"logprob_mismatch.{k[6:]}"]) for k in MISMATCH if k in d.cur]  # threshold of stats/<x>: <id>.<x>
+    got = [(k, t) for k, t in got if not (k == "stats/rollout_vs_old_logp_diff" and _drifts(d))]  # template_drift's
     bad = [f"{k}={d.cur[k]:.3g} (> {t:g})" for k, t in got if d.cur[k] > t]
     return (bool(bad), "; ".join(bad), None) if got else None
+
+
+def _drifts(d: LiveDiagnoser) -> bool | None:
+    """Multi-turn: is the sampler-trainer gap over logprob_mismatch's threshold while the first turn's is a small
+    share of it? (None: not a multi-turn log.)"""
+    g, first = d.cur.get("stats/rollout_vs_old_logp_diff"), d.cur.get(FIRST_TURN)
+    if g is None or first is None:
+        return None
+    return g > TH["logprob_mismatch.rollout_vs_old_logp_diff"] and first < TH["template_drift.first_turn_share"] * g
+
+
+def _template_drift(d: LiveDiagnoser):
+    """Multi-turn: the sampler's logprobs match the trainer's on each episode's first turn, not after it: the history
+    the trainer scores is not the token sequence the sampler wrote (the conversation re-rendered by the chat template
+    and re-tokenised: end-of-turn tokens dropped, tokens merged or split at turn boundaries, whitespace stripped). Try:
+    build the training sequence from the sampled ids (observations tokenised once) and compare the two id sequences
+    of one episode."""
+    if (drifts := _drifts(d)) is not None:
+        ev = f"mean |sampler - trainer logprob| {d.cur['stats/rollout_vs_old_logp_diff']:.3g}, first turn only "
+        return drifts, ev + f"{d.cur[FIRST_TURN]:.3g}", None
 
 
 def _reward_scale(d: LiveDiagnoser):
@@ -303,29 +358,64 @@ def _reward_scale(d: LiveDiagnoser):
 
 
 def _zero_variance(d: LiveDiagnoser):
-    """Most prompts are all-solved or all-failed: identical rewards in a group give zero advantage.
-    Try: prompts of the right difficulty, larger groups, partial-credit rewards, or dynamic sampling."""
+    """Most prompts are all-solved or all-failed: identical rewards in a group give zero advantage. A reward of
+    exactly 0 everywhere is a reward that never matches (answer format, parser, a wrong ground truth) more often than
+    a task too hard. Try: print a few samples with their rewards, then prompts of the right difficulty, larger groups,
+    partial-credit rewards, or dynamic sampling."""
     if (z := d.cur.get("rollout/zero_std_frac")) is not None:
-        return z >= TH["zero_variance_groups.frac"] and not d.saturated(), f"{z:.0%} of groups have equal rewards", None
+        r, hi = d.cur.get("rollout/reward_mean"), d.cur.get("rollout/score_max")
+        level = "" if r is None else f" (mean reward {r:.3g}" + ("" if hi is None else f", max {hi:.3g}") + ")"
+        ev = f"{z:.0%} of groups have equal rewards{level}"
+        return z >= TH["zero_variance_groups.frac"] and not d.saturated(), ev, None
+
+
+def _trend(values: list[float]) -> tuple[float, float]:
+    """Least-squares slope per step of a window of values and its t statistic (slope / standard error)."""
+    r = np.array(values)
+    x = np.arange(len(r)) - (len(r) - 1) / 2
+    slope = float(x @ (r - r.mean()) / (x @ x))
+    se = float(np.sqrt(np.sum((r - r.mean() - slope * x) ** 2) / (len(r) - 2) / (x @ x)))
+    return slope, slope / se if se > 0 else (math.copysign(math.inf, slope) if slope else 0.0)
 
 
 def _flat_reward(d: LiveDiagnoser):
-    """No learning signal reaches the policy (reward scale, zero-variance groups, lr too low, a masking bug).
-    Try: read the other findings, print the rewards of a few samples, check lr, reproduce on a tiny task."""
-    w, n = int(TH["window"]), int(TH["baseline_n"])
+    """No learning signal reaches the policy (reward scale, zero-variance groups, lr too low, a masking bug); not
+    reported while another finding (which explains it) is. Try: print the rewards of a few samples, check lr,
+    reproduce on a tiny task."""
+    w, n = int(TH["flat_reward.window"]), int(TH["baseline_n"])
     win = list(d.hist.get("rollout/reward_mean", ()))[-w:]
     if "rollout/reward_mean" not in d.cur or len(win) < w:
         return None
-    r, x = np.array([v for _, v in win]), np.arange(w) - (w - 1) / 2
-    slope = float(x @ (r - r.mean()) / (x @ x))  # least-squares trend over the window, per step
-    se = float(np.sqrt(np.sum((r - r.mean() - slope * x) ** 2) / (w - 2) / (x @ x)))
-    t = slope / se if se > 0 else (math.inf if slope > 0 else 0.0)
-    std = median(d.vals("rollout/reward_std")) if "rollout/reward_std" in d.hist else 0.0
-    tol = TH["flat_reward.min_gain"] * (std if std > 0 else 0.5 * d.reward_max)
+    r = [v for _, v in win]
+    slope, t = _trend(r)
+    tol = TH["flat_reward.min_gain"] * d.reward_unit()
     base, now = d.base("rollout/reward_mean"), median(r[-n:])
-    hit = now - base < tol and t < TH["flat_reward.t_stat"] and not d.saturated()
+    explained = any(cid in d.active or cid in d.streak for cid in EXPLAINS_FLAT)  # another finding says why
+    hit = now - base < tol and t < TH["flat_reward.t_stat"] and not d.saturated() and not explained
     ev = f"reward {base:.4g} at the start, {now:.4g} now (rise < {tol:.3g}); trend {slope:+.2g}/step, t = {t:.2g}"
     return hit, ev, win[0][0]
+
+
+EXPLAINS_FLAT = ("logprob_mismatch", "reward_scale", "zero_variance_groups", "reward_decline", "kl_blowup",
+                 "policy_frozen", "entropy_collapse", "entropy_blowup", "template_drift", "eos_mask", "high_truncation",
+                 "value_divergence")  # fmt: skip
+
+
+def _reward_decline(d: LiveDiagnoser):
+    """The reward falls steadily: the update climbs the loss instead of descending it (the sign of the advantages or
+    of the policy loss), a KL or entropy term that outweighs the task (see kl_blowup / entropy_blowup), hacking of a
+    learned reward that its score hides. Try: on one batch, check that a step raises the logprob of samples with
+    A > 0; read the other findings; print the highest-reward samples."""
+    w, n = int(TH["reward_decline.window"]), int(TH["baseline_n"])
+    win = list(d.hist.get("rollout/reward_mean", ()))[-w:]
+    if "rollout/reward_mean" not in d.cur or len(win) < w:
+        return None
+    r = [v for _, v in win]
+    slope, t = _trend(r)
+    drop = d.base("rollout/reward_mean") - median(r[-n:])
+    hit = t < -TH["reward_decline.t_stat"] and drop > TH["reward_decline.min_drop"] * d.reward_unit()
+    peak = max(win, key=lambda sv: sv[1])[0]  # dated to where the fall began: the window's highest reward
+    return hit, f"reward {drop:.3g} below its start; trend {slope:+.2g}/step over {w} steps, t = {t:.2g}", peak
 
 
 def _kl_blowup(d: LiveDiagnoser):
@@ -339,12 +429,49 @@ def _kl_blowup(d: LiveDiagnoser):
     return hit, f"KL to reference {k:.3g} nat/token, median of the previous {len(prev)} steps {ref:.3g}", None
 
 
+def _policy_frozen(d: LiveDiagnoser):
+    """The policy gets gradients but does not move: its KL to the reference stays exactly 0. lr 0 (or a schedule
+    stuck at 0), an optimizer built over other parameters than the trained model (a copy, parameters re-created after
+    it), frozen parameters, LoRA adapters outside the optimizer. Try: print lr and the parameter norm before and after
+    one optimizer step; check that the optimizer's parameters are the model's."""
+    k, g = d.cur.get("stats/kl"), d.cur.get("stats/grad_norm")
+    if k is None or g is None or g <= 0:  # no gradient this step (a critic warm-up): nothing to judge
+        return None
+    lr = d.cur.get("stats/lr")
+    ev = f"KL to the reference {k:.3g} with a gradient norm of {g:.3g}" + ("" if lr is None else f", lr {lr:.3g}")
+    return abs(k) < TH["policy_frozen.kl_max"], ev, None
+
+
 def _entropy_collapse(d: LiveDiagnoser):
     """The policy turned (nearly) deterministic before solving the task: too large updates, no entropy bonus,
     clip_high too tight. Try: lower lr, raise clip_high (clip-higher), add an entropy bonus, sample hotter."""
     if (e := d.cur.get("stats/entropy")) is not None and (base := d.base("stats/entropy")) is not None:
         low = e < TH["entropy_collapse.rel"] * base or e < TH["entropy_collapse.abs"]
         return low and not d.saturated(), f"entropy {e:.3g} nat/token vs {base:.3g} at the start", None
+
+
+def _entropy_blowup(d: LiveDiagnoser):
+    """The policy's entropy climbs far above its start (towards uniform noise): an entropy bonus that outweighs the
+    task (ent_coef too large), lr too high (then the KL to the reference climbs too), sampling hotter than the
+    trainer's temperature. Try: lower or drop the entropy bonus (or cap it, clip-higher instead), lower lr, check the
+    temperature on both sides."""
+    if (e := d.cur.get("stats/entropy")) is not None and (base := d.base("stats/entropy")) is not None:
+        k = d.cur.get("stats/kl")
+        ev = f"entropy {e:.3g} nat/token vs {base:.3g} at the start" + ("" if k is None else f"; KL {k:.3g}")
+        return e > TH["entropy_blowup.rel"] * base + TH["entropy_blowup.abs"], ev, None
+
+
+def _sampler_gap(d: LiveDiagnoser):
+    """The sampler's logprobs sit a small, steady distance from the trainer's with no rollout correction on: a
+    low-precision (bf16 / fp8) inference engine or kernels that differ. A bug (no temperature, a one-position shift)
+    gives a far larger gap (logprob_mismatch); a sampler that misses weight syncs, one that grows. Try: a rollout
+    correction (--rollout-is token, veRL's rollout_is / TIS), or an fp32 sampler; python mismatch.py measures it."""
+    name = "stats/rollout_vs_old_logp_diff"
+    if (g := d.cur.get(name)) is None or (base := d.base(name)) is None or any(k in d.cur for k in CORRECTED):
+        return None
+    hit = TH["sampler_precision_gap.min"] < g <= TH["logprob_mismatch.rollout_vs_old_logp_diff"]
+    hit = hit and g < TH["sampler_precision_gap.steady"] * base and not (_logprob_mismatch(d) or (False,))[0]
+    return hit, f"mean |sampler - trainer logprob| {g:.3g} per token ({base:.3g} at the start), no correction", None
 
 
 def _high_truncation(d: LiveDiagnoser):
@@ -396,13 +523,18 @@ CHECKS = (
     ("logprob_mismatch", _logprob_mismatch, MISMATCH),
     ("reward_scale", _reward_scale, ("stats/token_reward_kl_abs", "stats/adv_abs_mean", "stats/return_std")),
     ("zero_variance_groups", _zero_variance, ("rollout/zero_std_frac",)),
-    ("flat_reward", _flat_reward, ("rollout/reward_mean",)),
+    ("reward_decline", _reward_decline, ("rollout/reward_mean",)),
     ("kl_blowup", _kl_blowup, ("stats/kl",)),
+    ("policy_frozen", _policy_frozen, ("stats/kl",)),
     ("entropy_collapse", _entropy_collapse, ("stats/entropy",)),
+    ("entropy_blowup", _entropy_blowup, ("stats/entropy",)),
+    ("sampler_precision_gap", _sampler_gap, ("stats/rollout_vs_old_logp_diff",)),
+    ("template_drift", _template_drift, (FIRST_TURN,)),
     ("eos_mask", _eos_mask, ("stats/eos_mask_err_frac",)),
     ("high_truncation", _high_truncation, ("rollout/truncated_frac",)),
     ("value_divergence", _value_divergence, ("critic/explained_var", "loss/value", "critic/grad_norm_0")),
     ("grad_spike", _grad_spike, ("stats/grad_norm",)),
+    ("flat_reward", _flat_reward, ("rollout/reward_mean",)),  # last: the findings that explain it are known
 )
 
 

@@ -57,6 +57,19 @@ def eos_mask_errors(response_ids, response_mask, eos_ids, max_len: int, rows=Non
     return masked_mean((after_stop | open_end).float(), rows.float(), global_=global_).item()
 
 
+def first_action_mask(episodes: list[dict], response_mask):
+    """[B, R] the response mask on each episode's first action only (its info's first action span); None when an
+    episode's info has no spans (a sampler that does not keep them): no first-turn gap is then measured."""
+    if any("action_spans" not in ep for ep in episodes):
+        return None
+    first = torch.zeros_like(response_mask)
+    for b, ep in enumerate(episodes):
+        if ep["action_spans"]:
+            lo, hi = ep["action_spans"][0]
+            first[b, lo:hi] = response_mask[b, lo:hi]
+    return first
+
+
 def rollout_metrics(rollout: Rollout, episodes: list[dict], eos_ids, max_new_tokens: int) -> dict:
     """The rollout/* metrics of a batch of episodes (README glossary), stats/eos_mask_err_frac, time/env and, for
     --data, each episode's reward_info: reward/<term> averaged over the episodes it scored, time/reward summed."""

@@ -296,11 +296,14 @@ def off_policy_weights(old_logprobs, behav_logprobs, mask, mode: str, cap: float
     return out, stats
 
 
-def gap_stats(old_logprobs, behav_logprobs, mask, policy_version=None, step: int = 0, verl: bool = False) -> dict:
+def gap_stats(old_logprobs, behav_logprobs, mask, policy_version=None, step: int = 0, verl: bool = False,
+              first_turn=None) -> dict:  # fmt: skip
     """Mean |sampler - trainer| logprob gap over valid tokens: stats/rollout_vs_old_logp_diff on the samples of the
     current weights (numerics only; absent when every sample is stale), and with policy versions (async) also
     stats/behav_vs_old_logp_diff over every sample, staleness included; verl: veRL's gap_metrics too (the trainer's
-    with a correction or a bf16 sampler: OffPolicyArgs.reports_gap). All inputs [B, R]; policy_version [B]."""
+    with a correction or a bf16 sampler: OffPolicyArgs.reports_gap); first_turn (multi-turn: the first action's
+    tokens) the gap there, ..._first_turn (a history the trainer re-tokenised differs from the second turn on). All
+    inputs [B, R]; policy_version [B]."""
     gap = (behav_logprobs - old_logprobs).abs()  # [B, R]
     fresh = mask if policy_version is None else mask * (policy_version == step)[:, None]  # [B, R] same weights
     mean = lambda m: float(masked_mean(gap, m, global_=True))  # noqa: E731  (over the tokens of all ranks)
@@ -308,6 +311,8 @@ def gap_stats(old_logprobs, behav_logprobs, mask, policy_version=None, step: int
     stats = {"stats/rollout_vs_old_logp_diff": mean(fresh)} if policy_version is None or fresh.any() else {}
     if policy_version is not None:
         stats["stats/behav_vs_old_logp_diff"] = mean(mask)
+    if first_turn is not None and "stats/rollout_vs_old_logp_diff" in stats:
+        stats["stats/rollout_vs_old_logp_diff_first_turn"] = mean(fresh * first_turn)
     return {**stats, **gap_metrics(old_logprobs, behav_logprobs, mask)} if verl else stats
 
 

@@ -70,14 +70,14 @@ from critics import CriticArgs, Critics, asyppo_masks, critic_footprint, make_cr
 from data import DataArgs, DataTask, load_task
 from diagnose import LiveDiagnoser, verl_aliases
 from envs import ENVS, EnvArgs, multi_turn, rollout_kw, sample_episodes
-from evaluation import EvalArgs, evaluate, evaluate_all, held_out, rollout_metrics
+from evaluation import EvalArgs, evaluate, evaluate_all, first_action_mask, held_out, rollout_metrics
 from lora import LoraArgs, adapters_off, add_adapters
 from memory import MemoryArgs
 from offpolicy import OffPolicyArgs
 from repro import ReproArgs
 from rewards import RewardArgs
 from rollout import SampleArgs, last_valid, rollout_env
-from runlog import MetricsLogger, RunArgs, write_result
+from runlog import MetricsLogger, RunArgs, format_table, write_result
 from tasks import TASKS, TaskArgs, load_policy, stop_token_ids
 from warm_start import sft_config_for, sft_target_for, sft_warm_start
 
@@ -425,6 +425,7 @@ def compute_advantages(cfg: Config, token_scores, response_mask, old_logp, ref_l
         raise ValueError("KL in the reward needs old and reference logprobs before the update (got None)")
     both = old_logp is not None and ref_logp is not None
     kl = kl_estimate(old_logp, ref_logp, "k1") * mask if both else torch.zeros_like(mask)  # [B, R]
+    kl_beta = repro.at_kl_coef(cfg.inject, kl_beta)  # INJECT kl_sign
     token_rewards = token_scores - kl_beta * kl if cfg.kl_in_reward else token_scores.clone()  # [B, R]
     seq_score = token_rewards.sum(-1)  # [B] veRL: an outcome estimator's score is the sum of token rewards
     if cfg.adv_estimator == "gae":
@@ -440,6 +441,7 @@ def compute_advantages(cfg: Config, token_scores, response_mask, old_logp, ref_l
         else:
             seq_adv = rloo_advantages(seq_score, group_ids)
         adv = returns = seq_adv[:, None] * mask  # [B, R] broadcast over valid tokens
+    adv = repro.at_advantages(cfg.inject, adv)  # INJECT adv_sign
     mean = lambda x: float(masked_mean(x, mask, global_=True))  # noqa: E731  (token statistics of all ranks)
     metrics = {"stats/adv_abs_mean": mean(adv.abs()), "stats/return_mean": mean(returns)}
     metrics["stats/return_std"] = float(common.masked_var(returns, mask, global_=True).sqrt())
@@ -542,7 +544,7 @@ def policy_step(cfg: Config, policy_train, opt, mb: Batch, world, autocast, upda
                 terms["loss/kl"] = aggregate(kl_estimate(logp, mi.ref_logprobs, cfg.kl_loss_type), mmask, **agg)
             loss = pg + (cfg.kl_loss_coef * terms["loss/kl"] if cfg.kl_loss else 0.0)
             if cfg.ent_coef > 0:  # the entropy term joins the graph only when it is used
-                loss = loss - cfg.ent_coef * ent_loss
+                loss = loss - repro.at_ent_coef(cfg.inject, cfg.ent_coef) * ent_loss  # INJECT ent_sign
         if update_actor:  # DDP all-reduces inside backward: common.collective names a rank that never joins it
             common.collective(loss.backward)
         for k, v in terms.items():  # a micro-batch's loss is its share of the minibatch's (summed in fp64)
@@ -712,7 +714,8 @@ def build_models(cfg: Config, device, world: int):
     policy_train = prepare(policy)
     opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr, eps=cfg.adam_eps,
                             weight_decay=0.0)  # fmt: skip
-    return policy, policy_train, opt, ref, tokenizer, stop_token_ids(policy, tokenizer), critics, fingerprint
+    eos_ids = repro.at_stop_ids(cfg.inject, stop_token_ids(policy, tokenizer), tokenizer.pad_token_id)  # INJECT
+    return policy, policy_train, opt, ref, tokenizer, eos_ids, critics, fingerprint
 
 
 def open_run_log(cfg: Config, task, policy, start: int, rank: int, world: int, device, n_local: int) -> MetricsLogger:
@@ -741,7 +744,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     sampling = rollout_kw(cfg)  # rollout_env's limits and sampling settings (envs.py)
     policy, policy_train, opt, ref, tokenizer, eos_ids, critics, fingerprint = build_models(cfg, device, world)
     anchor = repro.stale_anchor(cfg.inject, policy)  # computes old_logprobs: the policy; INJECT stale_old_logprobs
-    engine = offpolicy.inference_copy(policy, cfg.rollout_dtype)  # samples: the policy, or its bf16 copy
+    engine = repro.at_engine(cfg.inject, offpolicy.inference_copy(policy, cfg.rollout_dtype), policy)  # INJECT
     task = None if multi_turn(cfg) else load_task(cfg, tokenizer, device)  # a procedural task, or --data's rows
     kl_beta = cfg.kl_coef  # beta of KL in the reward (kl_controller)
     rng = np.random.default_rng(cfg.seed + rank)  # tasks and env seeds: seed + rank
@@ -777,13 +780,13 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
             n, G = n_local // cfg.group_size, cfg.group_size
             envs, seeds = zip(*sample_episodes(task, cfg.task, "train", n, rng, G, cfg.env_latency))
             group_ids = torch.arange(n_local, device=device) // G + rank * n_local  # [B]
-            offpolicy.sync_weights(engine, policy)  # --rollout-dtype bfloat16: the weight sync
+            repro.sync_sampler(cfg.inject, engine, policy)  # --rollout-dtype bfloat16's sync; INJECT stale_sampler
             with autocast(), common.gathered(policy):  # FSDP2: whole weights, ranks' forwards may differ in number
                 rollout, episodes = rollout_env(engine, tokenizer, envs, seeds, eos_ids, **sampling,
                                                 generator=sample_gen)  # fmt: skip
         else:
             rollout, episodes, group_ids, sampled = sampler(step, policy)
-        rollout = repro.at_rollout(cfg.inject, rollout, eos_ids[0])  # INJECT pad_eq_eos
+        rollout = repro.at_rollout(cfg.inject, rollout, eos_ids[0], tokenizer.pad_token_id)  # INJECT (2 bugs)
         t1 = time.perf_counter()
 
         # --- 2. rewards: each turn's at its last action token (a single-turn task's score at its stop token)
@@ -844,9 +847,9 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         old_logprobs = batch.old_logprobs  # (reuse: the update's first forward filled it)
         if ref_logprobs is not None:
             m["stats/kl"] = float(masked_mean(kl_estimate(old_logprobs, ref_logprobs) * mask, mask, global_=True))
-        m.update(offpolicy.gap_stats(old_logprobs, behav, mask, rollout.policy_version, step, cfg.reports_gap()))
-        m["stats/kl_coef"] = kl_beta
-        m.update({"stats/lr": opt.param_groups[0]["lr"], "time/rollout": t1 - t0})  # (the reward calls inside too)
+        first = first_action_mask(episodes, response_mask) if multi_turn(cfg) else None  # [B, R] the first turn's
+        m.update(offpolicy.gap_stats(old_logprobs, behav, mask, rollout.policy_version, step, cfg.reports_gap(), first))
+        m.update({"stats/kl_coef": kl_beta, "stats/lr": opt.param_groups[0]["lr"], "time/rollout": t1 - t0})
         m.update({"perf/tokens_per_s": mask.sum().item() / (t3 - t0), "time/train": t3 - t2})
         if "time/credit" in credit:  # attention credit: what it adds to the recompute, as a share of the step
             m["perf/credit_overhead"] = credit["time/credit"] / (t3 - t0)
@@ -903,9 +906,61 @@ def replay(path: str) -> tuple[dict | None, bool]:
     return metrics, repro.report_replay(path, d, metrics, error, digest)
 
 
+def replay_foreign(cfg: Config) -> tuple[dict, list[dict]]:
+    """--replay of a batch another framework exported (repro.py detail 4): its logprobs (and, from its scores, its
+    advantages) recomputed with --model and compared per token, then one update on the batch as given (with this
+    config's rollout corrections, from its rollout_log_probs). Returns (the update's metrics, the comparison rows)."""
+    where = f"--replay {cfg.replay}"
+    if cfg.model is None:
+        raise ValueError(f"{where}: a batch from another framework needs --model (the weights that made it)")
+    _, _, _, device = common.setup_dist(device=cfg.device)
+    t = {k: v.to(device) for k, v in repro.load_foreign_batch(cfg.replay).items()}
+    policy, _, opt, ref, *_ = build_models(cfg, device, 1)  # (a critic's weights are not in the file: none trains)
+    ids, attn, mask, theirs = t["input_ids"], t["attention_mask"], t["response_mask"], t["old_log_probs"]
+    R, ref_logp, autocast = mask.shape[1], t.get("ref_log_prob"), make_autocast(cfg.dtype, device)
+    if ref_logp is None and (cfg.kl_loss or cfg.kl_in_reward):
+        raise ValueError(f"{where}: --kl-loss / --kl-in-reward need the batch's 'ref_log_prob'")
+    with torch.no_grad(), autocast():
+        pairs = {"old_log_probs": (trainer_logprobs(cfg, policy, ids, attn, R)[0], theirs)}  # [B, R] each
+        with adapters_off(ref, cfg.lora_rank > 0 and ref_logp is not None):  # LoRA: the reference is its base
+            ours_ref = trainer_logprobs(cfg, ref, ids, attn, R)[0] if ref_logp is not None else None
+    pairs |= {"ref_log_prob": (ours_ref, ref_logp)} if ref_logp is not None else {}
+    if "rollout_log_probs" in t:  # the file's own sampler-trainer gap
+        pairs["rollout_log_probs (vs their old)"] = (theirs, t["rollout_log_probs"])
+    elif cfg.rollout_is or cfg.rollout_rs or cfg.off_policy != "none":
+        raise ValueError(f"{where}: a rollout correction needs the batch's 'rollout_log_probs'")
+    scores = t.get("token_level_scores" if cfg.kl_in_reward else "token_level_rewards", t.get("token_level_scores"))
+    adv = t.get("advantages")
+    if scores is not None and (cfg.adv_estimator != "gae" or "values" in t):  # ours from their scores and values
+        if "uid" not in t and cfg.adv_estimator in ("grpo", "rloo", "reinforce_plus_plus_baseline"):
+            raise ValueError(f"{where}: adv_estimator {cfg.adv_estimator!r} needs the batch's 'uid' (group ids)")
+        groups = t.get("uid", torch.arange(len(ids), device=device))  # (gae, reinforce++: no groups)
+        _, ours, returns, _, _ = compute_advantages(cfg, scores, mask, theirs, ref_logp, cfg.kl_coef, groups,
+                                                    t.get("values"))  # fmt: skip
+        pairs |= {k: (v, t[k]) for k, v in (("advantages", ours), ("returns", returns)) if k in t}
+        adv = ours if adv is None else adv
+    if adv is None:
+        raise ValueError(f"{where}: no 'advantages', and adv_estimator 'gae' needs 'values' to compute them")
+    is_weights, loss_mask, _ = offpolicy.corrections(cfg, theirs, t.get("rollout_log_probs", theirs), mask)
+    m = mask.long()
+    batch = Batch(input_ids=ids, attention_mask=attn, response_mask=m, loss_mask=loss_mask, old_logprobs=theirs,
+                  clip_anchor=theirs, ref_logprobs=ref_logp, advantages=adv * mask, token_weights=torch.ones_like(mask),
+                  pg_mask=m, ent_mask=m, is_weights=is_weights, old_values=None, critic_returns=None,
+                  shares=None)  # fmt: skip
+    metrics = ppo_update(cfg, policy, opt, None, batch, 1, torch.Generator().manual_seed(cfg.seed), autocast)
+    rows = repro.token_diffs(pairs, mask)
+    print(f"[minrl] {cfg.replay}: per-token |ours - theirs| over {int(mask.sum())} trained tokens")
+    print(format_table(rows, ["quantity", "max_abs_diff", "mean_abs_diff"]))
+    named = {**metrics, **verl_aliases(metrics, cfg.task)}  # the update's metrics, also under veRL's names
+    print(format_table([{"metric": k, "value": v} for k, v in sorted(named.items())], ["metric", "value"]))
+    return metrics, rows
+
+
 def main(argv=None):
     """`python ppo_minimal.py [flags]`: train (or --replay one saved update) and print the eval history."""
     cfg = parse_config(Config, argv)
+    if cfg.replay and repro.is_foreign_batch(cfg.replay):  # another framework's batch (repro.py detail 4)
+        return replay_foreign(cfg)
     if cfg.replay:
         sys.exit(0 if replay(cfg.replay)[1] else 1)
     if cfg.dry_run_memory:  # the per-rank estimate of memory.py; nothing is loaded or trained

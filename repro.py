@@ -1,4 +1,4 @@
-"""Bug hunting: seven classic RL-for-LLM bugs to plant on purpose, and one update saved to disk to replay.
+"""Bug hunting: fourteen classic RL-for-LLM bugs to plant on purpose, and one update saved to disk to replay.
 
     python repro.py                                            # the injections: bug, planted by, config, diagnosis
     python repro.py runs/ppo/batch-7.pt                        # what a --dump-batch file holds
@@ -7,9 +7,10 @@
     python ppo_minimal.py --replay runs/ppo/batch-7.pt         # re-run exactly that update, bit for bit
 
 Injections (their regression suite is tests/test_inject.py)
-1. Each bug is planted by the function named for its point of the loop (`at_rollout`, `at_scores`,
-   `at_score_placement`, `at_logprobs`, `stale_anchor` / `resync_anchor`, `at_value_target`), called by the
-   trainer on a line marked "INJECT"; without --inject each returns its input.
+1. Each bug is planted by the function named for its point of the loop (`at_stop_ids`, `at_engine` /
+   `sync_sampler`, `at_rollout`, `at_scores`, `at_score_placement`, `at_logprobs`, `stale_anchor` /
+   `resync_anchor`, `at_kl_coef`, `at_advantages`, `at_ent_coef`, `at_value_target`), called by the trainer on a
+   line marked "INJECT"; without --inject each returns its input (sync_sampler: does the sync).
 2. An injection's stated config, where the bug really hurts (reward_scale: KL in the reward, as group and GAE
    normalisation and Adam are nearly scale-invariant), fills the fields left at their default, each override
    printed. The live diagnosis must name the injection's failure-mode id.
@@ -20,6 +21,16 @@ Replay
    and `state_digest` (sha256 of every weight and AdamW moment). World size 1. ppo_minimal.replay rebuilds the
    models and re-runs `ppo_update` (set a breakpoint there); `report_replay` prints both rows: the same metrics
    and digest (or error) on the same device, dtype and threads. Earlier versions' dumps replay too (batch_fields).
+4. A batch exported from another framework also replays: `python ppo_minimal.py --replay B.pt --model M [flags]`,
+   with the model that produced it and this project's flags for the update (the estimator, clip, loss_agg, ...).
+   B is a .pt (torch.save of a dict of tensors, read weights_only) or a .npz (numpy.savez), tensors named as in veRL's
+   DataProto `batch.batch` (FOREIGN_BATCH); veRL's `uid` strings as integer group ids. From veRL, after
+   compute_advantage in the trainer's step: torch.save({**batch.batch, "uid": ids}, "b.pt") with ids =
+   torch.from_numpy(np.unique(batch.non_tensor_batch["uid"], return_inverse=True)[1]) (tensors only: weights_only).
+   The replay recomputes the old (and reference) logprobs with M and, from the scores, the advantages; prints each
+   next to the file's, per token (token_diffs);
+   then runs one update on the batch as given (its old logprobs the anchor, its advantages; no critic: its weights
+   are not in the file) and prints its metrics under both names (ours, veRL's).
 """
 
 from __future__ import annotations
@@ -29,13 +40,18 @@ import copy
 import hashlib
 import json
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Literal, NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+import offpolicy
+from checkpoint import load_pt
 from cli import check_choice, check_range
 from critics import make_critics
+from envs import multi_turn
 from rollout import decode_responses, last_valid, position_ids_from_mask, sequence_logprobs
 from runlog import format_table
 
@@ -71,6 +87,45 @@ INJECTIONS = {
     "value_not_detached": Injection(
         "the value target is advantages + the live values", {}, "value_divergence", "at_value_target"
     ),
+    "answer_format": Injection(
+        "the reward parser expects a format the policy never writes: every score is 0",
+        {},
+        "zero_variance_groups",
+        "at_scores",
+    ),
+    "adv_sign": Injection(
+        "the advantages enter the loss with the wrong sign: the policy unlearns", {}, "reward_decline", "at_advantages"
+    ),
+    "kl_sign": Injection(
+        "the KL-in-reward penalty is added, not subtracted: the policy is paid to leave the reference",
+        {"kl_in_reward": True, "kl_coef": 0.1},
+        "kl_blowup",
+        "at_kl_coef",
+    ),
+    "ent_sign": Injection(
+        "the entropy term enters the loss with the wrong sign: the policy is paid to be certain",
+        {"ent_coef": 1.0},
+        "entropy_collapse",
+        "at_ent_coef",
+    ),
+    "wrong_stop_id": Injection(
+        "the sampler stops at a token the model never writes (pad), not at its end-of-turn token",
+        {},
+        "high_truncation",
+        "at_stop_ids",
+    ),
+    "retokenized_history": Injection(
+        "multi-turn: the history is re-tokenised from its text, losing the end-of-turn tokens between turns",
+        {},
+        "template_drift",
+        "at_rollout",
+    ),
+    "stale_sampler": Injection(
+        "the sampler never receives the trained weights (a broken weight sync)",
+        {},
+        "logprob_mismatch",
+        "at_engine, sync_sampler",
+    ),
 }
 INJECT_NAMES = tuple(INJECTIONS)
 
@@ -101,23 +156,73 @@ def apply_stated_config(cfg) -> None:
             setattr(cfg, name, value)
     if cfg.inject == "value_not_detached" and cfg.adv_estimator != "gae":
         raise ValueError("config field 'inject' = 'value_not_detached' needs adv_estimator 'gae' (a critic)")
+    if cfg.inject == "retokenized_history" and not multi_turn(cfg):
+        raise ValueError("config field 'inject' = 'retokenized_history' needs a multi-turn task (--task calc, guess)")
 
 
-def at_rollout(inject, rollout, eos_id: int):
-    """INJECT pad_eq_eos: the response padded with EOS, then the mask rebuilt as ids != pad drops EOS itself."""
+def at_rollout(inject, rollout, eos_id: int, pad_id: int):
+    """INJECT pad_eq_eos: the response padded with EOS, then the mask rebuilt as ids != pad drops EOS itself;
+    retokenized_history: retokenized(rollout)."""
     if inject == "pad_eq_eos":
         rollout.response_ids = rollout.response_ids.masked_fill(rollout.response_mask == 0, eos_id)  # [B, R]
         rollout.response_mask = (rollout.response_ids != eos_id).long()  # [B, R]
         prompt_mask = rollout.attention_mask[:, : rollout.prompt_ids.shape[1]]  # [B, P]
         rollout.attention_mask = torch.cat([prompt_mask, rollout.response_mask], 1)  # [B, P+R]
-    return rollout
+    return retokenized(rollout, eos_id, pad_id) if inject == "retokenized_history" else rollout
+
+
+def retokenized(rollout, eos_id: int, pad_id: int):
+    """The retokenized_history bug: the episode's text re-encoded (decoded without special tokens, the last
+    action's stop token written again by the template) drops the stop token `eos_id` ending each non-empty earlier
+    action (other stop ids stay); ids, masks and rewards follow the new tokens (a dropped token's reward moves to the
+    action token before it), the sampler's logprobs stay where they were: from the second turn on they belong to
+    other tokens. A Python loop over rows and tokens: an injection, not a hot path."""
+    P, (B, R) = rollout.prompt_ids.shape[1], rollout.response_ids.shape
+    ids, mask, real = rollout.response_ids, rollout.response_mask, rollout.attention_mask[:, P:]  # [B, R] each
+    new = {"ids": torch.full_like(ids, pad_id), "mask": torch.zeros_like(mask), "real": torch.zeros_like(real)}
+    scores = torch.zeros_like(rollout.token_scores)  # [B, R]
+    for b in range(B):
+        acts, eos = mask[b].nonzero().flatten(), (ids[b] == eos_id) & mask[b].bool()  # [R] an action's stop token
+        last = int(acts[-1]) if len(acts) else -1  # the final action token: the template writes its EOS again
+        after_action = F.pad(mask[b, :-1].bool() & ~eos[:-1], (1, 0))  # [R] the token before is an action's own
+        drop = eos & after_action & (torch.arange(R, device=ids.device) < last)  # [R] inner end-of-turn tokens
+        keep = [t for t in range(int(real[b].sum())) if not drop[t]]
+        for k, t in enumerate(keep):  # each kept token takes the rewards of the dropped ones after it
+            new["ids"][b, k], new["mask"][b, k], new["real"][b, k] = ids[b, t], mask[b, t], 1
+            stop = keep[k + 1] if k + 1 < len(keep) else R
+            scores[b, k] = rollout.token_scores[b, t:stop].sum()
+    attention_mask = torch.cat([rollout.attention_mask[:, :P], new["real"]], 1)  # [B, P+R]
+    return replace(rollout, response_ids=new["ids"], response_mask=new["mask"], attention_mask=attention_mask,
+                   token_scores=scores)  # fmt: skip
+
+
+def at_stop_ids(inject, eos_ids: list[int], pad_id: int) -> list[int]:
+    """INJECT wrong_stop_id: the stop ids the sampler (and every mask built from them) uses become [pad]."""
+    if inject == "wrong_stop_id":
+        if pad_id in eos_ids:
+            raise ValueError(f"config field 'inject' = 'wrong_stop_id' needs a pad id that is not a stop id {eos_ids}")
+        return [pad_id]
+    return eos_ids
+
+
+def at_engine(inject, engine, policy):
+    """INJECT stale_sampler: the sampler is a frozen copy of the starting policy (sync_sampler never updates it)."""
+    return copy.deepcopy(policy).requires_grad_(False) if inject == "stale_sampler" else engine
+
+
+def sync_sampler(inject, engine, policy) -> None:
+    """The weight sync before each rollout (offpolicy.sync_weights); INJECT stale_sampler: skipped."""
+    if inject != "stale_sampler":
+        offpolicy.sync_weights(engine, policy)
 
 
 def at_scores(inject, rollout, token_scores):
-    """INJECT reward_scale: every score x 0.01; eos_unmasked: the loss mask becomes all ones. Returns (rollout,
-    token_scores [B, R])."""
+    """INJECT reward_scale: every score x 0.01; answer_format: every score 0; eos_unmasked: the loss mask becomes all
+    ones. Returns (rollout, token_scores [B, R])."""
     if inject == "reward_scale":
         token_scores = token_scores * 0.01
+    if inject == "answer_format":
+        token_scores = token_scores * 0.0
     if inject == "eos_unmasked":  # every position of the response counts, the padding after EOS too
         rollout = replace(rollout, response_mask=torch.ones_like(rollout.response_mask))
     return rollout, token_scores
@@ -161,6 +266,21 @@ def resync_anchor(anchor, policy) -> None:
     """INJECT stale_old_logprobs: the late re-sync (a no-op when the anchor is the policy itself)."""
     if anchor is not policy:
         anchor.load_state_dict(policy.state_dict())
+
+
+def at_kl_coef(inject, kl_beta: float) -> float:
+    """INJECT kl_sign: the KL-in-reward coefficient enters negated (r_t = score + beta KL_t)."""
+    return -kl_beta if inject == "kl_sign" else kl_beta
+
+
+def at_advantages(inject, advantages):
+    """INJECT adv_sign: the advantages [B, R] negated (a gradient ascent on the loss)."""
+    return -advantages if inject == "adv_sign" else advantages
+
+
+def at_ent_coef(inject, ent_coef: float) -> float:
+    """INJECT ent_sign: the entropy bonus' coefficient negated (loss + c H instead of loss - c H)."""
+    return -ent_coef if inject == "ent_sign" else ent_coef
 
 
 def at_value_target(inject, returns, old_values, values):
@@ -273,6 +393,75 @@ def report_replay(path, saved: dict, metrics: dict | None, error: str | None, di
     return same_state and not diff
 
 
+FOREIGN_BATCH = {  # name (veRL's DataProto) -> (required, what it holds); [B, R]: response tokens, right-padded
+    "input_ids": (True, "[B, P+R] int: prompt (left-padded) + response ids"),
+    "attention_mask": (True, "[B, P+R] int: 1 on real prompt and response tokens"),
+    "responses": (True, "[B, R] int: the response ids (= input_ids[:, -R:])"),
+    "response_mask": (False, "[B, R]: 1 on the tokens the loss trains (default: attention_mask[:, -R:], as veRL)"),
+    "old_log_probs": (True, "[B, R] float: the trainer's logprobs before the update (the PPO anchor)"),
+    "ref_log_prob": (False, "[B, R] float: the reference model's"),
+    "rollout_log_probs": (False, "[B, R] float: the sampler's"),
+    "values": (False, "[B, R] float: the critic's, before the update (GAE)"),
+    "advantages": (False, "[B, R] float: the advantages the update used"),
+    "returns": (False, "[B, R] float: the returns (GAE: the critic's target)"),
+    "token_level_scores": (False, "[B, R] float: the task's scores (each at its sequence's last token)"),
+    "token_level_rewards": (False, "[B, R] float: the scores with the in-reward KL penalty, if any"),
+    "uid": (False, "[B] int: the prompt each sample came from (group estimators)"),
+}
+
+
+WHAT = "--dump-batch file, or a dict of tensors only (torch.from_numpy on arrays such as uid)"
+
+
+def is_foreign_batch(path) -> bool:
+    """True for a batch file in FOREIGN_BATCH's layout (a .npz, or a .pt with old_log_probs and no 'config')."""
+    if str(path).endswith(".npz"):
+        return True
+    d = load_pt(Path(path), what=WHAT, map_location="cpu", mmap=True)  # mmap: the keys, not the tensors, are read
+    return isinstance(d, dict) and "old_log_probs" in d and "config" not in d
+
+
+def load_foreign_batch(path) -> dict:
+    """The tensors of a FOREIGN_BATCH file on the CPU (float32 / long), names, shapes and values checked: a missing
+    key, a [B, R] tensor of another shape, responses that are not input_ids' tail, NaN on a trained token or neither
+    advantages nor scores is an error naming the file, the key and the layout."""
+    if str(path).endswith(".npz"):
+        with np.load(path, allow_pickle=False) as z:
+            raw = {k: torch.from_numpy(z[k]) for k in z.files}
+    else:
+        raw = load_pt(Path(path), what=WHAT, map_location="cpu")
+    layout = "; ".join(f"{k}{'' if req else ' (optional)'}: {what}" for k, (req, what) in FOREIGN_BATCH.items())
+    fail = lambda msg: ValueError(f"{path}: {msg}. Layout (repro.py detail 4): {layout}")  # noqa: E731
+    if missing := [k for k, (req, _) in FOREIGN_BATCH.items() if req and k not in raw]:
+        raise fail(f"no {missing}")
+    if not any(k in raw for k in ("advantages", "token_level_scores", "token_level_rewards")):
+        raise fail("neither advantages nor token_level_scores / token_level_rewards: nothing to train on")
+    t = {k: v.long() if k in ("input_ids", "attention_mask", "responses", "uid") else v.float() for k, v in raw.items()
+         if k in FOREIGN_BATCH}  # fmt: skip
+    (B, W), R = t["input_ids"].shape, t["responses"].shape[-1]
+    t.setdefault("response_mask", t["attention_mask"][:, -R:].float())
+    if not t["response_mask"].any():
+        raise fail("'response_mask' is all 0: no token to train")
+    for k, v in t.items():
+        want = (B,) if k == "uid" else (B, W) if k in ("input_ids", "attention_mask") else (B, R)
+        if tuple(v.shape) != want:
+            raise fail(f"'{k}' has shape {tuple(v.shape)}, expected {list(want)} (B = {B}, P+R = {W}, R = {R})")
+        if v.is_floating_point() and not torch.isfinite(v[t["response_mask"] > 0] if v.dim() == 2 else v).all():
+            raise fail(f"'{k}' is NaN / inf on a trained token (response_mask 1)")
+    if not torch.equal(t["input_ids"][:, -R:], t["responses"]):
+        raise fail("'responses' differs from input_ids[:, -R:]: the response must be the right end of input_ids")
+    return t
+
+
+def token_diffs(pairs: dict, mask) -> list[dict]:
+    """One row per (name -> (ours [B, R], theirs [B, R])): max and mean |ours - theirs| over the trained tokens."""
+    rows = []
+    for name, (ours, theirs) in pairs.items():
+        d = (ours - theirs).abs()[mask > 0]
+        rows.append({"quantity": name, "max_abs_diff": d.max().item(), "mean_abs_diff": d.mean().item()})
+    return rows
+
+
 def describe_dump(path) -> None:
     """Print what a --dump-batch file holds: the run's config changes, tensor shapes, a few samples, the outcome."""
     d = torch.load(path, weights_only=True, map_location="cpu")
@@ -291,9 +480,9 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.dump:
         return describe_dump(args.dump)
-    print(f"{'--inject':20s} {'diagnosed as':18s} {'planted by':32s} {'stated config':38s} the bug")
+    print(f"{'--inject':20s} {'diagnosed as':22s} {'planted by':32s} {'stated config':40s} the bug")
     for name, inj in INJECTIONS.items():
-        print(f"{name:20s} {inj.diagnosed_as:18s} {inj.points:32s} {str(inj.config or 'default'):38s} {inj.bug}")
+        print(f"{name:20s} {inj.diagnosed_as:22s} {inj.points:32s} {str(inj.config or 'default'):40s} {inj.bug}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import async_loop
 from offpolicy import off_policy_weights
 from ppo_minimal import policy_loss, replay
 from rollout import Rollout
+from tasks import make_tiny_model, make_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -226,6 +227,19 @@ def test_alpha0_processes_have_staleness_0_and_the_synchronous_loss(tmp_path, de
     sync_metrics, _ = replay(str(tmp_path / "sync.pt"))
     assert sync_metrics["loss/policy"] == pytest.approx(d["metrics"]["loss/policy"], abs=1e-6)
     assert sync_metrics["stats/grad_norm"] == pytest.approx(d["metrics"]["stats/grad_norm"], rel=1e-4)
+
+
+def test_multi_turn_episodes_reach_the_trainer_with_their_action_spans(tmp_path):
+    """calc through a rollout process: the trainer's first-turn gap (evaluation.first_action_mask) reads each
+    episode's action spans, which the wire format must carry (a random-init tiny model: no warm start needed)."""
+    tok, model_dir = make_tokenizer(), tmp_path / "tiny"
+    torch.manual_seed(0)
+    make_tiny_model(tok).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    args = ["--task", "calc", "--model", str(model_dir), "--adv-estimator", "grpo", "--async-ratio", "0"]
+    proc, rows, _ = run_async(tmp_path / "run", *args, "--rollout-workers", "1", "--steps", "2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert len(rows) == 2 and all(r["stats/rollout_vs_old_logp_diff_first_turn"] < 1e-4 for r in rows)
 
 
 def test_alpha2_two_workers_replicated_redundant_stays_within_bound(tmp_path, default_sft_path):

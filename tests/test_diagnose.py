@@ -45,6 +45,7 @@ def healthy(n=N, seed=0, beta=0.05, kl_abs=0.05, resp_len=8.0):
                 "stats/first_mb_clipfrac": 0.0,
                 "stats/first_mb_ratio_dev": 2e-6 * rng.random(),
                 "stats/rollout_vs_old_logp_diff": 1e-7 * rng.random(),
+                "stats/rollout_vs_old_logp_diff_first_turn": 1e-7 * rng.random(),  # (multi-turn runs log it)
                 "stats/eos_mask_err_frac": 0.0,
                 "critic/grad_norm_0": 0.3 * np.exp(rng.normal(0, 0.3)),
                 "stats/adv_abs_mean": 0.8 + rng.normal(0, 0.02),
@@ -146,6 +147,17 @@ CASES = {
     "value_divergence": (25, dict(critic__explained_var=-3.0, loss__value=5.0)),
     "nan_inf": (33, dict(loss__policy=float("nan"))),
     "grad_spike": (45, dict(stats__grad_norm=lambda t: 20.0 if t == 45 else 0.5)),
+    "entropy_blowup": (20, dict(stats__entropy=2.8)),  # towards uniform noise: > 2 x 1.0 + 0.5
+    "reward_decline": (  # the reward falls from step 10 on (an advantage sign): dated to its window's start
+        10,
+        dict(rollout__reward_mean=lambda t: 0.45 - 0.02 * (t - 10), rollout__acc=0.3),  # (below 0: a penalty)
+    ),
+    "policy_frozen": (10, dict(stats__kl=0.0)),  # gradients, but the policy stays the reference (lr 0)
+    "sampler_precision_gap": (  # a bf16 sampler: a small steady gap on every turn, no correction
+        0,
+        dict(stats__rollout_vs_old_logp_diff=3e-3, stats__rollout_vs_old_logp_diff_first_turn=3e-3),
+    ),
+    "template_drift": (5, dict(stats__rollout_vs_old_logp_diff=0.3)),  # the first turn's stays ~1e-7
 }
 
 
@@ -161,7 +173,27 @@ def test_each_failure_mode_is_named_with_its_start_step(fid):
             r["stats/token_reward_kl_abs"] = 0.0 if r["step"] == 0 else 0.05 * 0.2
             r["stats/return_mean"] = r["rollout/reward_mean"]
             r["stats/return_std"] = r["rollout/reward_std"]
+    start = TH["baseline_n"] - 1 if fid == "sampler_precision_gap" else start  # judged once its start level is known
     assert ids_and_steps(run_diagnose(rows)) == [(fid, start)]
+
+
+def test_look_alikes_are_told_apart():
+    gap = dict(stats__rollout_vs_old_logp_diff=3e-3, stats__rollout_vs_old_logp_diff_first_turn=3e-3)
+    corrected = edit(healthy(), 0, **gap, rollout_corr__rollout_is_mean=1.0)  # TIS on: the gap is handled
+    assert run_diagnose(corrected) == []
+    stale_anchor = edit(healthy(), 0, **gap, stats__first_mb_ratio_dev=0.4)  # ratio != 1 before any step: a bug
+    assert ids_and_steps(run_diagnose(stale_anchor)) == [("logprob_mismatch", 0)]
+    growing = {k: (lambda t: 6e-3 * t) for k in gap}  # a sampler that misses its weight syncs: the gap grows
+    assert [f.id for f in run_diagnose(edit(healthy(), 0, **growing))] == ["logprob_mismatch"]
+    frozen_critic_warmup = edit(healthy(), 10, stats__kl=0.0, stats__grad_norm=0.0)  # no actor gradient: not frozen
+    assert run_diagnose(frozen_critic_warmup) == []
+
+
+def test_zero_variance_names_the_reward_level_and_a_flat_reward_it_explains_is_not_reported():
+    rows = edit(healthy(), 0, rollout__zero_std_frac=1.0, rollout__reward_mean=0.0, rollout__acc=0.0)
+    found = run_diagnose(rows)
+    assert [f.id for f in found] == ["zero_variance_groups"]  # flat_reward too, but zero variance says why
+    assert "mean reward 0" in found[0].evidence
 
 
 def test_a_critic_that_cannot_move_is_value_divergence():
@@ -170,8 +202,18 @@ def test_a_critic_that_cannot_move_is_value_divergence():
 
 
 def test_temperature_bug_shows_as_rollout_vs_old_mismatch():
-    rows = edit(healthy(), 0, stats__rollout_vs_old_logp_diff=0.15)
+    gap = {"stats__rollout_vs_old_logp_diff": 0.15, "stats__rollout_vs_old_logp_diff_first_turn": 0.15}  # every turn
+    assert ids_and_steps(run_diagnose(edit(healthy(), 0, **gap))) == [("logprob_mismatch", 0)]
+    single_turn = [{k: v for k, v in r.items() if not k.endswith("_first_turn")} for r in healthy()]
+    rows = edit(single_turn, 0, stats__rollout_vs_old_logp_diff=0.15)
     assert ids_and_steps(run_diagnose(rows)) == [("logprob_mismatch", 0)]
+
+
+def test_a_gap_after_the_first_turn_only_is_template_drift_not_logprob_mismatch():
+    rows = edit(healthy(), 5, stats__rollout_vs_old_logp_diff=0.3)  # the first turn's stays ~1e-7
+    assert ids_and_steps(run_diagnose(rows)) == [("template_drift", 5)]
+    rows = edit(healthy(), 5, stats__rollout_vs_old_logp_diff=0.3, stats__rollout_vs_old_logp_diff_first_turn=0.1)
+    assert ids_and_steps(run_diagnose(rows)) == [("logprob_mismatch", 5)]  # a third of it on turn 1: every turn
 
 
 def test_dr_grpo_tiny_advantages_and_huge_returns_are_reward_scale():
@@ -226,14 +268,14 @@ def test_live_reports_each_id_once_until_it_clears_and_agrees_with_diagnose():
         live += new
     assert ids_and_steps(live) == [("grad_spike", 20), ("kl_blowup", 40), ("grad_spike", 45)]
     assert live == run_diagnose(rows)
-    assert max(len(h) for h in d.hist.values()) <= TH["window"] + 1  # bounded memory per metric
+    assert max(len(h) for h in d.hist.values()) <= diagnose.HISTORY  # bounded memory per metric: the longest window
 
 
 def test_flat_reward_finding_arrives_when_the_window_fills_dated_to_its_start():
     rows = edit(healthy(), 0, rollout__reward_mean=0.3, rollout__acc=0.3)
     d = LiveDiagnoser()
     arrivals = [(r["step"], f.id, f.step) for r in rows for f in d.update(r["step"], r)]
-    assert arrivals == [(TH["window"] - 1, "flat_reward", 0)]
+    assert arrivals == [(TH["flat_reward.window"] - 1, "flat_reward", 0)]
 
 
 def test_skipped_checks_are_reported_with_the_reason():
@@ -244,7 +286,12 @@ def test_skipped_checks_are_reported_with_the_reason():
         d.update(r["step"], r)
     skipped = d.skipped()
     assert "logprob_mismatch" in skipped and "stats/first_mb_clipfrac" in skipped["logprob_mismatch"]
-    assert set(skipped) == {c for c, _, _ in diagnose.CHECKS} - {"nan_inf", "flat_reward", "kl_blowup"}
+    assert set(skipped) == {c for c, _, _ in diagnose.CHECKS} - {
+        "nan_inf",
+        "flat_reward",
+        "reward_decline",
+        "kl_blowup",
+    }
     few = LiveDiagnoser()
     for r in rows[:10]:
         few.update(r["step"], r)

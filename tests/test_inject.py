@@ -18,6 +18,7 @@ import repro
 from diagnose import LiveDiagnoser
 from evaluation import eos_mask_errors
 from repro import INJECTIONS
+from rollout import Rollout
 from runlog import read_jsonl
 
 SMALL = {**REVERSE_T1, "prompts_per_step": 8, "group_size": 8, "eval_every": 0}
@@ -30,6 +31,19 @@ FIRES_BY = {
     "stale_old_logprobs": 10,
     "no_temperature": 5,
     "value_not_detached": 5,
+    "answer_format": 5,
+    "adv_sign": 25,
+    "kl_sign": 30,
+    "ent_sign": 35,
+    "wrong_stop_id": 5,
+    "retokenized_history": 5,
+    "stale_sampler": 15,
+}
+# injections that need another config than the calibrated reverse one (bench/diagnose_bench.py's): the trainer's
+# own warm start of the task (cached), 8 prompts x 8 samples
+OWN_CONFIG = {
+    "ent_sign": {"task": "sort", "adv_estimator": "grpo"},  # lr 1e-4 constant: the collapse is too slow to show
+    "retokenized_history": {"task": "calc", "adv_estimator": "grpo", "temperature": 0.6},  # multi-turn
 }
 
 
@@ -48,7 +62,11 @@ def run(sft_path, tmp_path, steps: int, stop_at: str | None = None, **overrides)
 
     stated = INJECTIONS[overrides["inject"]].config if overrides.get("inject") else {}
     pinned = {k: v for k, v in SMALL.items() if k not in stated}  # the injection's stated config wins (detail 12)
-    cfg = pm.Config(model=str(sft_path), steps=steps, out_dir=str(tmp_path), **{**pinned, **overrides})
+    if overrides.get("inject") in OWN_CONFIG:  # the trainer's defaults and warm start for that task
+        pinned = {"prompts_per_step": 8, "group_size": 8, "eval_every": 0, **OWN_CONFIG[overrides["inject"]]}
+    else:
+        pinned["model"] = str(sft_path)
+    cfg = pm.Config(steps=steps, out_dir=str(tmp_path), save_final=False, **{**pinned, **overrides})
     try:
         pm.train(cfg, hooks=[hook])
     except Found:
@@ -74,13 +92,49 @@ def test_injected_bug_is_diagnosed(sft_path, tmp_path, name):
 
 
 @pytest.mark.parametrize(
-    "name", ["none", "reward_scale", "no_temperature"]
+    "name", ["none", "reward_scale", "no_temperature", "kl_sign"]
 )  # the injections with a config other than the default
 def test_healthy_run_in_the_same_config_raises_nothing(sft_path, tmp_path, name):
     overrides = {} if name == "none" else INJECTIONS[name].config
     steps = 45 if name == "none" else FIRES_BY[name]  # the default for 45 steps: flat_reward's window runs too
     findings = run(sft_path, tmp_path, steps, **overrides)
     assert not findings, [str(f) for f in findings]
+
+
+def test_retokenized_history_drops_the_inner_end_of_turn_tokens_and_keeps_the_rewards():
+    eos, pad, t = 2, 0, torch.tensor
+    # one episode: action [5, 6, EOS] (reward 0.5 on its EOS), observation [9], action [7, EOS] (reward 1), padding
+    r = Rollout(prompt_ids=t([[1]]), response_ids=t([[5, 6, 2, 9, 7, 2, 0]]), attention_mask=t([[1] * 7 + [0]]),
+                response_mask=t([[1, 1, 1, 0, 1, 1, 0]]), rollout_logprobs=t([[-0.1, -0.2, -0.3, 0, -0.4, -0.5, 0]]),
+                truncated=t([False]), token_scores=t([[0, 0, 0.5, 0, 0, 1.0, 0]]))  # fmt: skip
+    out = repro.retokenized(r, eos, pad)
+    assert out.response_ids.tolist() == [[5, 6, 9, 7, 2, 0, 0]]  # the final EOS is the template's own
+    assert out.response_mask.tolist() == [[1, 1, 0, 1, 1, 0, 0]]
+    assert out.attention_mask.tolist() == [[1, 1, 1, 1, 1, 1, 0, 0]]
+    assert out.token_scores.tolist() == [[0, 0.5, 0, 0, 1.0, 0, 0]]  # the lost EOS' reward on the token before it
+    assert torch.equal(out.rollout_logprobs, r.rollout_logprobs)  # where they were: off by one from turn 2 on
+    assert repro.at_rollout(None, r, eos, pad) is r
+    # an empty action (its EOS alone, reward 0.25) keeps its EOS: its reward cannot move onto the observation before it
+    r = Rollout(prompt_ids=t([[1]]), response_ids=t([[5, 2, 9, 2, 8, 7, 2]]), attention_mask=t([[1] * 8]),
+                response_mask=t([[1, 1, 0, 1, 0, 1, 1]]), rollout_logprobs=torch.zeros(1, 7), truncated=t([False]),
+                token_scores=t([[0, 0, 0, 0.25, 0, 0, 1.0]]))  # fmt: skip
+    out = repro.retokenized(r, eos, pad)
+    assert out.response_ids.tolist() == [[5, 9, 2, 8, 7, 2, 0]] and out.response_mask.tolist() == [
+        [1, 0, 1, 0, 1, 1, 0]
+    ]
+    assert out.token_scores.tolist() == [[0, 0, 0.25, 0, 0, 1.0, 0]]
+
+
+def test_the_sampler_and_stop_injections_plant_what_they_say():
+    policy = torch.nn.Linear(2, 2)
+    engine = repro.at_engine("stale_sampler", policy, policy)
+    with torch.no_grad():
+        policy.weight.add_(1.0)
+    repro.sync_sampler("stale_sampler", engine, policy)
+    assert not torch.equal(engine.weight, policy.weight)  # never synced
+    assert repro.at_engine(None, policy, policy) is policy
+    assert repro.at_stop_ids("wrong_stop_id", [2, 7], pad_id=0) == [0] and repro.at_stop_ids(None, [2], 0) == [2]
+    assert repro.at_kl_coef("kl_sign", 0.1) == -0.1 and repro.at_ent_coef("ent_sign", 1.0) == -1.0
 
 
 def test_injection_config_applies_to_defaults_only_and_names_are_checked():
@@ -91,6 +145,8 @@ def test_injection_config_applies_to_defaults_only_and_names_are_checked():
         pm.Config(inject="value_not_detached", adv_estimator="grpo")  # no critic: the bug could not act
     with pytest.raises(ValueError, match="inject"):
         pm.Config(inject="off_by_two")
+    with pytest.raises(ValueError, match="needs a multi-turn task"):
+        pm.Config(inject="retokenized_history", task="reverse")
     with pytest.raises(ValueError, match="dump_batch"):
         pm.Config(steps=3, dump_batch=4)
 

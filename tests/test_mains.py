@@ -214,3 +214,39 @@ def test_mismatch_experiment_main_runs_an_arm_and_prints_its_row(default_sft_pat
     row = next(line for line in out.splitlines() if line.startswith("| bf16, IcePop |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert float(cells[3].split()[0]) > 1e-4 and cells[6] != "-", out  # logp_diff of bf16, is_oob reported
+
+
+def test_diagnose_bench_runs_a_case_and_its_clean_twin_and_scores_them(tmp_path):
+    """bench/diagnose_bench.py on one case, one config, one seed, 6 iterations: the labelled run is named (pad ==
+    eos: eos_mask at step 2), its clean twin raises nothing, and the table scores exactly that."""
+    out = run("bench/diagnose_bench.py", "--cases", "pad_eq_eos", "--configs", "reverse-gae", "--seeds", "0",
+              "--steps", "6", "--out-dir", str(tmp_path), "--json", str(tmp_path / "s.json"), timeout=600)  # fmt: skip
+    assert "| eos_mask | 1 | 1.00 | 1.00 | 2, 2 |" in out, out
+    scores = json.loads((tmp_path / "s.json").read_text())
+    assert [(r["case"], r["found"]) for r in scores["runs"]] == [("pad_eq_eos", {"eos_mask": [2, 2]}), ("clean", {})]
+    assert scores["confusion"]["clean"] == {"runs": 1, "(none)": 1}
+
+
+def test_diagnose_bench_scoring_counts_symptoms_neither_way():
+    spec = importlib.util.spec_from_file_location("diagnose_bench", ROOT / "bench" / "diagnose_bench.py")
+    db = sys.modules["diagnose_bench"] = importlib.util.module_from_spec(spec)  # (its dataclass looks itself up)
+    spec.loader.exec_module(db)
+    results = [
+        ("answer_format", "reverse-gae", 0, {"zero_variance_groups": (3, 5), "flat_reward": (0, 40)}),  # + symptom
+        ("answer_format", "sort-grpo", 0, {}),  # missed
+        ("adv_sign", "sort-grpo", 0, {"reward_decline": (10, 20), "kl_blowup": (7, 9), "eos_mask": (1, 2)}),
+        ("clean", "sort-grpo", 0, {"zero_variance_groups": (4, 6)}),  # a false alarm on a clean run
+    ]
+    per, confusion = db.score(results)
+    assert per["zero_variance_groups"]["recall"] == 0.5 and per["zero_variance_groups"]["precision"] == 0.5
+    assert per["reward_decline"] == {"tp": 1, "fp": 0, "n": 1, "steps": [20], "recall": 1.0, "precision": 1.0}
+    assert per["kl_blowup"]["fp"] == 0 and per["eos_mask"]["fp"] == 1  # kl_blowup: adv_sign's declared symptom
+    assert per["flat_reward"]["fp"] == 0 and per["flat_reward"]["precision"] is None
+    assert confusion["answer_format"] == {"runs": 2, "zero_variance_groups": 1, "flat_reward": 1, "(none)": 1}
+    table = db.report(per, confusion, [0])
+    assert "| zero_variance_groups | 2 | 0.50 | 0.50 | 5, 5 |" in table
+    assert "| adv_sign (reward_decline) | 1 | " in table and "| 1 s |" in table  # kl_blowup: a declared symptom
+    jobs = db.jobs(db.parse_config(db.Args, ["--cases", "ent_sign", "kl_sign", "--seeds", "3"]))
+    clean = [settings for case, _, _, settings in jobs if case == "clean"]
+    assert {"kl_in_reward": True, "kl_coef": 0.1}.items() <= clean[-1].items()  # kl_sign's twin: its stated config
+    assert all("ent_coef" not in c and "inject" not in c for c in clean[:2])  # ent_sign's twins: no bonus at all

@@ -10,6 +10,7 @@ from batches import full_batch
 
 import offpolicy as op
 import ppo_minimal as pm
+from evaluation import first_action_mask
 from tasks import make_tiny_model, make_tokenizer
 
 F64 = torch.float64
@@ -249,3 +250,16 @@ def test_trainer_runs_each_estimator_and_family(kw, tmp_path, sft_path):
     out = pm.train(pm.Config(**SMALL, **kw, model=str(sft_path), out_dir=str(tmp_path)))
     assert math.isfinite(out["loss/policy"]) and out["stats/grad_norm"] > 0
     assert out["stats/adv_abs_mean"] > 0
+
+
+def test_gap_stats_first_turn_known_answers():
+    old = torch.zeros(2, 5)
+    behav = torch.tensor([[0.0, 0.0, 0.0, 0.4, 0.2], [0.1, 0.1, 0.0, 0.0, 0.0]])  # |gap| per token
+    mask = torch.tensor([[1, 1, 0, 1, 1], [1, 1, 0, 0, 0]])  # row 0: two actions around an observation
+    episodes = [{"action_spans": [(0, 2), (3, 5)]}, {"action_spans": [(0, 2)]}]
+    first = first_action_mask(episodes, mask)
+    assert first.tolist() == [[1, 1, 0, 0, 0], [1, 1, 0, 0, 0]]
+    stats = op.gap_stats(old, behav, mask.float(), first_turn=first.float())
+    assert stats["stats/rollout_vs_old_logp_diff"] == pytest.approx(0.8 / 6)
+    assert stats["stats/rollout_vs_old_logp_diff_first_turn"] == pytest.approx(0.2 / 4)
+    assert "stats/rollout_vs_old_logp_diff_first_turn" not in op.gap_stats(old, behav, mask.float())
