@@ -89,12 +89,9 @@ THRESHOLDS = (
     Threshold("reward_decline.window", 20, "a fall is judged on the last 20 steps (flat_reward's window is 60)"),
     Threshold("reward_decline.t_stat", 3.0, "a window slope below -3 standard errors: a fall, not noise"),
     Threshold("reward_decline.min_drop", 0.25, "and the recent level > 0.25 reward std below the start"),
-    Threshold(
-        "sampler_precision_gap.min", 5e-4, "mean |dlogp| over 5e-4 (fp32 sampler: ~1e-7; bf16: 3e-3 tiny model, 1e-2+)"
-    ),
-    Threshold(
-        "sampler_precision_gap.steady", 3.0, "...and < 3x its starting level: a sampler whose weights lag grows instead"
-    ),
+    Threshold("reward_decline.persist", 3, "a 20-step window of noise crosses t = -3 now and then; a fall stays"),
+    Threshold("sampler_precision_gap.min", 5e-4, "mean |dlogp| > 5e-4: fp32 ~1e-7; bf16 3e-3 (tiny model), 1e-2+"),
+    Threshold("sampler_precision_gap.steady", 3.0, "and < 3x its start: a sampler that misses syncs grows instead"),
     Threshold("sampler_precision_gap.persist", 3, "a precision gap is there on every step"),
     Threshold("policy_frozen.kl_max", 1e-8, "|KL to the reference| < 1e-8: the policy still IS the reference"),
     Threshold("policy_frozen.persist", 5, "five steps with gradients in a row: any update (lr > 0) moves KL by more"),

@@ -414,38 +414,59 @@ WHAT = "--dump-batch file, or a dict of tensors only (torch.from_numpy on arrays
 
 
 def is_foreign_batch(path) -> bool:
-    """True for a batch file in FOREIGN_BATCH's layout (a .npz, or a .pt with old_log_probs and no 'config')."""
+    """True for a batch file in FOREIGN_BATCH's layout: a .npz, or a .pt holding any of its keys and no 'config'
+    (load_foreign_batch then names what is missing)."""
     if str(path).endswith(".npz"):
         return True
     d = load_pt(Path(path), what=WHAT, map_location="cpu", mmap=True)  # mmap: the keys, not the tensors, are read
-    return isinstance(d, dict) and "old_log_probs" in d and "config" not in d
+    return isinstance(d, dict) and "config" not in d and any(k in d for k in FOREIGN_BATCH)
+
+
+def _foreign_tensor(k: str, v, fail):
+    """One FOREIGN_BATCH entry as a long (ids, masks, uid) or float32 tensor; anything else: an error with the fix."""
+    try:
+        v = torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+        if not isinstance(v, torch.Tensor):
+            raise TypeError(type(v).__name__)
+        return v.long() if k in ("input_ids", "attention_mask", "responses", "uid") else v.float()
+    except (TypeError, ValueError) as e:
+        fix = " (uid: integer group ids, np.unique(uids, return_inverse=True)[1])" if k == "uid" else ""
+        raise fail(f"'{k}' is not a numeric array ({e}){fix}") from None
 
 
 def load_foreign_batch(path) -> dict:
     """The tensors of a FOREIGN_BATCH file on the CPU (float32 / long), names, shapes and values checked: a missing
-    key, a [B, R] tensor of another shape, responses that are not input_ids' tail, NaN on a trained token or neither
-    advantages nor scores is an error naming the file, the key and the layout."""
-    if str(path).endswith(".npz"):
-        with np.load(path, allow_pickle=False) as z:
-            raw = {k: torch.from_numpy(z[k]) for k in z.files}
-    else:
-        raw = load_pt(Path(path), what=WHAT, map_location="cpu")
+    key, a tensor of another shape or kind, responses that are not input_ids' tail, NaN on a trained token or neither
+    advantages nor scores is an error naming the file, the key and the layout. Other keys are ignored."""
     layout = "; ".join(f"{k}{'' if req else ' (optional)'}: {what}" for k, (req, what) in FOREIGN_BATCH.items())
     fail = lambda msg: ValueError(f"{path}: {msg}. Layout (repro.py detail 4): {layout}")  # noqa: E731
+    if str(path).endswith(".npz"):
+        with np.load(path, allow_pickle=False) as z:  # object arrays (veRL's string uids) refused: no pickles
+            try:
+                raw = {k: z[k] for k in z.files if k in FOREIGN_BATCH}
+            except ValueError as e:
+                raise fail(f"an entry is not a numeric array ({e})") from None
+    else:
+        raw = load_pt(Path(path), what=WHAT, map_location="cpu")
     if missing := [k for k, (req, _) in FOREIGN_BATCH.items() if req and k not in raw]:
         raise fail(f"no {missing}")
     if not any(k in raw for k in ("advantages", "token_level_scores", "token_level_rewards")):
         raise fail("neither advantages nor token_level_scores / token_level_rewards: nothing to train on")
-    t = {k: v.long() if k in ("input_ids", "attention_mask", "responses", "uid") else v.float() for k, v in raw.items()
-         if k in FOREIGN_BATCH}  # fmt: skip
+    t = {k: _foreign_tensor(k, v, fail) for k, v in raw.items() if k in FOREIGN_BATCH}
+    for k in ("input_ids", "responses"):
+        if t[k].dim() != 2:
+            raise fail(f"'{k}' has shape {tuple(t[k].shape)}: expected 2 dimensions [B, tokens]")
     (B, W), R = t["input_ids"].shape, t["responses"].shape[-1]
+    if tuple(t["attention_mask"].shape) != (B, W):
+        raise fail(f"'attention_mask' has shape {tuple(t['attention_mask'].shape)}, expected {[B, W]}")
     t.setdefault("response_mask", t["attention_mask"][:, -R:].float())
-    if not t["response_mask"].any():
-        raise fail("'response_mask' is all 0: no token to train")
     for k, v in t.items():
         want = (B,) if k == "uid" else (B, W) if k in ("input_ids", "attention_mask") else (B, R)
         if tuple(v.shape) != want:
             raise fail(f"'{k}' has shape {tuple(v.shape)}, expected {list(want)} (B = {B}, P+R = {W}, R = {R})")
+    if not t["response_mask"].any():
+        raise fail("'response_mask' is all 0: no token to train")
+    for k, v in t.items():
         if v.is_floating_point() and not torch.isfinite(v[t["response_mask"] > 0] if v.dim() == 2 else v).all():
             raise fail(f"'{k}' is NaN / inf on a trained token (response_mask 1)")
     if not torch.equal(t["input_ids"][:, -R:], t["responses"]):

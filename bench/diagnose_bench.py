@@ -1,7 +1,8 @@
 """The doctor as a benchmark: diagnose.py scored on labelled runs (per-id precision, recall, steps to detection).
 
     python bench/diagnose_bench.py --seeds 0 1 2        # the tuning seeds (thresholds were set on these)
-    python bench/diagnose_bench.py                      # the held-out seeds 3-5: the table in RESULTS.md
+    python bench/diagnose_bench.py                      # held-out seeds 6-8: the table in RESULTS.md (3-5 were
+                                                        # held out once, then tuned reward_decline's persistence)
     python bench/diagnose_bench.py --cases adv_sign --configs sort-grpo --seeds 0   # one look
 
 A labelled run is a short training run (`python ppo_minimal.py`, 40 iterations, 8 prompts x 8 samples, one thread,
@@ -86,8 +87,8 @@ BARE_TWIN = {"ent_sign"}  # its clean run has no entropy bonus: +1.0 is ent_bonu
 
 @dataclass
 class Args:
-    seeds: list[int] = field(default_factory=lambda: [3, 4, 5])
-    """Seeds of every case and clean run (0-2 tuned the thresholds; 3-5 are held out)."""
+    seeds: list[int] = field(default_factory=lambda: [6, 7, 8])
+    """Seeds of every case and clean run (0-5 tuned the thresholds; 6-8 are held out)."""
     steps: int = 40
     """Iterations per run."""
     parallel: int = 2
@@ -169,10 +170,10 @@ def findings_of(path: Path) -> dict[str, tuple[int, int]]:
 
 
 def score(results: list[tuple[str, str, int, dict]]) -> tuple[dict, dict]:
-    """(per-id {tp, fp, n, recall, precision, steps}, confusion {case: {found id: runs}}) of (case, config, seed,
-    findings) rows; the label of a clean run is 'clean'."""
+    """(per-id {tp, fp, symptom, n, recall, precision, steps}, confusion {case: {found id: runs}}) of (case,
+    config, seed, findings) rows; the label of a clean run is 'clean'."""
     ids = [cid for cid, _, _ in CHECKS]
-    per = {i: {"tp": 0, "fp": 0, "n": 0, "steps": []} for i in ids}
+    per = {i: {"tp": 0, "fp": 0, "symptom": 0, "n": 0, "steps": []} for i in ids}
     confusion: dict[str, dict[str, int]] = {}
     for case, _, _, found in results:
         label, also = ("clean", ()) if case == "clean" else (CASES[case].label, CASES[case].also)
@@ -186,8 +187,8 @@ def score(results: list[tuple[str, str, int, dict]]) -> tuple[dict, dict]:
             if cid == label:
                 per[cid]["tp"] += 1
                 per[cid]["steps"].append(reported)
-            elif cid not in also:
-                per[cid]["fp"] += 1
+            else:
+                per[cid]["symptom" if cid in also else "fp"] += 1
     for p in per.values():
         p["recall"] = p["tp"] / p["n"] if p["n"] else None
         p["precision"] = p["tp"] / (p["tp"] + p["fp"]) if p["tp"] + p["fp"] else None
@@ -198,13 +199,16 @@ def report(per: dict, confusion: dict, seeds: list[int]) -> str:
     """The two markdown tables: per id, and the confusion of cases (rows, with their label) and reported ids
     (columns; s: a declared symptom of the case)."""
     fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
-    lines = [f"seeds {seeds}", "", "| id | labelled runs | recall | precision | reported at step (median, max) |"]
-    lines.append("|---|---|---|---|---|")
+    head = (
+        "| id | labelled runs | recall | precision | reports as a declared symptom | reported at step (median, max) |"
+    )
+    lines = [f"seeds {seeds}", "", head, "|---|---|---|---|---|---|"]
     for cid, p in per.items():
-        if p["n"] or p["fp"]:
+        if p["n"] or p["fp"] or p["symptom"]:
             st = sorted(p["steps"])
             steps = f"{st[len(st) // 2]}, {st[-1]}" if st else "-"
-            lines.append(f"| {cid} | {p['n']} | {fmt(p['recall'])} | {fmt(p['precision'])} | {steps} |")
+            cells = [p["n"], fmt(p["recall"]), fmt(p["precision"]), p["symptom"], steps]
+            lines.append(f"| {cid} | " + " | ".join(map(str, cells)) + " |")
     cols = sorted({c for row in confusion.values() for c in row} - {"runs"})
     lines += ["", "| case (label) \\ reported | runs | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
     for case, row in confusion.items():

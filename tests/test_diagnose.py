@@ -522,3 +522,16 @@ def test_a_restored_diagnoser_goes_on_as_the_uninterrupted_one():
     assert before + after == expected
     fresh = LiveDiagnoser()  # without the state: no baseline, the collapse goes unseen
     assert "entropy_collapse" not in [f.id for r in rows[31:] for f in fresh.update(r["step"], r)]
+
+
+def test_a_restored_diagnoser_keeps_flat_rewards_longer_window():
+    # flat_reward's 60-step window is longer than the other checks' 40: a resume at step 50 must keep all of it
+    rows = edit(healthy(), 0, rollout__reward_mean=0.3, rollout__acc=0.3)
+    whole = LiveDiagnoser()
+    expected = [f for r in rows for f in whole.update(r["step"], r)]
+    first, later = LiveDiagnoser(), LiveDiagnoser()
+    before = [f for r in rows[:50] for f in first.update(r["step"], r)]
+    later.load_state(json.loads(json.dumps(first.state())))
+    after = [f for r in rows[50:] for f in later.update(r["step"], r)]
+    assert ids_and_steps(expected) == [("flat_reward", 0)] and before + after == expected
+    assert later.state() == whole.state() and later.skipped() == whole.skipped()

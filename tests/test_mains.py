@@ -221,7 +221,7 @@ def test_diagnose_bench_runs_a_case_and_its_clean_twin_and_scores_them(tmp_path)
     eos: eos_mask at step 2), its clean twin raises nothing, and the table scores exactly that."""
     out = run("bench/diagnose_bench.py", "--cases", "pad_eq_eos", "--configs", "reverse-gae", "--seeds", "0",
               "--steps", "6", "--out-dir", str(tmp_path), "--json", str(tmp_path / "s.json"), timeout=600)  # fmt: skip
-    assert "| eos_mask | 1 | 1.00 | 1.00 | 2, 2 |" in out, out
+    assert "| eos_mask | 1 | 1.00 | 1.00 | 0 | 2, 2 |" in out, out
     scores = json.loads((tmp_path / "s.json").read_text())
     assert [(r["case"], r["found"]) for r in scores["runs"]] == [("pad_eq_eos", {"eos_mask": [2, 2]}), ("clean", {})]
     assert scores["confusion"]["clean"] == {"runs": 1, "(none)": 1}
@@ -239,12 +239,14 @@ def test_diagnose_bench_scoring_counts_symptoms_neither_way():
     ]
     per, confusion = db.score(results)
     assert per["zero_variance_groups"]["recall"] == 0.5 and per["zero_variance_groups"]["precision"] == 0.5
-    assert per["reward_decline"] == {"tp": 1, "fp": 0, "n": 1, "steps": [20], "recall": 1.0, "precision": 1.0}
-    assert per["kl_blowup"]["fp"] == 0 and per["eos_mask"]["fp"] == 1  # kl_blowup: adv_sign's declared symptom
+    assert per["reward_decline"] == {"tp": 1, "fp": 0, "symptom": 0, "n": 1, "steps": [20], "recall": 1.0,
+                                     "precision": 1.0}  # fmt: skip
+    assert per["kl_blowup"]["fp"] == 0 and per["kl_blowup"]["symptom"] == 1  # adv_sign's declared symptom
+    assert per["eos_mask"]["fp"] == 1
     assert per["flat_reward"]["fp"] == 0 and per["flat_reward"]["precision"] is None
     assert confusion["answer_format"] == {"runs": 2, "zero_variance_groups": 1, "flat_reward": 1, "(none)": 1}
     table = db.report(per, confusion, [0])
-    assert "| zero_variance_groups | 2 | 0.50 | 0.50 | 5, 5 |" in table
+    assert "| zero_variance_groups | 2 | 0.50 | 0.50 | 0 | 5, 5 |" in table
     assert "| adv_sign (reward_decline) | 1 | " in table and "| 1 s |" in table  # kl_blowup: a declared symptom
     jobs = db.jobs(db.parse_config(db.Args, ["--cases", "ent_sign", "kl_sign", "--seeds", "3"]))
     clean = [settings for case, _, _, settings in jobs if case == "clean"]

@@ -167,3 +167,20 @@ def test_a_group_estimator_needs_uid_and_a_kl_term_needs_ref_log_prob(model_dir,
     batch.pop("ref_log_prob")
     with pytest.raises(ValueError, match="need the batch's 'ref_log_prob'"):
         pm.replay_foreign(config(model_dir, "grpo", replay=save(batch, tmp_path / "c.pt"), kl_loss=True))
+
+
+def test_foreign_files_with_the_wrong_kinds_of_entries_name_the_key(model_dir, tmp_path):
+    batch = verl_batch(model_dir, "grpo")
+    arrays = {k: v.numpy() for k, v in batch.items()}
+    np.savez(tmp_path / "s.npz", **{**arrays, "uid": np.array(["a", "b"] * (len(arrays["uid"]) // 2))})
+    with pytest.raises(ValueError, match="'uid' is not a numeric array.*return_inverse"):
+        repro.load_foreign_batch(tmp_path / "s.npz")  # veRL's raw string uids
+    np.savez(tmp_path / "f.npz", **{**arrays, "input_ids": arrays["input_ids"][0]})
+    with pytest.raises(ValueError, match="'input_ids' has shape .*2 dimensions"):
+        repro.load_foreign_batch(tmp_path / "f.npz")
+    np.savez(tmp_path / "x.npz", **arrays, extra=np.array(["ignored"]))  # other keys are not read
+    assert set(repro.load_foreign_batch(tmp_path / "x.npz")) == set(batch)
+    torch.save({k: v for k, v in batch.items() if k != "old_log_probs"}, tmp_path / "m.pt")
+    assert repro.is_foreign_batch(tmp_path / "m.pt")  # so the replay names what is missing, not a dump's keys
+    with pytest.raises(ValueError, match=r"no \['old_log_probs'\]"):
+        pm.replay_foreign(config(model_dir, "grpo", replay=str(tmp_path / "m.pt")))
