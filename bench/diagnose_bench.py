@@ -228,7 +228,7 @@ def main(argv=None) -> None:
     results = [(c, conf, s, findings_of(p)) for (c, conf, s, _), p in zip(todo, paths)]
     for (case, conf, seed, found), p in zip(results, paths):
         shown = ", ".join(f"{k}@{v[1]}" for k, v in found.items()) or "-"
-        print(f"{case:22s} {conf:12s} seed {seed}: {shown}   ({p.relative_to(ROOT)})")
+        print(f"{case:22s} {conf:12s} seed {seed}: {shown}   ({p})")
     per, confusion = score(results)
     print(report(per, confusion, args.seeds))
     if args.json:

@@ -218,12 +218,12 @@ def test_mismatch_experiment_main_runs_an_arm_and_prints_its_row(default_sft_pat
 
 def test_diagnose_bench_runs_a_case_and_its_clean_twin_and_scores_them(tmp_path):
     """bench/diagnose_bench.py on one case, one config, one seed, 6 iterations: the labelled run is named (pad ==
-    eos: eos_mask at step 2), its clean twin raises nothing, and the table scores exactly that."""
+    eos: eos_mask dated to step 1, reported at 2), its clean twin raises nothing, and the table scores exactly that."""
     out = run("bench/diagnose_bench.py", "--cases", "pad_eq_eos", "--configs", "reverse-gae", "--seeds", "0",
               "--steps", "6", "--out-dir", str(tmp_path), "--json", str(tmp_path / "s.json"), timeout=600)  # fmt: skip
     assert "| eos_mask | 1 | 1.00 | 1.00 | 0 | 2, 2 |" in out, out
     scores = json.loads((tmp_path / "s.json").read_text())
-    assert [(r["case"], r["found"]) for r in scores["runs"]] == [("pad_eq_eos", {"eos_mask": [2, 2]}), ("clean", {})]
+    assert [(r["case"], r["found"]) for r in scores["runs"]] == [("pad_eq_eos", {"eos_mask": [1, 2]}), ("clean", {})]
     assert scores["confusion"]["clean"] == {"runs": 1, "(none)": 1}
 
 
