@@ -55,7 +55,8 @@ import torch.distributed as dist
 from cli import check_fields, parse_config
 from common import dist_store, make_autocast, setup_dist, train_alone
 from data import load_task
-from envs import TaskEnv, env_overrides, make_env, multi_turn, rollout_kw
+from env_service import env_maker
+from envs import TaskEnv, env_overrides, multi_turn, rollout_kw
 from ppo_minimal import Config, train
 from rollout import Rollout, cat_rollouts, rollout_env
 from runlog import format_table, read_jsonl
@@ -201,8 +202,9 @@ def silent_for(store, rank: int) -> float:
     return time.time() - float(store.get(f"async/beat/{rank}")) if store.check([f"async/beat/{rank}"]) else math.inf
 
 
-def request_episodes(cfg: AsyncConfig, task, seed: int, n: int) -> list:
-    """n episodes [(env, seed)] of one prompt (a single-turn problem drawn by `seed`, or an env seed)."""
+def request_episodes(cfg: AsyncConfig, task, seed: int, n: int, make_env) -> list:
+    """n episodes [(env, seed)] of one prompt (a single-turn problem drawn by `seed`, or an env seed made by
+    `make_env`: env_service.env_maker's)."""
     if task is None:
         overrides = env_overrides(cfg.task, cfg.env_latency, "train")
         return [(make_env(cfg.task, "train", **overrides), seed) for _ in range(n)]
@@ -217,6 +219,7 @@ def rollout_worker(cfg: AsyncConfig, rank: int, group, store, source: str) -> No
     eos_ids, autocast = stop_token_ids(policy, tokenizer), make_autocast(cfg.dtype, device)
     task = None if multi_turn(cfg) else load_task(cfg, tokenizer, device)
     chan, gen = Channel(store, group, rank, 0), torch.Generator(device=device).manual_seed(cfg.seed + rank)
+    make_env = env_maker(cfg)  # --env-url: this worker's episodes run on those servers
     version, queue, done, last_heard = -1, deque(), 0, time.time()
     while True:
         for header, tensor in chan.poll():  # between two requests only: weights never change inside one
@@ -234,12 +237,13 @@ def rollout_worker(cfg: AsyncConfig, rank: int, group, store, source: str) -> No
             time.sleep(0.002)
             continue
         rid, seed, n = queue.popleft()
-        envs, seeds = zip(*request_episodes(cfg, task, seed, n))
+        envs, seeds = zip(*request_episodes(cfg, task, seed, n, make_env))
         t0 = time.time()
         with autocast():
             samples, episodes = rollout_env(policy, tokenizer, envs, seeds, eos_ids, generator=gen, **rollout_kw(cfg))
         keep = ("return", "success", "turns", "malformed", "cut", "context_cut", "reward_info", "action_spans")
-        info = [{**{k: e[k] for k in keep}, "env_s": [sum(e["env_s"])]} for e in episodes]
+        keep += ("env_error",)  # remote envs only
+        info = [{**{k: e[k] for k in keep if k in e}, "env_s": [sum(e["env_s"])]} for e in episodes]
         header = {"kind": "samples", "rid": rid, "version": version, "pad": tokenizer.pad_token_id, "episodes": info}
         P, R = samples.prompt_ids.shape[1], samples.response_ids.shape[1]
         chan.send({**header, "P": P, "R": R, "t0": t0, "t1": time.time()}, pack(samples))

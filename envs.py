@@ -6,9 +6,12 @@
 terminated, truncated, info)`. `rollout.rollout_env` runs B of them in lockstep turns; nothing else in the
 project steps an environment.
 - `calc` (CalculatorEnv): an arithmetic word problem; the tool call `calc EXPR` is answered `=VALUE` by
-  `safe_calc`, a recursive-descent parser that never calls eval/exec; `answer N` ends the episode (reward 1 if
-  right).
+  sandbox.safe_calc, a recursive-descent parser that never calls eval/exec; `answer N` ends the episode (reward 1
+  if right).
 - `guess` (GuessNumberEnv): find a secret number in [1, 32] from higher / lower feedback.
+- `shell` (ShellEnv): the action is a shell command, run in the episode's own workspace by sandbox.py (what it
+  isolates and what not is said there); the task: count matching lines or files, print a line or the largest
+  number, checked against the answer computed from the files. Its model has the printable-ASCII tokenizer.
 - `gem:<env id>` (GemEnv): the `gem` package's environments (pip install gem-llm; optional).
 - `TaskEnv`: a single-turn task of tasks.py as a one-turn environment, so that single- and multi-turn runs
   share one sampling path.
@@ -19,7 +22,7 @@ Implementation details (our choices)
    split by seed instead (GemEnv.EVAL_SEED).
 2. A malformed action (wrong verb, bad argument, an expression the parser refuses) gets a documented penalty
    (EnvConfig.penalty, -0.1) and an `error: ...` observation; the episode goes on. Nothing from a model
-   reaches eval, exec, a shell or a file path.
+   reaches eval, exec, a shell or a file path, but for ShellEnv's commands, and those only inside sandbox.py.
 3. `expert()` is each embedded env's scripted solver: warm_start.py imitates it (labels on actions only).
 4. Optional per-step latency (EnvConfig.latency_s, log-normal with latency_sigma, drawn from the episode's
    seed) exercises asynchronous rollouts (async_loop.py); evaluation episodes never sleep.
@@ -27,14 +30,19 @@ Implementation details (our choices)
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
 
+import sandbox
 from cli import check_fields
+from sandbox import CalcError, safe_calc
 from tasks import is_eval_problem
 
 
@@ -48,9 +56,14 @@ class EnvArgs:
     """Multi-turn environments: tokens per episode at most (prompt, actions, observations)."""
     env_latency: float = 0.0
     """Embedded environments: mean seconds each step takes (log-normal, sigma 0.5; exercises async rollouts)."""
+    env_url: str | None = None
+    """env_service.py servers that run the episodes, http://HOST:PORT[,http://HOST:PORT...] (None: in this process)."""
+    env_timeout: float = 30.0
+    """Seconds a remote environment's server may take to answer before its episode fails (env_service.py)."""
 
     def __post_init__(self):
-        check_fields(self, {"[1, inf)": ("max_turns",), "[0.0, inf)": ("env_latency",)}, EnvArgs)
+        check_fields(self, {"[1, inf)": ("max_turns",), "[0.0, inf)": ("env_latency",), "(0.0, inf)": ("env_timeout",)},
+                     EnvArgs)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
@@ -68,88 +81,7 @@ class Env(Protocol):
 
 
 # ----------------------------------------------------------------------------------------------
-# The calculator's safe parser and the action format
-
-
-class CalcError(ValueError):
-    """An expression the calculator refuses (bad character, too long, too deep, too large, not exact)."""
-
-
-def safe_calc(expr: str, max_len: int = 24, max_abs: int = 10**9) -> int:
-    """Integer value of `expr` (digits, + - * /, parentheses, spaces) by recursive descent; never eval/exec.
-
-    Grammar: expr = term (("+" | "-") term)*; term = unary (("*" | "/") unary)*; unary = "-" unary | atom;
-    atom = number | "(" expr ")". Division must be exact. Raises CalcError on anything else.
-    """
-    if len(expr) > max_len:
-        raise CalcError(f"expression longer than {max_len} characters")
-    if set(expr) - set("0123456789+-*/() "):
-        raise CalcError("invalid characters")
-    toks = re.findall(r"\d+|[-+*/()]", expr)
-    pos = 0
-
-    def peek():
-        """The next token, not consumed (None at the end)."""
-        return toks[pos] if pos < len(toks) else None
-
-    def take():
-        """Consume and return the next token."""
-        nonlocal pos
-        pos += 1
-        return toks[pos - 1]
-
-    def check(v: int) -> int:
-        """v, unless it is larger than max_abs in magnitude."""
-        if abs(v) > max_abs:
-            raise CalcError(f"a value beyond {max_abs}")
-        return v
-
-    def expr_(depth: int) -> int:
-        """expr := term (('+' | '-') term)*"""
-        v = term(depth)
-        while peek() in ("+", "-"):
-            v = check(v + term(depth) if take() == "+" else v - term(depth))
-        return v
-
-    def term(depth: int) -> int:
-        """term := unary (('*' | '/') unary)*, division exact only"""
-        v = unary(depth)
-        while peek() in ("*", "/"):
-            op, w = take(), unary(depth)
-            if op == "*":
-                v = check(v * w)
-            elif w == 0 or v % w:
-                raise CalcError("division by zero or not exact")
-            else:
-                v //= w
-        return v
-
-    def unary(depth: int) -> int:
-        """unary := '-' unary | number | '(' expr ')', nested at most 8 deep"""
-        if depth > 8:
-            raise CalcError("parentheses nested too deep")
-        if peek() == "-":
-            take()
-            return -unary(depth + 1)
-        t = take() if peek() is not None else None
-        if t is None:
-            raise CalcError("unexpected end of expression")
-        if t == "(":
-            v = expr_(depth + 1)
-            if peek() != ")":
-                raise CalcError("missing )")
-            take()
-            return v
-        if not t.isdigit():
-            raise CalcError(f"unexpected {t}")
-        if len(t.lstrip("0")) > len(str(max_abs)):  # before int(): Python refuses to convert > 4300 digits
-            raise CalcError(f"a value beyond {max_abs}")
-        return check(int(t.lstrip("0") or "0"))
-
-    value = expr_(0)
-    if pos != len(toks):
-        raise CalcError(f"unexpected {toks[pos]}")
-    return value
+# The action format
 
 
 _ACTION = re.compile(r"^(calc|answer|guess) (.{1,24})$")
@@ -182,6 +114,7 @@ class _EmbeddedEnv:
     """
 
     name, verbs = "", ()
+    action_tokens = 16  # tokens the longest action of the scripted solver needs, its stop token included
 
     def __init__(self, split: str = "train", cfg: EnvConfig | None = None):
         if split not in ("train", "eval"):
@@ -193,10 +126,14 @@ class _EmbeddedEnv:
         self.rng = np.random.default_rng(seed)
         while True:  # rejection keeps train and eval episodes disjoint (implementation detail 1)
             obs, self.state = self.make(self.rng)
-            if is_eval_problem(obs) == (self.split == "eval"):
+            if is_eval_problem(self.split_key(obs)) == (self.split == "eval"):
                 break
         self.turn, self.done = 0, False
         return obs, {"seed": seed}
+
+    def split_key(self, obs: str) -> str:
+        """The text whose crc32 puts an episode in a split (tasks.is_eval_problem): its first observation."""
+        return obs
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         """Apply one action (Env.step); a malformed one gets the penalty and an error observation."""
@@ -205,13 +142,17 @@ class _EmbeddedEnv:
         if self.cfg.latency_s > 0:
             time.sleep(self.cfg.latency_s * float(np.exp(self.cfg.latency_sigma * self.rng.standard_normal())))
         self.turn += 1
-        try:
-            obs, reward, terminated, info = self.act(*parse_action(action, self.verbs))
-        except CalcError as e:  # malformed: the documented penalty, nothing executed, the episode goes on
-            obs, reward, terminated, info = f"error: {e}\n", self.cfg.penalty, False, {"malformed": True}
+        obs, reward, terminated, info = self.respond(action)
         truncated = not terminated and self.turn >= self.cfg.max_turns
         self.done = terminated or truncated
         return obs, reward, terminated, truncated, {"success": False, **info}
+
+    def respond(self, action: str) -> tuple[str, float, bool, dict]:
+        """(observation, reward, terminated, info) of an action: `act` on its verb and argument."""
+        try:
+            return self.act(*parse_action(action, self.verbs))
+        except CalcError as e:  # malformed: the documented penalty, nothing executed, the episode goes on
+            return f"error: {e}\n", self.cfg.penalty, False, {"malformed": True}
 
 
 class CalculatorEnv(_EmbeddedEnv):
@@ -276,6 +217,120 @@ class GuessNumberEnv(_EmbeddedEnv):
     def expert(self) -> str:
         """Binary search over what the feedback so far allows."""
         return f"guess {(self.lo + self.hi) // 2}"
+
+
+@dataclass
+class ShellConfig(EnvConfig):
+    """Knobs of the shell environment: EnvConfig's, the sandbox's limits per command and the workspace's."""
+
+    max_turns: int = 2  # a second command after seeing the first one's output
+    limits: sandbox.Limits = field(default_factory=sandbox.Limits)
+    obs_chars: int = 96  # characters of a command's output the model sees (non-printable ones as ?)
+    max_workspace_bytes: int = 4 << 20  # past this after a command the episode ends with the penalty
+    workspace_dir: str = ""  # where the workspaces go ("" = <tmp>/minrl-shell)
+
+
+class ShellEnv(_EmbeddedEnv):
+    """Shell tasks in a workspace of generated files: the action is a command (`sh -c`, in the sandbox); an output
+    equal to the answer (computed here from the files, never by a shell) ends the episode with reward 1; another
+    output is the next observation (reward 0), and after max_turns commands the episode is truncated. Kinds:
+    count the lines of a file that contain a word (grep -c), count the files in a folder (ls | wc -l), print line
+    n of a file (sed -n), print the largest number of a file (sort -n | tail). Its split key is the first
+    observation plus the files, so held-out episodes are unseen workspaces even when a prompt repeats."""
+
+    name, verbs, action_tokens = "shell", (), 40  # `sort -n scores.txt | tail -n 1` + EOS: 31
+    step_concurrently = True  # a turn's commands run at once (rollout.step_envs): they wait on processes
+    WORDS = ("fox", "owl", "cat", "dog", "bee", "elk", "ant", "yak", "emu", "cod", "ram", "hen")
+    FILES = ("notes.txt", "todo.txt", "log.txt", "words.txt", "list.txt", "draft.md")
+    DIRS = ("src", "docs", "img", "Music", "old_files")
+    NUMS = ("nums.txt", "scores.txt", "sizes.dat")
+
+    def __init__(self, split: str = "train", cfg: ShellConfig | None = None):
+        super().__init__(split, cfg or ShellConfig())
+        sandbox.check_available()  # fail at construction, never run a command unsandboxed
+        self.workspace, self.uid = None, None
+
+    def make(self, rng):
+        """The files of a workspace {path: text}, a task over them and (its answer, the scripted solver's command)."""
+        files = {}
+        for f in rng.choice(self.FILES, size=3, replace=False):
+            lines = [" ".join(rng.choice(self.WORDS, size=3)) for _ in range(int(rng.integers(3, 9)))]
+            files[str(f)] = lines
+        folder = str(rng.choice(self.DIRS))
+        for i in range(int(rng.integers(1, 10))):
+            files[f"{folder}/f{i}.txt"] = [str(i)]
+        nums = str(rng.choice(self.NUMS))
+        files[nums] = [str(x) for x in rng.integers(1, 1000, size=int(rng.integers(3, 8)))]
+        kind, f = int(rng.integers(4)), str(rng.choice(sorted(k for k in files if "/" not in k and k != nums)))
+        if kind == 0:
+            w = str(rng.choice(sorted({w for x in files[f] for w in x.split()})))  # >= 1 match: grep -c exits 1 on 0
+            task = (f"count the lines of {f} that contain {w}.", str(sum(w in x for x in files[f])), f"grep -c {w} {f}")
+        elif kind == 1:
+            n = len([k for k in files if k.startswith(folder + "/")])
+            task = (f"count the files in {folder}.", str(n), f"ls {folder} | wc -l")
+        elif kind == 2:
+            n = int(rng.integers(1, len(files[f]) + 1))
+            task = (f"print line {n} of {f}.", files[f][n - 1], f"sed -n {n}p {f}")
+        else:
+            task = (
+                f"print the largest number in {nums}.",
+                str(max(map(int, files[nums]))),
+                f"sort -n {nums} | tail -n 1",
+            )
+        self.files = {k: "\n".join(v) + "\n" for k, v in files.items()}
+        return task[0], task[1:]
+
+    def split_key(self, obs: str) -> str:
+        """The first observation and the workspace's files."""
+        return obs + json.dumps(self.files, sort_keys=True)
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict]:
+        """A fresh workspace with the episode's files (the previous episode's is removed)."""
+        obs, info = super().reset(seed)
+        self.close()
+        base = self.cfg.workspace_dir or os.path.join(tempfile.gettempdir(), "minrl-shell")
+        os.makedirs(base, mode=0o711, exist_ok=True)
+        episode_dir = tempfile.mkdtemp(dir=base)
+        os.chmod(episode_dir, 0o711)  # searchable by the sandbox's uid, listable by no one else
+        self.workspace, self.uid = os.path.join(episode_dir, "work"), sandbox.take_uid()
+        for path, text in self.files.items():
+            os.makedirs(os.path.join(self.workspace, os.path.dirname(path)), exist_ok=True)
+            with open(os.path.join(self.workspace, path), "w") as fh:
+                fh.write(text)
+        sandbox.prepare_workspace(self.workspace, self.uid)
+        return obs, info
+
+    def respond(self, action: str) -> tuple[str, float, bool, dict]:
+        """Run the command in the sandbox; reward 1 (the end) when its output is the answer."""
+        if not action.strip():
+            return "error: empty command\n", self.cfg.penalty, False, {"malformed": True}
+        r = sandbox.run(action, self.workspace, self.cfg.limits, self.uid)
+        right = r.exit_code == 0 and r.output.strip() == self.state[0]
+        shown = "".join(c if c.isprintable() or c == "\n" else "?" for c in r.output[: self.cfg.obs_chars])
+        info = {"success": right, "exit_code": r.exit_code, "timed_out": r.timed_out, "capped": r.capped}
+        if sandbox.workspace_bytes(self.workspace) > self.cfg.max_workspace_bytes:
+            self.turn = self.cfg.max_turns  # the episode ends here (truncated)
+            return "error: workspace full\n", self.cfg.penalty, False, {**info, "workspace_full": True}
+        return shown + f"[exit {r.exit_code}]\n", float(right), right, info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        """Env.step; the workspace is removed when the episode ends."""
+        out = super().step(action)
+        if self.done:
+            self.close()
+        return out
+
+    def expert(self) -> str:
+        """The scripted solver's command."""
+        return self.state[1]
+
+    def close(self) -> None:
+        """Remove the workspace and give its uid back (also at the end of every episode)."""
+        if self.workspace is not None:
+            sandbox.remove_workspace(self.workspace)
+            os.rmdir(os.path.dirname(self.workspace))  # the episode's mkdtemp folder, empty now
+            sandbox.release_uid(self.uid)
+        self.workspace, self.uid = None, None
 
 
 class TaskEnv:
@@ -346,7 +401,7 @@ class GemEnv:
         return str(obs), float(reward), bool(terminated), bool(truncated), info
 
 
-ENVS = {"calc": CalculatorEnv, "guess": GuessNumberEnv}
+ENVS = {"calc": CalculatorEnv, "guess": GuessNumberEnv, "shell": ShellEnv}
 
 
 def is_env(name: str | None) -> bool:
@@ -394,13 +449,14 @@ def env_overrides(name: str, latency: float, split: str) -> dict:
     return {"latency_s": latency, "latency_sigma": 0.5 if latency else 0.0}
 
 
-def sample_episodes(task, env: str, split: str, n: int, rng, repeat: int = 1, latency: float = 0.0) -> list:
+def sample_episodes(task, env: str, split: str, n: int, rng, repeat: int = 1, latency: float = 0.0, make=make_env):
     """n x repeat episodes [(env, seed)], a group of `repeat` per problem or env seed: a single-turn `task`'s
-    problems as TaskEnvs (seed None), or, when task is None, episodes of the environment named `env`."""
+    problems as TaskEnvs (seed None), or, when task is None, episodes of the environment named `env`, each made by
+    `make` (make_env, or env_service.env_maker's RemoteEnvs)."""
     if task is not None:
         return [(TaskEnv(task, p), None) for p in task.sample(n, split, rng) for _ in range(repeat)]
     seeds = [int(x) for x in rng.integers(2**31, size=n)]
-    return [(make_env(env, split, **env_overrides(env, latency, split)), s) for s in seeds for _ in range(repeat)]
+    return [(make(env, split, **env_overrides(env, latency, split)), s) for s in seeds for _ in range(repeat)]
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from cli import check_fields, parse_config
 from common import all_reduce_sum, masked_mean
 from data import DataArgs, load_task
-from envs import EnvArgs, multi_turn, rollout_kw, sample_episodes
+from envs import EnvArgs, make_env, multi_turn, rollout_kw, sample_episodes
 from rewards import RewardArgs
 from rollout import Rollout, SampleArgs, rollout_env
 from tasks import TaskArgs, load_policy, make_tiny_model, make_tokenizer, stop_token_ids
@@ -93,6 +93,11 @@ def rollout_metrics(rollout: Rollout, episodes: list[dict], eos_ids, max_new_tok
         ),
         "time/env": float(sum(sum(e["env_s"]) for e in episodes)),  # inside env.step (part of time/rollout)
         "time/reward": 0.0,  # the reward functions' seconds (an environment's: inside time/env)
+        **(
+            {"rollout/env_error_frac": float(np.mean([e.get("env_error") is not None for e in episodes]))}
+            if any("env_error" in e for e in episodes)
+            else {}
+        ),  # remote envs only: episodes their server failed
         **{k: float(np.sum(v) if k.startswith("time/") else np.mean(v)) for k, v in terms.items()},
     }
 
@@ -159,11 +164,13 @@ def sampled_eval(model, tokenizer, episodes: list, eos_ids, n: int, rank=0, worl
     return {**out, **{f"eval/pass@{k}": x / t[-1] for k, x in zip(ks, t[2:-1])}}
 
 
-def held_out(task, name: str, n: int, samples: int = 0) -> tuple[list, list]:
+def held_out(task, name: str, n: int, samples: int = 0, make=make_env) -> tuple[list, list]:
     """The held-out episodes [(env, seed)] of every evaluation: n for greedy accuracy and, with samples > 0, the same n
-    repeated `samples` times each for sampled_eval (a fixed draw: detail 1)."""
-    greedy = sample_episodes(task, name, "eval", n, np.random.default_rng(12345))
-    return greedy, sample_episodes(task, name, "eval", n, np.random.default_rng(12345), samples) if samples else []
+    repeated `samples` times each for sampled_eval (a fixed draw: detail 1); envs made by `make` (envs.make_env, or
+    env_service.env_maker's remote ones)."""
+    greedy = sample_episodes(task, name, "eval", n, np.random.default_rng(12345), make=make)
+    again = sample_episodes(task, name, "eval", n, np.random.default_rng(12345), samples, make=make) if samples else []
+    return greedy, again
 
 
 def evaluate_all(model, tokenizer, sets: tuple[list, list], eos_ids, samples: int, rank=0, world=1, **limits) -> dict:

@@ -59,6 +59,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common
+import env_service
 import memory
 import offpolicy
 import repro
@@ -172,6 +173,7 @@ class Config(TaskArgs, DataArgs, RewardArgs, SampleArgs, EvalArgs, CriticArgs, C
             raise ValueError(f"config field 'task' = {self.task!r}: must be one of {[*TASKS, *ENVS]} or gem:<id>")
         if self.data is not None and self.model is None and os.environ.get("RANK", "0") == "0":
             print("[minrl] WARNING --data without --model trains the character-level tiny model on your text")
+        need = getattr(ENVS.get(self.task), "action_tokens", 0)  # an embedded env's longest scripted action
         for bad, why in (
             (self.task.startswith("gem:") and self.data is None and self.model is None,
              f"'task' = {self.task!r}: a gem environment needs --model (it has no SFT solver)"),
@@ -195,6 +197,8 @@ class Config(TaskArgs, DataArgs, RewardArgs, SampleArgs, EvalArgs, CriticArgs, C
             (self.prompts_per_step * self.group_size < 2, f"'prompts_per_step' x 'group_size' = "
              f"{self.prompts_per_step * self.group_size}: a batch needs >= 2 samples (reward std, whitening)"),
             (self.lora_merge and not self.save_final, "'lora_merge' needs --save-final: it shapes that folder alone"),
+            (multi_turn(self) and self.max_new_tokens < need, f"'max_new_tokens' = {self.max_new_tokens}: "
+             f"{self.task}'s actions need {need} tokens (raise it)"),
             ((self.fsdp or self.lora_rank) and (self.dump_batch or self.credit != "none" or self.inject),
              "'fsdp' / 'lora_rank' do not combine with dump_batch, credit or inject yet (one process, whole models)"),
             (self.fsdp and self.rollout_dtype != "float32",
@@ -752,7 +756,8 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     shuffle_gen = torch.Generator().manual_seed(cfg.seed)  # minibatches: the same on every rank
     part_gen = torch.Generator().manual_seed(cfg.seed + rank)  # AsyPPO's partition: its own stream
     gens = {"sample_gen": sample_gen, "shuffle_gen": shuffle_gen, "part_gen": part_gen}  # (checkpointed)
-    eval_sets = held_out(task, cfg.task, cfg.eval_n, cfg.eval_samples)  # every seed's (greedy, sampled N times)
+    make_env = env_service.env_maker(cfg)  # envs.make_env, or --env-url: RemoteEnvs on those servers
+    eval_sets = held_out(task, cfg.task, cfg.eval_n, cfg.eval_samples, make_env)  # (greedy, sampled N times)
     start, history, diag = 0, {"eval": []}, LiveDiagnoser()
     if cfg.resume:  # checked in build_models; the lr is recomputed every iteration from the (allowed) config
         state = resume_checkpoint(cfg.resume, rank, policy, opt, critics, rng, gens, cfg.fsdp)
@@ -778,7 +783,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         sampled = {}  # the sampler's own metrics (staleness, drops)
         if sampler is None:
             n, G = n_local // cfg.group_size, cfg.group_size
-            envs, seeds = zip(*sample_episodes(task, cfg.task, "train", n, rng, G, cfg.env_latency))
+            envs, seeds = zip(*sample_episodes(task, cfg.task, "train", n, rng, G, cfg.env_latency, make_env))
             group_ids = torch.arange(n_local, device=device) // G + rank * n_local  # [B]
             repro.sync_sampler(cfg.inject, engine, policy)  # --rollout-dtype bfloat16's sync; INJECT stale_sampler
             with autocast(), common.gathered(policy):  # FSDP2: whole weights, ranks' forwards may differ in number

@@ -22,7 +22,8 @@ Implementation details (our choices)
    turns). Sequences are built from the sampled ids: an action's text is decoded for the environment, never
    re-tokenised; each observation is tokenised once (`tasks.observation_ids`; with a chat template, the
    template's text between turns; an action cut without the end-of-turn token gets it, with mask 0).
-   Environments step one after another on the host (async_loop.py overlaps their latency with generation).
+   A turn's environments step one after another, or all at once in threads when they wait rather than compute
+   (`step_concurrently`: sandboxed shells, remote envs; `step_envs`); async_loop.py overlaps them with generation.
 4. Token statistics in chunks (`token_stats`): the model runs with `logits_to_keep` empty, a hook takes its
    decoder's final hidden states, and the LM head and log-softmax run `logit_chunk` tokens at a time, each chunk
    checkpointed (recomputed in backward): no [b, R, V] logits (V = 152k, R = 1k, b = 128: 79 GB in fp32), the
@@ -36,6 +37,7 @@ import inspect
 import math
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -160,19 +162,9 @@ def truncate_logits(logits: torch.Tensor, top_p: float, top_k: int) -> torch.Ten
 
 
 @torch.no_grad()
-def generate(
-    model,
-    prompt_ids,
-    attention_mask,
-    *,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    eos_token_ids: list[int],
-    pad_token_id: int,
-    generator: torch.Generator | None = None,
-) -> Rollout:
+def generate(model, prompt_ids, attention_mask, *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+             top_k: int = 0, eos_token_ids: list[int], pad_token_id: int,
+             generator: torch.Generator | None = None) -> Rollout:  # fmt: skip
     """Sample up to max_new_tokens per row with a KV cache. prompt_ids/attention_mask: [B, P], left-padded. Apart
     from the KV cache, nothing grows per step: the mask, tokens and logprobs are preallocated [B, P+N] / [B, N],
     filled a column per step; each row's next position is a running count (cumsum(mask) - 1, incrementally)."""
@@ -213,18 +205,9 @@ def generate(
                    truncated=~done)  # fmt: skip
 
 
-def sequence_logprobs(
-    model,
-    input_ids,
-    attention_mask,
-    response_len: int,
-    *,
-    temperature: float = 1.0,
-    micro_batch: int = 64,
-    with_entropy: bool = False,
-    entropy_grad: bool | None = None,
-    logit_chunk: int = 256,
-):
+def sequence_logprobs(model, input_ids, attention_mask, response_len: int, *, temperature: float = 1.0,
+                      micro_batch: int = 64, with_entropy: bool = False, entropy_grad: bool | None = None,
+                      logit_chunk: int = 256):  # fmt: skip
     """Log-probs [B, R] of the last `response_len` tokens (and entropies [B, R] if asked), recomputed.
 
     The logits at position P + t - 1 predict response token t; they are divided by the sampling temperature
@@ -338,22 +321,9 @@ def _checked(env, method: str, episode: int, turn: int, **kw):
     return str(obs), reward, bool(terminated), bool(truncated), dict(info or {})
 
 
-def rollout_env(
-    model,
-    tokenizer,
-    envs,
-    seeds,
-    eos_ids,
-    *,
-    max_prompt_len: int,
-    max_new_tokens: int,
-    max_turns: int = 1,
-    max_context: int = 1 << 30,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    generator=None,
-) -> tuple[Rollout, list[dict]]:
+def rollout_env(model, tokenizer, envs, seeds, eos_ids, *, max_prompt_len: int, max_new_tokens: int, max_turns: int = 1,
+                max_context: int = 1 << 30, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                generator=None) -> tuple[Rollout, list[dict]]:  # fmt: skip
     """Run one episode per env to its end, all in lockstep turns. A single-turn task is one turn (TaskEnv).
 
     Turn k: each live episode's context (first observation + every earlier turn, as ids) is left-padded and
@@ -370,14 +340,16 @@ def rollout_env(
     "malformed", "cut" (ended without the env terminating it: env truncation, max_turns or max_context),
     "context_cut" (an action was cut short by max_context), "no_stop_actions" (actions without a stop token),
     "action_spans" [(start, end) in response positions], "env_s" [seconds in each env.step], "gen_s" [seconds
-    of each turn's batched generation]}.
+    of each turn's batched generation]}, and for a remote env "env_error" (None, or why its server failed it: the
+    episode ends there and its response_mask and token_scores are 0: an infrastructure failure teaches the policy
+    nothing, though its 0 return still joins its group's baseline).
     """
     dev = next(model.parameters()).device
     sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k} if generator else {"temperature": 0.0}
     first = [_checked(env, "reset", i, 0, seed=seed)[0] for i, (env, seed) in enumerate(zip(envs, seeds))]
     prompts = encode_prompts(tokenizer, [format_prompt(tokenizer, o) for o in first], max_prompt_len)
     ids, attention_mask = left_pad(prompts, tokenizer.pad_token_id)
-    tracks = [{"ids": [], "action": [], "logp": [], "score": [], "no_stop": False} for _ in envs]  # the responses
+    tracks = [{"ids": [], "action": [], "logp": [], "score": [], "no_stop": False, "failed": False} for _ in envs]
     blank = {"return": 0.0, "success": False, "turns": 0, "malformed": 0, "cut": False, "context_cut": False}
     info = [{**blank, "no_stop_actions": 0, "action_spans": [], "env_s": [], "gen_s": []} for _ in envs]
     live = list(range(len(envs)))
@@ -408,27 +380,47 @@ def rollout_env(
         acts = [r_ids[j, : min(int(r_mask[j].sum()), budget[i])].tolist() for j, i in enumerate(live)]
         texts = [tokenizer.decode(a, skip_special_tokens=True) for a in acts]
         score_turn([envs[i] for i in live], texts, acts)  # the user's rewards: one batch call per turn (envs.py)
+        stepped = step_envs([envs[i] for i in live], texts, live, turn)
         still = []
         for j, i in enumerate(live):
             info[i]["gen_s"].append(t_gen)
-            step = dict(episode=i, turn=turn, max_new_tokens=max_new_tokens, max_turns=max_turns)
             room = max_context - len(prompts[i])  # tokens this episode's response may still grow to
-            if _take_turn(envs[i], tokenizer, tracks[i], info[i], acts[j], texts[j], r_logp[j, : len(acts[j])].tolist(),
-                          eos_ids, room, **step):  # fmt: skip
+            if _take_turn(tokenizer, tracks[i], info[i], acts[j], r_logp[j, : len(acts[j])].tolist(), eos_ids, room,
+                          stepped[j], turn=turn, max_new_tokens=max_new_tokens, max_turns=max_turns):  # fmt: skip
                 still.append(i)
         live = still
+    for env in envs:  # an episode cut short still frees what its env holds (a sandbox workspace, a server session)
+        if hasattr(env, "close"):
+            env.close()
     return _pack(ids, attention_mask, tracks, tokenizer.pad_token_id, dev), info
 
 
-def _take_turn(env, tokenizer, track: dict, info: dict, action: list[int], text: str, logp: list[float], eos_ids, room,
-               *, episode: int, turn: int, max_new_tokens: int, max_turns: int) -> bool:  # fmt: skip
-    """One episode's turn after sampling: the action's ids join its track (mask 1), its text steps the env, the
-    observation's ids join with mask 0. Returns whether the episode goes on (room: tokens it may still hold)."""
+def step_envs(envs: list, texts: list[str], episodes: list[int], turn: int) -> list[tuple[tuple, float]]:
+    """(env.step's checked result, its seconds) per env, in order. Envs that wait rather than compute (a class
+    attribute `step_concurrently`: the shell sandbox, a remote env) all step at once in threads; others in order."""
+
+    def one(k):
+        t0 = time.perf_counter()
+        return _checked(envs[k], "step", episodes[k], turn, action=texts[k]), time.perf_counter() - t0
+
+    if len(envs) > 1 and all(getattr(env, "step_concurrently", False) for env in envs):
+        with ThreadPoolExecutor(max_workers=min(64, len(envs))) as pool:
+            return list(pool.map(one, range(len(envs))))
+    return [one(k) for k in range(len(envs))]
+
+
+def _take_turn(tokenizer, track: dict, info: dict, action: list[int], logp: list[float], eos_ids, room, stepped,
+               *, turn: int, max_new_tokens: int, max_turns: int) -> bool:  # fmt: skip
+    """One episode's turn after sampling and stepping its env (`stepped`: step_envs' result): the action's ids join
+    its track (mask 1), the observation's ids with mask 0. Returns whether the episode goes on (room: tokens it
+    may still hold)."""
     n, chat = len(action), bool(getattr(tokenizer, "chat_template", None))
     stopped = n > 0 and action[-1] in eos_ids
-    t0 = time.perf_counter()
-    obs, reward, terminated, truncated, step_info = _checked(env, "step", episode, turn, action=text)
-    info["env_s"].append(time.perf_counter() - t0)
+    (obs, reward, terminated, truncated, step_info), seconds = stepped
+    info["env_s"].append(seconds)
+    if "env_error" in step_info:  # a remote env (env_service.py): None, or why its server failed the episode
+        info["env_error"] = step_info["env_error"]
+        track["failed"] = step_info["env_error"] is not None  # then no gradient from this episode (mask 0)
     info["action_spans"].append((len(track["ids"]), len(track["ids"]) + n))
     track["ids"] += action
     track["action"] += [1] * n
@@ -468,8 +460,8 @@ def _pack(prompt_ids, prompt_mask, tracks: list[dict], pad_id: int, dev) -> Roll
     for i, t in enumerate(tracks):
         n = len(t["ids"])
         response_ids[i, :n], real[i, :n] = torch.tensor(t["ids"], dtype=torch.long), 1
-        response_mask[i, :n] = torch.tensor(t["action"], dtype=torch.long)
-        logp[i, :n], token_scores[i, :n] = torch.tensor(t["logp"]), torch.tensor(t["score"])
+        response_mask[i, :n] = torch.tensor(t["action"], dtype=torch.long) * (not t["failed"])  # env failed: 0
+        logp[i, :n], token_scores[i, :n] = torch.tensor(t["logp"]), torch.tensor(t["score"]) * (not t["failed"])
     return Rollout(
         prompt_ids=prompt_ids.to(dev),
         response_ids=response_ids.to(dev),

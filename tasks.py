@@ -43,6 +43,7 @@ import numpy as np
 from rewards import digits_score, user_text
 
 CHARS = "0123456789abcdefghijklmnopqrstuvwxyz+-*/=()<>.,:?! \n"  # the embedded tokenizer's vocabulary
+ASCII = "".join(chr(c) for c in range(32, 127)) + "\n"  # the shell environment's (envs.ShellEnv): printable ASCII
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 
 
@@ -147,12 +148,13 @@ def make_task(name: str):
 # Tokenizer and tiny model
 
 
-def make_tokenizer():
-    """A character-level PreTrainedTokenizerFast: one token per character of CHARS plus 4 specials."""
+def make_tokenizer(chars: str = CHARS):
+    """A character-level PreTrainedTokenizerFast: one token per character of `chars` plus 4 specials (the default
+    CHARS for the digit tasks, calc and guess; ASCII for the shell tasks, so the digit tasks' ids never move)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {t: i for i, t in enumerate(SPECIALS + list(CHARS))}
+    vocab = {t: i for i, t in enumerate(SPECIALS + list(chars))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # every char its own piece
     tok.decoder = decoders.Fuse()  # join pieces without spaces

@@ -32,6 +32,7 @@ import fcntl
 import hashlib
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -42,7 +43,7 @@ from tqdm.auto import tqdm
 
 from envs import ENVS, TaskEnv, is_env, make_env
 from evaluation import greedy_success
-from tasks import TASKS, format_prompt, make_task, make_tiny_model, make_tokenizer, observation_ids
+from tasks import ASCII, CHARS, TASKS, format_prompt, make_task, make_tiny_model, make_tokenizer, observation_ids
 
 CACHE_DIR = Path(__file__).resolve().parent / ".cache"
 KEY_SOURCES = ("tasks.py", "rewards.py", "envs.py", "rollout.py", "evaluation.py", "warm_start.py")  # detail 1
@@ -64,7 +65,7 @@ class SFTConfig:
 
 # Greedy accuracy at which the trainer's warm start stops, per task (SFTConfig.target_acc otherwise). `sort`
 # stops at 0.15: its RL run plateaus near 0.75-0.8 greedy on the tiny model, so 0.30 would leave too little headroom.
-SFT_TARGETS = {"sort": 0.15}
+SFT_TARGETS = {"sort": 0.15, "shell": 0.6}
 
 
 def sft_target_for(task: str) -> float:
@@ -162,7 +163,7 @@ def sft_warm_start(
             return out
         torch.manual_seed(cfg.seed)
         rng = np.random.default_rng(cfg.seed)
-        tokenizer = make_tokenizer()
+        tokenizer = make_tokenizer(ASCII if cfg.task == "shell" else CHARS)  # shell commands need $|;_"'{}[]&~#
         model = make_tiny_model(tokenizer, **dict(cfg.model_overrides)).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
         if is_env(cfg.task):  # multi-turn: episodes of the env's scripted solver, success of greedy episodes
@@ -170,12 +171,18 @@ def sft_warm_start(
             turns = make_env(cfg.task).cfg.max_turns
 
             def demos(n):
-                """n expert episodes (token ids and action-only labels) of fresh seeds."""
-                return [_sft_episode(tokenizer, make_env(cfg.task), int(x)) for x in rng.integers(2**31, size=n)]
+                """n expert episodes (token ids and action-only labels) of fresh seeds; in threads for envs that wait
+                on processes (the shell's sandbox: rollout.step_envs)."""
+                play = lambda seed: _sft_episode(tokenizer, make_env(cfg.task), int(seed))
+                if not getattr(ENVS[cfg.task], "step_concurrently", False):
+                    return [play(x) for x in rng.integers(2**31, size=n)]
+                with ThreadPoolExecutor(max_workers=16) as pool:
+                    return list(pool.map(play, rng.integers(2**31, size=n)))
 
             def accuracy():
                 """Success rate of greedy episodes on the fixed validation seeds."""
-                return greedy_accuracy(model, tokenizer, [make_env(cfg.task) for _ in seeds], seeds, max_turns=turns)
+                envs, n = [make_env(cfg.task) for _ in seeds], ENVS[cfg.task].action_tokens
+                return greedy_accuracy(model, tokenizer, envs, seeds, max_turns=turns, max_new_tokens=n)
         else:
             task = make_task(cfg.task)
             val = task.sample(256, "train", np.random.default_rng(cfg.seed + 10_000))

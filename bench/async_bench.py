@@ -97,6 +97,7 @@ def run_one(cfg: BenchConfig, alpha: int, seed: int, out: Path, extra=("--eval-e
         "wall_s": wall,
         "samples_per_s": sum(e["n"] for e in used) / wall,
         "train_s": float(np.mean([r["time/train"] for r in rows])),
+        "env_s": float(sum(r["time/env"] for r in rows)),  # env steps' seconds, summed over episodes
         "durations": [e["t1"] - e["t0"] for e in timeline["events"]],
         "staleness": np.bincount(
             [e["used"] - e["version"] for e in used], weights=[e["n"] for e in used], minlength=alpha + 1

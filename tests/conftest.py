@@ -26,3 +26,17 @@ def default_sft_path() -> Path:
     import warm_start
 
     return warm_start.sft_warm_start(warm_start.sft_config_for(ppo_minimal.Config().task))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A random-init embedded model folder (digit tokenizer, no SFT): enough for runs that only need a model."""
+    import torch
+
+    import tasks
+
+    torch.manual_seed(0)
+    tok, path = tasks.make_tokenizer(), tmp_path_factory.mktemp("tiny")
+    tasks.make_tiny_model(tok).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path

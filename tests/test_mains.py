@@ -67,7 +67,24 @@ def test_tasks_main_prints_samples_and_the_model(capsys):
 
 def test_envs_main_plays_each_environment_to_its_end(capsys):
     out = main_output(capsys, envs)
-    assert "--- calc" in out and "--- guess" in out and "'success': True" in out and "reward -0.1" in out
+    assert "--- calc" in out and "--- guess" in out and "--- shell" in out and "reward -0.1" in out
+    assert out.count("'success': True") == len(envs.ENVS)
+
+
+def test_env_service_main_plays_each_environment_through_a_server(capsys):
+    import env_service
+
+    out = main_output(capsys, env_service, "--port", "0")
+    assert all(f"--- {name} at http://127.0.0.1:" in out for name in envs.ENVS), out
+    assert out.count("'success': True") == len(envs.ENVS) and "'sessions': 0" in out
+
+
+def test_sandbox_main_contains_each_hostile_command(capsys):
+    import sandbox
+
+    lines = main_output(capsys, sandbox).splitlines()
+    assert len(lines) == 7 and "'hello\\n" in lines[0] and "No such file" in lines[1], lines
+    assert "Read-only" in lines[2] and "timed_out True" in lines[4] and "capped True" in lines[5], lines
 
 
 def test_warm_start_main_loads_the_cached_warm_start(sft_path, capsys):

@@ -1,0 +1,495 @@
+"""Environments as a service: any envs.py environment behind HTTP, and RemoteEnv, the Env the trainer steps over it.
+
+    python env_service.py --port 0                          # a server on a free port, episodes of each env through it
+    python env_service.py --serve --port 8100               # serve until Ctrl-C (127.0.0.1; --host 0.0.0.0 for others)
+    python ppo_minimal.py --task shell --env-url http://127.0.0.1:8100,http://127.0.0.1:8101   # train through two
+
+Why (ROCK's pattern, minimal): environments, sandboxes above all, scale out on cheap CPU hosts while the GPUs stay
+with the trainer; a crashed or hung environment host costs its episodes, never the run.
+
+The API: JSON in, JSON out; every error is {"error": message} with its status.
+    GET    /health               -> {"status": "ok", "sessions", "max_sessions", "envs", "steps"}
+    POST   /sessions             {"env": name, "split": "train" | "eval", "options": {...}} -> {"session": id}
+    POST   /sessions/ID/reset    {"seed": int | null}  -> {"observation", "info"}
+    POST   /sessions/ID/step     {"action": str}       -> {"observation", "reward", "terminated", "truncated", "info"}
+    DELETE /sessions/ID                                -> {"closed": id}
+400: malformed JSON, a missing or mistyped field, an unknown environment or option. 404: an unknown path or session.
+409: step before reset or after the episode ended. 410: a session closed by its idle or lifetime timeout (which one,
+in the message). 411 / 413: a body without Content-Length / over max_body_bytes, an action over max_action_chars.
+503: max_sessions are open. 500: the environment raised (its message).
+
+Why the standard library's ThreadingHTTPServer and not an ASGI stack: no dependency, and one thread per request
+fits environments whose steps wait (on a sandboxed process, a sleep, a simulator) rather than compute in Python;
+an async stack would help only if the steps themselves were async. It serves 64 concurrent sessions and more
+(bench/env_service_bench.py). Each request is one connection (HTTP/1.0 style): no keep-alive connection can go
+stale between two steps, so a step is never ambiguous (sent or not) and never retried.
+
+RemoteEnv(url, env, split, timeout, **options) has Env's reset / step. `url` is one server or several, comma-
+separated: each new episode's session goes to the live server with the fewest sessions this process has open there.
+- reset: a server that refuses, times out or answers 5xx is marked down (for `retry_s`, then tried again) and the
+  next one is tried; 503 (full) tries the next one too; none left: ConnectionError naming each server's failure.
+- step: a server that does not answer within `timeout`, refuses or drops the connection fails the episode: step
+  returns ("", 0.0, False, True, {"env_error": reason}), logs the reason and marks the server down; the trainer
+  counts it (rollout/env_error_frac) and trains nothing on that episode (rollout.py); other episodes go on.
+- An environment that raises (500) or a bad request (4xx) is a bug, as it would be locally: RuntimeError with the
+  server's message. A session expired on the server (410) fails only its episode, like a dead server.
+
+Implementation details (our choices)
+1. Sessions are closed by DELETE (RemoteEnv does it when an episode ends), by the idle timeout (no request for
+   idle_timeout s) or the lifetime timeout (session_timeout s after creation); a reaper thread checks 4 times per
+   idle timeout. A closed session's id answers 410 with the reason (the last 4096 are remembered).
+2. A session's requests run one at a time (a lock per session); different sessions run concurrently.
+3. Info values that are not JSON (some GEM envs) are sent as their str().
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import secrets
+import sys
+import threading
+import time
+import urllib.parse
+from collections import OrderedDict
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import sandbox
+from cli import check_fields, parse_config
+from envs import ENVS, make_env, multi_turn
+
+
+@dataclass
+class ServiceArgs:
+    """`python env_service.py`: the server's address and limits."""
+
+    host: str = "127.0.0.1"
+    """Address to bind (127.0.0.1: this machine only; there is no authentication: bind wider on a trusted net only)."""
+    port: int = 8100
+    """Port to bind (0 = any free port)."""
+    serve: bool = False
+    """Serve until Ctrl-C (otherwise: the demo, a server on a free port and an episode of each env through it)."""
+    max_sessions: int = 256
+    """Open sessions at most; a create beyond answers 503."""
+    max_body_bytes: int = 65536
+    """Largest request body (413 beyond)."""
+    max_action_chars: int = 4096
+    """Longest action (413 beyond)."""
+    idle_timeout: float = 300.0
+    """Seconds without a request after which a session is closed."""
+    session_timeout: float = 3600.0
+    """Seconds after creation at which a session is closed, busy or not."""
+
+    def __post_init__(self):
+        check_fields(self, {"[0, 65535]": ("port",), "[1, inf)": ("max_sessions", "max_body_bytes", "max_action_chars"),
+                            "(0.0, inf)": ("idle_timeout", "session_timeout")})  # fmt: skip
+
+
+class HTTPError(Exception):
+    """A request the service refuses: its status and the message of the JSON error body."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+# ----------------------------------------------------------------------------------------------
+# The server
+
+
+@dataclass
+class Session:
+    """One open episode: the env, when it was created and last used, where the episode stands."""
+
+    env: object
+    created: float
+    used: float
+    lock: threading.Lock
+    state: str = "created"  # created -> running -> done (reset again: running)
+
+
+class EnvService:
+    """The sessions and the four operations; the HTTP handler only parses and routes."""
+
+    def __init__(self, args: ServiceArgs):
+        self.args, self.sessions, self.lock, self.steps = args, {}, threading.Lock(), 0
+        self.gone = OrderedDict()  # closed session id -> why (detail 1)
+
+    def session(self, sid: str) -> Session:
+        """The open session `sid`, or 404 / 410 saying why not."""
+        with self.lock:
+            if sid in self.sessions:
+                return self.sessions[sid]
+            if sid in self.gone:
+                raise HTTPError(410, f"session {sid} was closed: {self.gone[sid]}")
+        raise HTTPError(404, f"unknown session {sid}")
+
+    def create(self, body: dict) -> dict:
+        """A new session holding a fresh environment."""
+        name, split, options = required(body, "env", str), body.get("split", "train"), body.get("options", {})
+        if split not in ("train", "eval") or not isinstance(options, dict):
+            raise HTTPError(400, "'split' must be 'train' or 'eval' and 'options' an object")
+        if name not in ENVS and not name.startswith("gem:"):
+            raise HTTPError(400, f"unknown environment {name!r}: one of {sorted(ENVS)} or gem:<env id>")
+        if name == "shell" and isinstance(options.get("limits"), dict):
+            options = {**options, "limits": sandbox.Limits(**options["limits"])}
+        with self.lock:
+            if len(self.sessions) >= self.args.max_sessions:
+                raise HTTPError(503, f"{self.args.max_sessions} sessions are open (max_sessions); close some")
+        try:
+            env = make_env(name, split, **options)
+        except (TypeError, ValueError) as e:  # an unknown option, a bad value
+            raise HTTPError(400, f"environment {name!r} with options {options}: {e}") from e
+        sid, now = secrets.token_hex(8), time.monotonic()
+        with self.lock:
+            self.sessions[sid] = Session(env, now, now, threading.Lock())
+        return {"session": sid}
+
+    def reset(self, sid: str, body: dict) -> dict:
+        """Start (or restart) the session's episode."""
+        seed = body.get("seed")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise HTTPError(400, f"'seed' must be an integer or null, got {seed!r}")
+        s = self.session(sid)
+        with s.lock:
+            obs, info = run_env(s, "reset", seed=seed)
+            s.state = "running"
+        return {"observation": obs, "info": info}
+
+    def step(self, sid: str, body: dict) -> dict:
+        """One action of the session's episode."""
+        action = required(body, "action", str)
+        if len(action) > self.args.max_action_chars:
+            raise HTTPError(413, f"action of {len(action)} characters > max_action_chars {self.args.max_action_chars}")
+        s = self.session(sid)
+        with s.lock:
+            if s.state != "running":
+                raise HTTPError(409, f"session {sid}: step before reset" if s.state == "created" else
+                                f"session {sid}: the episode has ended; reset it")  # fmt: skip
+            obs, reward, terminated, truncated, info = run_env(s, "step", action=action)
+            s.state = "done" if terminated or truncated else "running"
+        with self.lock:
+            self.steps += 1
+        return {"observation": obs, "reward": reward, "terminated": terminated, "truncated": truncated, "info": info}
+
+    def close(self, sid: str, why: str = "closed by its client") -> dict:
+        """Close a session: the env's close() (a sandbox's workspace goes) and its id remembered as gone."""
+        with self.lock:
+            s = self.sessions.pop(sid, None)
+            if s is None:
+                raise HTTPError(404, f"unknown session {sid}")
+            self.gone[sid] = why
+            while len(self.gone) > 4096:
+                self.gone.popitem(last=False)
+        with s.lock:  # after a running step of it
+            if hasattr(s.env, "close"):
+                s.env.close()
+        return {"closed": sid}
+
+    def reap(self, stop: threading.Event) -> None:
+        """Detail 1: close sessions past their idle or lifetime timeout, until `stop`."""
+        a = self.args
+        while not stop.wait(min(a.idle_timeout, a.session_timeout) / 4):
+            now = time.monotonic()
+            with self.lock:
+                idle = [k for k, s in self.sessions.items() if now - s.used > a.idle_timeout and not s.lock.locked()]
+                old = [k for k, s in self.sessions.items() if now - s.created > a.session_timeout and k not in idle]
+            for k in idle:
+                self.close(k, f"idle for more than idle_timeout = {a.idle_timeout} s")
+            for k in old:
+                self.close(k, f"open for more than session_timeout = {a.session_timeout} s")
+
+    def health(self) -> dict:
+        """What the server holds."""
+        with self.lock:
+            return {"status": "ok", "sessions": len(self.sessions), "max_sessions": self.args.max_sessions,
+                    "envs": sorted(ENVS), "steps": self.steps}  # fmt: skip
+
+
+def required(body: dict, name: str, kind: type):
+    """body[name], which must be of type kind (400 otherwise)."""
+    if not isinstance(body.get(name), kind):
+        raise HTTPError(400, f"field {name!r} must be a {kind.__name__}, got {body.get(name)!r}")
+    return body[name]
+
+
+def run_env(s: Session, method: str, **kw):
+    """The env's reset / step with its JSON-ready result; an env that raises is a 500 naming the exception."""
+    s.used = time.monotonic()
+    try:
+        out = getattr(s.env, method)(**kw)
+    except Exception as e:
+        raise HTTPError(500, f"{getattr(s.env, 'name', type(s.env).__name__)}.{method}({kw}) raised {e!r}") from e
+    s.used = time.monotonic()
+    jsonable = lambda info: json.loads(json.dumps(dict(info or {}), default=str))  # detail 3
+    if method == "reset":
+        return str(out[0]), jsonable(out[1])
+    obs, reward, terminated, truncated, info = out
+    return str(obs), float(reward), bool(terminated), bool(truncated), jsonable(info)
+
+
+ROUTES = [  # (method, path pattern, handler(service, match, body)): the whole API
+    ("GET", r"/health", lambda svc, m, b: svc.health()),
+    ("POST", r"/sessions", lambda svc, m, b: svc.create(b)),
+    ("POST", r"/sessions/([0-9a-f]+)/reset", lambda svc, m, b: svc.reset(m[1], b)),
+    ("POST", r"/sessions/([0-9a-f]+)/step", lambda svc, m, b: svc.step(m[1], b)),
+    ("DELETE", r"/sessions/([0-9a-f]+)", lambda svc, m, b: svc.close(m[1])),
+]
+
+
+class Handler(BaseHTTPRequestHandler):
+    """Parse one request, route it, answer JSON (errors too). The service is `self.server.service`."""
+
+    timeout = 30.0  # seconds a client may take to send its request (a stalled one cannot hold a thread forever)
+
+    def handle_any(self) -> None:
+        """Answer one request of any method (`self.command`)."""
+        method = self.command
+        try:
+            body = self.read_body() if method == "POST" else {}
+            for verb, pattern, fn in ROUTES:
+                m = re.fullmatch(pattern, urllib.parse.urlsplit(self.path).path)
+                if m and verb == method:
+                    return self.answer(200, fn(self.server.service, m, body))
+            raise HTTPError(404, f"no route {method} {self.path}")
+        except HTTPError as e:
+            self.answer(e.status, {"error": str(e)})
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (its timeout) before the answer
+            print(f"[minrl] env_service: the client of {method} {self.path} left before its answer", file=sys.stderr)
+
+    def read_body(self) -> dict:
+        """The JSON object of the request body, within max_body_bytes."""
+        n = self.headers.get("Content-Length")
+        if n is None or not n.isdigit():
+            raise HTTPError(411, "a POST needs a Content-Length header")
+        if int(n) > self.server.service.args.max_body_bytes:
+            raise HTTPError(413, f"body of {n} bytes > max_body_bytes {self.server.service.args.max_body_bytes}")
+        try:
+            body = json.loads(self.rfile.read(int(n)) or b"{}")
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise HTTPError(400, f"malformed JSON body: {e}") from e
+        if not isinstance(body, dict):
+            raise HTTPError(400, "the JSON body must be an object")
+        return body
+
+    def answer(self, status: int, payload: dict) -> None:
+        """Send the JSON payload with its status."""
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_DELETE = handle_any  # noqa: N815 (http.server's names: do_<METHOD>)
+
+    def log_message(self, fmt, *args):  # a line per request would drown the trainer's output; errors still print
+        pass
+
+
+class Server(ThreadingHTTPServer):
+    """The standard threaded server with a listen backlog for many sessions connecting at once (the default 5 would
+    drop connections when 64 episodes step together)."""
+
+    request_queue_size, daemon_threads = 1024, True
+
+
+def start_server(args: ServiceArgs) -> Server:
+    """A server on args.host:args.port answering in its own threads (`server.url`; stop it with stop_server)."""
+    server = Server((args.host, args.port), Handler)
+    server.service, server.stop = EnvService(args), threading.Event()
+    server.url = f"http://{args.host}:{server.server_address[1]}"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.service.reap, args=(server.stop,), daemon=True).start()
+    return server
+
+
+def stop_server(server: Server) -> None:
+    """Stop answering, close the socket and every session (their sandboxes' workspaces go; a running step is waited
+    for)."""
+    server.stop.set()
+    server.shutdown()
+    server.server_close()
+    for sid in list(server.service.sessions):
+        server.service.close(sid, "the server stopped")
+
+
+# ----------------------------------------------------------------------------------------------
+# The client
+
+
+class ServerDown(Exception):
+    """A server that did not answer (refused, timed out, dropped the connection, or answered 5xx on reset)."""
+
+
+class Servers:
+    """The servers of one --env-url and what this process knows of them: open sessions, failures, down until when."""
+
+    def __init__(self, urls: str | list[str], retry_s: float = 30.0):
+        self.urls = [u.strip().rstrip("/") for u in (urls.split(",") if isinstance(urls, str) else urls)]
+        for u in self.urls:
+            if not re.fullmatch(r"http://[^/:]+:\d+", u):
+                raise ValueError(f"config field 'env_url': {u!r} is not http://HOST:PORT (https is not supported)")
+        self.open, self.failures = dict.fromkeys(self.urls, 0), dict.fromkeys(self.urls, 0)
+        self.down_until, self.retry_s, self.lock = dict.fromkeys(self.urls, 0.0), retry_s, threading.Lock()
+
+    def order(self) -> list[str]:
+        """Servers to try for a new session: live ones, fewest open sessions first; then those marked down."""
+        with self.lock:
+            now = time.monotonic()
+            return sorted(self.urls, key=lambda u: (self.down_until[u] > now, self.open[u]))
+
+    def mark_down(self, url: str, reason: str) -> None:
+        """Count a failure of `url`, log it, and skip it for new sessions for retry_s seconds."""
+        with self.lock:
+            self.failures[url] += 1
+            self.down_until[url] = time.monotonic() + self.retry_s
+            n = self.failures[url]
+        print(f"[minrl] env server {url} failed ({n} so far): {reason}; new sessions avoid it for {self.retry_s:.0f} s",
+              file=sys.stderr)  # fmt: skip
+
+    def count(self, url: str, delta: int) -> None:
+        """A session opened (+1) or closed (-1) on url."""
+        with self.lock:
+            self.open[url] += delta
+
+
+def request(url: str, method: str, path: str, body: dict | None, timeout: float) -> dict:
+    """One HTTP request on its own connection: the JSON answer; ServerDown when the server does not answer within
+    timeout or answers 5xx; HTTPError for 4xx."""
+    host, port = urllib.parse.urlsplit(url).hostname, urllib.parse.urlsplit(url).port
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        data = None if body is None else json.dumps(body).encode()
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
+        resp = conn.getresponse()
+        status, raw = resp.status, resp.read()
+    except (OSError, http.client.HTTPException) as e:  # refused, reset, timed out, a half answer
+        raise ServerDown(f"{method} {path}: {type(e).__name__}: {e}") from e
+    finally:
+        conn.close()
+    try:
+        payload = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ServerDown(f"{method} {path}: HTTP {status} with a body that is not JSON: {raw[:200]!r}") from e
+    if status >= 400:
+        raise HTTPError(status, payload.get("error", str(payload)))
+    return payload
+
+
+class RemoteEnv:
+    """An Env whose episodes run on env_service servers (the module docstring says what a failure does)."""
+
+    step_concurrently = True  # rollout.step_envs steps a turn's remote envs at once: they wait on the network
+
+    def __init__(self, url: str | Servers, env: str, split: str = "train", timeout: float = 30.0, **options):
+        self.servers = url if isinstance(url, Servers) else Servers(url)
+        self.env, self.split, self.timeout, self.options = env, split, timeout, options
+        self.name, self.url, self.sid = f"{env} (remote)", None, None
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict]:
+        """Open a session on the least-loaded live server and start its episode there."""
+        self.close()
+        failed = []
+        for url in self.servers.order():
+            try:
+                body = {"env": self.env, "split": self.split, "options": self.options}
+                sid = request(url, "POST", "/sessions", body, self.timeout)["session"]
+                self.url, self.sid = url, sid
+                self.servers.count(url, +1)
+                out = request(url, "POST", f"/sessions/{sid}/reset", {"seed": seed}, self.timeout)
+                return out["observation"], out["info"]
+            except ServerDown as e:
+                self.servers.mark_down(url, str(e))
+                self.forget()
+                failed.append(f"{url}: {e}")
+            except HTTPError as e:
+                if e.status != 503:
+                    raise RuntimeError(f"env server {url}: HTTP {e.status}: {e}") from e
+                self.close()
+                failed.append(f"{url}: full ({e})")
+        raise ConnectionError("no environment server could start an episode: " + "; ".join(failed))
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        """One action on the session's server; a failed server fails the episode (env_error), never hangs."""
+        if self.sid is None:
+            raise RuntimeError(f"{self.name}: step() before reset(), or after the episode ended")
+        try:
+            out = request(self.url, "POST", f"/sessions/{self.sid}/step", {"action": action}, self.timeout)
+        except ServerDown as e:
+            self.servers.mark_down(self.url, str(e))
+            return self.failed(f"{self.url}: {e}")
+        except HTTPError as e:
+            if e.status == 410:  # expired on the server: this episode only
+                return self.failed(f"{self.url}: {e}")
+            raise RuntimeError(f"env server {self.url}: HTTP {e.status}: {e}") from e
+        if out["terminated"] or out["truncated"]:
+            self.close()
+        info = {**out["info"], "env_error": None}
+        return out["observation"], out["reward"], out["terminated"], out["truncated"], info
+
+    def failed(self, reason: str) -> tuple[str, float, bool, bool, dict]:
+        """The step result of an episode its server failed: truncated, reward 0, the reason in info."""
+        self.forget()
+        return "", 0.0, False, True, {"env_error": reason, "success": False}
+
+    def forget(self) -> None:
+        """Drop the session without telling its server (it is unreachable; its idle timeout will close it)."""
+        if self.sid is not None:
+            self.servers.count(self.url, -1)
+        self.url, self.sid = None, None
+
+    def close(self) -> None:
+        """Close the session on its server (an unreachable server: counted as a failure; its reaper closes it)."""
+        if self.sid is None:
+            return
+        url, sid = self.url, self.sid
+        self.forget()
+        try:
+            request(url, "DELETE", f"/sessions/{sid}", None, self.timeout)
+        except ServerDown as e:
+            self.servers.mark_down(url, str(e))
+
+
+def env_maker(cfg):
+    """`make(name, split, **overrides)` for the trainer's episodes: envs.make_env, or with cfg.env_url RemoteEnvs
+    spread over those servers (one Servers object: what one failure teaches, every later episode knows)."""
+    if not cfg.env_url:
+        return make_env
+    if not multi_turn(cfg):
+        raise ValueError(f"config field 'env_url' needs a multi-turn environment as --task, not {cfg.task!r}")
+    servers = Servers(cfg.env_url)
+    return lambda name, split="train", **overrides: RemoteEnv(servers, name, split, cfg.env_timeout, **overrides)
+
+
+def main(argv=None) -> None:
+    """Serve (--serve), or the demo: a server, each embedded env played through it by its scripted solver."""
+    args = parse_config(ServiceArgs, argv)
+    if args.serve:
+        server = start_server(args)
+        print(f"[minrl] env_service at {server.url} (envs: {sorted(ENVS)}); Ctrl-C stops it")
+        try:
+            server.stop.wait()
+        except KeyboardInterrupt:
+            stop_server(server)
+        return
+    server = start_server(args)
+    for name in ENVS:  # shell: needs user namespaces (sandbox.check_available says what is missing)
+        local, remote, done, t0 = make_env(name), RemoteEnv(server.url, name), False, time.perf_counter()
+        local.reset(seed=0)
+        obs, _ = remote.reset(seed=0)
+        print(f"--- {name} at {server.url}\nobs    {obs!r}")
+        while not done:
+            action = local.expert()
+            local.step(action)
+            obs, reward, terminated, truncated, info = remote.step(action)
+            done = terminated or truncated
+            print(f"action {action!r} -> reward {reward}, obs {obs!r}, info {info}")
+        print(f"{(time.perf_counter() - t0) * 1e3:.0f} ms for the episode; server: {server.service.health()}")
+    stop_server(server)
+
+
+if __name__ == "__main__":
+    main()

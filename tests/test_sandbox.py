@@ -1,0 +1,207 @@
+"""The shell environment's sandbox against hostile commands, each sent through the environment server: contained, the
+server alive, the next episode unaffected; and the shell task family (splits, the scripted solver, the answer check)."""
+
+import os
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import envs
+import sandbox
+from env_service import RemoteEnv, ServiceArgs, start_server, stop_server
+
+LIMITS = {"wall_s": 3.0, "cpu_s": 2, "output_cap": 4096}  # sandbox.Limits fields sent as the env's options
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = start_server(ServiceArgs(port=0))
+    yield s
+    stop_server(s)
+
+
+def uid_processes() -> int:
+    """Processes on this machine owned by a sandbox uid (sandbox.UID_BASE and above)."""
+    out = subprocess.run(["ps", "-eo", "uid="], capture_output=True, text=True, check=True).stdout.split()
+    return sum(int(u) >= sandbox.UID_BASE for u in out)
+
+
+def hostile(server, command: str, seed: int = 0):
+    """Send `command` as the first action of a remote shell episode; returns (step result, the episode's env)."""
+    env = RemoteEnv(server.url, "shell", limits=LIMITS, max_turns=2, obs_chars=2000)
+    env.reset(seed=seed)
+    return env.step(command), env
+
+
+def check_unharmed(server, seed: int = 5):
+    """The server answers, no sandbox process is left, and a fresh episode is solved by the scripted solver."""
+    assert server.service.health()["status"] == "ok"
+    for _ in range(50):  # the kernel reaps a killed pid namespace asynchronously: a few ms
+        if uid_processes() == 0:
+            break
+        time.sleep(0.1)
+    assert uid_processes() == 0
+    local = envs.make_env("shell")
+    local.reset(seed=seed)
+    env = RemoteEnv(server.url, "shell")
+    env.reset(seed=seed)
+    obs, reward, terminated, *_ = env.step(local.expert())
+    local.close()
+    assert (reward, terminated) == (1.0, True), obs
+
+
+def test_a_fork_bomb_is_bounded_and_killed(server):
+    (obs, reward, _, _, info), env = hostile(server, "f(){ f|f & }; f 2>/dev/null; sleep 30")  # RLIMIT_NPROC: 32
+    assert info["timed_out"] and info["exit_code"] == -9 and reward == 0.0
+    env.close()
+    check_unharmed(server)
+
+
+def test_rm_rf_root_touches_nothing_outside_the_workspace(server, tmp_path):
+    canary = tmp_path / "canary.txt"
+    canary.write_text("still here")
+    _, env = hostile(server, "rm -rf --no-preserve-root / 2>/dev/null")  # walks read-only /usr: may hit wall_s
+    obs = env.step("rm -rf /work/* /usr /etc 2>/dev/null; ls -A /work | wc -l; ls /usr | wc -l")[0]
+    n_work, n_usr, code = obs.split("\n")[:3]
+    assert (n_work, int(n_usr) > 3, code) == ("0", True, "[exit 0]"), obs  # its own workspace emptied, /usr intact
+    assert canary.read_text() == "still here" and os.path.exists("/usr/bin/ls") and os.path.exists(__file__)
+    env.close()
+    check_unharmed(server)
+
+
+def test_writing_outside_the_workspace_fails(server, tmp_path):
+    target = tmp_path / "written.txt"
+    cmd = f"echo x > {target}; echo x > /usr/x; echo x > /etc/x; echo x > /x; mkdir /proc/x; echo done"
+    (obs, *_), env = hostile(server, cmd)
+    assert "done" in obs and not target.exists() and not os.path.exists("/usr/x")
+    assert obs.count("Read-only file system") + obs.count("No such file") + obs.count("Permission denied") >= 4, obs
+    env.close()
+    check_unharmed(server)
+
+
+def test_reading_a_file_outside_the_workspace_fails(server, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOPSECRET-42")
+    os.chmod(secret, 0o644)  # world-readable on the host: only the sandbox's view of the filesystem hides it
+    (obs, *_), env = hostile(server, f"cat {secret}; cat /etc/passwd; cat /root/.bashrc; ls /home")
+    assert "TOPSECRET" not in obs and "root:" not in obs and obs.count("No such file") >= 3, obs
+    env.close()
+    check_unharmed(server)
+
+
+def test_an_infinite_loop_and_a_sleep_are_killed_at_the_cpu_and_wall_clock_limits(server):
+    env = RemoteEnv(server.url, "shell", limits={"cpu_s": 1, "wall_s": 60.0}, max_turns=2)
+    env.reset(seed=0)
+    t0 = time.monotonic()
+    obs, reward, _, truncated, info = env.step("while :; do :; done")  # RLIMIT_CPU: SIGKILL after 1 s of CPU
+    assert (info["exit_code"], info["timed_out"], truncated) == (137, False, False), obs  # the episode goes on
+    assert time.monotonic() - t0 < 60
+    env.close()
+    (obs, reward, _, truncated, info), env = hostile(server, "sleep 60")  # no CPU spent: the wall clock (3 s) ends it
+    assert info["timed_out"] and info["exit_code"] == -9 and not truncated
+    env.reset(seed=0)
+    assert env.step("echo ok")[0] == "ok\n[exit 0]\n"  # the same server, a new episode, right after the kill
+    env.close()
+    check_unharmed(server)
+
+
+def test_a_gigabyte_of_output_is_capped(server):
+    (obs, _, _, _, info), env = hostile(server, "head -c 1000000000 /dev/zero | tr '\\0' a")
+    assert info["capped"] and info["exit_code"] == -9 and len(obs) <= 2000 + len("[exit -9]\n")  # obs_chars
+    env.close()
+    check_unharmed(server)
+
+
+def test_memory_and_file_size_are_bounded(server):
+    (obs, *_), env = hostile(server, "x=$(head -c 700000000 /dev/zero | tr '\\0' a); echo ${#x}")
+    assert "700000000" not in obs  # RLIMIT_AS 512 MiB: the shell cannot hold it
+    (obs, *_) = env.step("head -c 2000000 /dev/zero > big; ls -l big | wc -c")
+    assert "File size limit exceeded" in obs or "[exit 153]" in obs, obs
+    check_unharmed(server)
+
+
+def test_no_socket_reaches_a_listener_on_127_0_0_1(server):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    listener.settimeout(4.0)
+    port, got = listener.getsockname()[1], []
+    threading.Thread(target=lambda: got.append(listener.accept()), daemon=True).start()
+    (obs, *_), env = hostile(server, f"bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}' && echo connected")
+    listener.close()
+    assert "connected" not in obs and "Network is unreachable" in obs and not got, obs
+    env.close()
+    check_unharmed(server)
+
+
+def test_the_sandbox_runs_as_an_unprivileged_uid_without_capabilities(tmp_path):
+    uid, base = sandbox.take_uid(), tempfile.mkdtemp()  # under /tmp: every folder above it searchable
+    try:
+        os.chmod(base, 0o711)
+        ws = os.path.join(base, "work")
+        sandbox.prepare_workspace(ws, uid)
+        r = sandbox.run("grep Cap /proc/self/status; ls /", ws, sandbox.Limits(), uid)
+        assert r.exit_code == 0 and r.output.count("0000000000000000") == 5, r.output  # every capability set empty
+        assert sorted(r.output.split("\n")[5:-1]) == ["bin", "dev", "etc", "lib", "lib64", "proc", "sbin", "tmp",
+                                                      "usr", "work"]  # fmt: skip
+        with pytest.raises(FileNotFoundError, match="prepare_workspace"):
+            sandbox.run("true", str(tmp_path / "elsewhere"), sandbox.Limits())
+    finally:
+        sandbox.remove_workspace(ws)
+        os.rmdir(base)
+        sandbox.release_uid(uid)
+    with pytest.raises(PermissionError, match="not searchable"):
+        sandbox.prepare_workspace(str(tmp_path / "deeper" / "work"), uid)
+
+
+# ----------------------------------------------------------------------------------------------
+# The task family
+
+
+def test_shell_episodes_are_seeded_split_and_solved_by_the_scripted_solver():
+    kinds, firsts = set(), {"train": set(), "eval": set()}
+    for split in ("train", "eval"):
+        for seed in range(40):
+            env = envs.make_env("shell", split)
+            obs, _ = env.reset(seed=seed)
+            again = envs.make_env("shell", split)
+            assert again.reset(seed=seed)[0] == obs and again.files == env.files  # deterministic
+            again.close()
+            firsts[split].add(env.split_key(obs))
+            kinds.add(next(k for k in ("lines of", "files in", "print line", "largest") if k in obs))
+            obs, reward, terminated, truncated, info = env.step(env.expert())
+            assert (reward, terminated, truncated, info["success"]) == (1.0, True, False, True), obs
+            assert env.workspace is None  # removed at the episode's end
+    assert not firsts["train"] & firsts["eval"] and len(kinds) == 4, kinds
+
+
+def test_a_wrong_or_failing_command_is_not_rewarded_and_the_episode_goes_on():
+    env = envs.make_env("shell")
+    env.reset(seed=3)
+    answer = env.state[0]
+    obs, reward, terminated, truncated, _ = env.step(f"echo {answer}; false")  # right text, failing exit
+    assert (reward, terminated, truncated) == (0.0, False, False) and obs.endswith("[exit 1]\n")
+    obs, reward, terminated, truncated, _ = env.step("")
+    assert (reward, terminated, truncated) == (env.cfg.penalty, False, True)  # max_turns 2
+
+
+def test_the_shell_task_has_its_own_tokenizer_and_leaves_the_digit_tasks_ids_alone():
+    import tasks
+
+    digits, ascii_ = tasks.make_tokenizer(), tasks.make_tokenizer(tasks.ASCII)
+    assert digits.get_vocab() == {t: i for i, t in enumerate(tasks.SPECIALS + list(tasks.CHARS))}
+    cmd = "grep -c fox notes.txt | sort -n > \"$HOME\"/{a,b} && echo 'A_B~#;[x]&'"
+    assert ascii_.decode(ascii_(cmd, add_special_tokens=False).input_ids) == cmd
+    assert ascii_.unk_token_id not in ascii_(cmd, add_special_tokens=False).input_ids
+    rng = np.random.default_rng(0)
+    env = envs.make_env("shell")
+    for seed in rng.integers(2**31, size=20):
+        env.reset(seed=int(seed))
+        ids = ascii_(env.expert(), add_special_tokens=False).input_ids
+        assert len(ids) + 1 <= envs.ShellEnv.action_tokens and ascii_.unk_token_id not in ids
+        env.close()
