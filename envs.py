@@ -114,7 +114,8 @@ class _EmbeddedEnv:
     """
 
     name, verbs = "", ()
-    action_tokens = 16  # tokens the longest action of the scripted solver needs, its stop token included
+    action_tokens = 0  # tokens the longest scripted action needs with its stop token, when more than 16 (the trainer
+    # refuses a smaller max_new_tokens; warm_start's greedy check gives the larger of the two)
 
     def __init__(self, split: str = "train", cfg: EnvConfig | None = None):
         if split not in ("train", "eval"):

@@ -247,7 +247,8 @@ def test_the_trainer_runs_shell_tasks_through_the_server(tmp_path):
     tok, model_dir = tasks.make_tokenizer(tasks.ASCII), tmp_path / "model"
     tasks.make_tiny_model(tok).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
-    s, rows = start_server(ServiceArgs(port=0)), []
+    workspaces = lambda: set(os.listdir("/tmp/minrl-shell")) if os.path.isdir("/tmp/minrl-shell") else set()
+    s, rows, before = start_server(ServiceArgs(port=0)), [], workspaces()
     try:
         cfg = pm.Config(model=str(model_dir), task="shell", env_url=s.url, max_new_tokens=40, adv_estimator="grpo",
                         steps=2, prompts_per_step=4, group_size=4, eval_every=2, eval_n=16, kl_metric_every=0,
@@ -262,4 +263,4 @@ def test_the_trainer_runs_shell_tasks_through_the_server(tmp_path):
     assert all(r["rollout/env_error_frac"] == 0.0 for r in rows) and max(r["rollout/turns"] for r in rows) <= 2
     assert max(r["stats/rollout_vs_old_logp_diff"] for r in rows) < 1e-4
     ps = subprocess.run(["ps", "-eo", "uid="], capture_output=True, text=True, check=True).stdout.split()
-    assert not [u for u in ps if int(u) >= sandbox.UID_BASE] and not os.listdir("/tmp/minrl-shell")
+    assert not [u for u in ps if int(u) >= sandbox.UID_BASE] and workspaces() <= before
