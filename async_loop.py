@@ -242,8 +242,8 @@ def rollout_worker(cfg: AsyncConfig, rank: int, group, store, source: str) -> No
         with autocast():
             samples, episodes = rollout_env(policy, tokenizer, envs, seeds, eos_ids, generator=gen, **rollout_kw(cfg))
         keep = ("return", "success", "turns", "malformed", "cut", "context_cut", "reward_info", "action_spans")
-        keep += ("env_error",)  # remote envs only
-        info = [{**{k: e[k] for k in keep if k in e}, "env_s": [sum(e["env_s"])]} for e in episodes]
+        info = [{**{k: e[k] for k in keep}, "env_s": [sum(e["env_s"])]} for e in episodes]
+        info = [{**i, "env_error": e["env_error"]} if "env_error" in e else i for i, e in zip(info, episodes)]
         header = {"kind": "samples", "rid": rid, "version": version, "pad": tokenizer.pad_token_id, "episodes": info}
         P, R = samples.prompt_ids.shape[1], samples.response_ids.shape[1]
         chan.send({**header, "P": P, "R": R, "t0": t0, "t1": time.time()}, pack(samples))

@@ -26,8 +26,8 @@ stale between two steps, so a step is never ambiguous (sent or not) and never re
 
 RemoteEnv(url, env, split, timeout, **options) has Env's reset / step. `url` is one server or several, comma-
 separated: each new episode's session goes to the live server with the fewest sessions this process has open there.
-- reset: a server that refuses, times out or answers 5xx is marked down (for `retry_s`, then tried again) and the
-  next one is tried; 503 (full) tries the next one too; none left: ConnectionError naming each server's failure.
+- reset: a server that refuses, times out or drops the connection is marked down (for `retry_s`, then tried again)
+  and the next one is tried; 503 (full) tries the next one too; none left: ConnectionError naming each failure.
 - step: a server that does not answer within `timeout`, refuses or drops the connection fails the episode: step
   returns ("", 0.0, False, True, {"env_error": reason}), logs the reason and marks the server down; the trainer
   counts it (rollout/env_error_frac) and trains nothing on that episode (rollout.py); other episodes go on.
@@ -51,6 +51,7 @@ import secrets
 import sys
 import threading
 import time
+import traceback
 import urllib.parse
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -108,6 +109,7 @@ class Session:
     used: float
     lock: threading.Lock
     state: str = "created"  # created -> running -> done (reset again: running)
+    closed: str = ""  # why it was closed (a request holding it then answers 410)
 
 
 class EnvService:
@@ -133,15 +135,19 @@ class EnvService:
             raise HTTPError(400, "'split' must be 'train' or 'eval' and 'options' an object")
         if name not in ENVS and not name.startswith("gem:"):
             raise HTTPError(400, f"unknown environment {name!r}: one of {sorted(ENVS)} or gem:<env id>")
-        if name == "shell" and isinstance(options.get("limits"), dict):
-            options = {**options, "limits": sandbox.Limits(**options["limits"])}
+        if "workspace_dir" in options:
+            raise HTTPError(400, "option 'workspace_dir' is the server's to choose (a path on its host)")
         with self.lock:
             if len(self.sessions) >= self.args.max_sessions:
                 raise HTTPError(503, f"{self.args.max_sessions} sessions are open (max_sessions); close some")
         try:
+            if name == "shell" and isinstance(options.get("limits"), dict):
+                options = {**options, "limits": sandbox.Limits(**options["limits"])}
             env = make_env(name, split, **options)
         except (TypeError, ValueError) as e:  # an unknown option, a bad value
             raise HTTPError(400, f"environment {name!r} with options {options}: {e}") from e
+        except RuntimeError as e:  # e.g. no user namespaces on this host for the shell's sandbox
+            raise HTTPError(500, f"environment {name!r} cannot run on this server: {e}") from e
         sid, now = secrets.token_hex(8), time.monotonic()
         with self.lock:
             self.sessions[sid] = Session(env, now, now, threading.Lock())
@@ -154,6 +160,7 @@ class EnvService:
             raise HTTPError(400, f"'seed' must be an integer or null, got {seed!r}")
         s = self.session(sid)
         with s.lock:
+            check_open(s, sid)
             obs, info = run_env(s, "reset", seed=seed)
             s.state = "running"
         return {"observation": obs, "info": info}
@@ -165,6 +172,7 @@ class EnvService:
             raise HTTPError(413, f"action of {len(action)} characters > max_action_chars {self.args.max_action_chars}")
         s = self.session(sid)
         with s.lock:
+            check_open(s, sid)
             if s.state != "running":
                 raise HTTPError(409, f"session {sid}: step before reset" if s.state == "created" else
                                 f"session {sid}: the episode has ended; reset it")  # fmt: skip
@@ -183,7 +191,8 @@ class EnvService:
             self.gone[sid] = why
             while len(self.gone) > 4096:
                 self.gone.popitem(last=False)
-        with s.lock:  # after a running step of it
+        with s.lock:  # after a running step of it; a request that fetched it before sees `closed` (410)
+            s.closed = why
             if hasattr(s.env, "close"):
                 s.env.close()
         return {"closed": sid}
@@ -196,16 +205,27 @@ class EnvService:
             with self.lock:
                 idle = [k for k, s in self.sessions.items() if now - s.used > a.idle_timeout and not s.lock.locked()]
                 old = [k for k, s in self.sessions.items() if now - s.created > a.session_timeout and k not in idle]
-            for k in idle:
-                self.close(k, f"idle for more than idle_timeout = {a.idle_timeout} s")
-            for k in old:
-                self.close(k, f"open for more than session_timeout = {a.session_timeout} s")
+            why = {k: f"idle for more than idle_timeout = {a.idle_timeout} s" for k in idle}
+            why.update({k: f"open for more than session_timeout = {a.session_timeout} s" for k in old})
+            for k, reason in why.items():
+                try:  # the reaper must outlive any one session: a failure is logged, the others still get reaped
+                    self.close(k, reason)
+                except HTTPError:  # closed meanwhile by its client
+                    pass
+                except Exception as e:
+                    print(f"[minrl] env_service: closing session {k} ({reason}) failed: {e!r}", file=sys.stderr)
 
     def health(self) -> dict:
         """What the server holds."""
         with self.lock:
             return {"status": "ok", "sessions": len(self.sessions), "max_sessions": self.args.max_sessions,
                     "envs": sorted(ENVS), "steps": self.steps}  # fmt: skip
+
+
+def check_open(s: Session, sid: str) -> None:
+    """410 if the session was closed after this request fetched it (under its lock)."""
+    if s.closed:
+        raise HTTPError(410, f"session {sid} was closed: {s.closed}")
 
 
 def required(body: dict, name: str, kind: type):
@@ -258,6 +278,9 @@ class Handler(BaseHTTPRequestHandler):
             self.answer(e.status, {"error": str(e)})
         except (BrokenPipeError, ConnectionResetError):  # the client gave up (its timeout) before the answer
             print(f"[minrl] env_service: the client of {method} {self.path} left before its answer", file=sys.stderr)
+        except Exception as e:  # a bug of the service itself: a JSON 500 with its name (and the traceback here)
+            traceback.print_exc()
+            self.answer(500, {"error": f"env_service failed on {method} {self.path}: {e!r}"})
 
     def read_body(self) -> dict:
         """The JSON object of the request body, within max_body_bytes."""
@@ -321,7 +344,7 @@ def stop_server(server: Server) -> None:
 
 
 class ServerDown(Exception):
-    """A server that did not answer (refused, timed out, dropped the connection, or answered 5xx on reset)."""
+    """A server that did not answer (refused, timed out, dropped the connection, or a reply that is not JSON)."""
 
 
 class Servers:
@@ -358,7 +381,7 @@ class Servers:
 
 def request(url: str, method: str, path: str, body: dict | None, timeout: float) -> dict:
     """One HTTP request on its own connection: the JSON answer; ServerDown when the server does not answer within
-    timeout or answers 5xx; HTTPError for 4xx."""
+    timeout (per socket operation) or not in JSON; HTTPError for a JSON error status."""
     host, port = urllib.parse.urlsplit(url).hostname, urllib.parse.urlsplit(url).port
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
@@ -451,6 +474,9 @@ class RemoteEnv:
             request(url, "DELETE", f"/sessions/{sid}", None, self.timeout)
         except ServerDown as e:
             self.servers.mark_down(url, str(e))
+        except HTTPError as e:
+            if e.status not in (404, 410):  # 404 / 410: the server closed it already (its reaper)
+                raise RuntimeError(f"env server {url}: HTTP {e.status}: {e}") from e
 
 
 def env_maker(cfg):

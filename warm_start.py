@@ -48,7 +48,7 @@ from evaluation import greedy_success
 from tasks import ASCII, CHARS, TASKS, format_prompt, make_task, make_tiny_model, make_tokenizer, observation_ids
 
 CACHE_DIR = Path(__file__).resolve().parent / ".cache"
-KEY_SOURCES = ("tasks.py", "rewards.py", "envs.py", "rollout.py", "evaluation.py", "warm_start.py")  # detail 1
+KEY_SOURCES = ("tasks.py", "rewards.py", "envs.py", "sandbox.py", "rollout.py", "evaluation.py", "warm_start.py")
 
 
 @dataclass
@@ -171,15 +171,11 @@ def sft_warm_start(
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
         if is_env(cfg.task):  # multi-turn: episodes of the env's scripted solver, success of greedy episodes
             seeds = [int(x) for x in np.random.default_rng(cfg.seed + 10_000).integers(2**31, size=256)]
-            turns = make_env(cfg.task).cfg.max_turns
+            turns, wait = make_env(cfg.task).cfg.max_turns, getattr(ENVS[cfg.task], "step_concurrently", False)
 
-            def demos(n):
-                """n expert episodes (token ids and action-only labels) of fresh seeds; in threads for envs that wait
-                on processes (the shell's sandbox: rollout.step_envs)."""
-                play = lambda seed: _sft_episode(tokenizer, make_env(cfg.task), int(seed))
-                if not getattr(ENVS[cfg.task], "step_concurrently", False):
-                    return [play(x) for x in rng.integers(2**31, size=n)]
-                with ThreadPoolExecutor(max_workers=16) as pool:
+            def demos(n):  # n expert episodes of fresh seeds: ids, action-only labels (threads if the env waits)
+                play, threads = lambda seed: _sft_episode(tokenizer, make_env(cfg.task), int(seed)), 16 if wait else 1
+                with ThreadPoolExecutor(max_workers=threads) as pool:
                     return list(pool.map(play, rng.integers(2**31, size=n)))
 
             def accuracy():

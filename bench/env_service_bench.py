@@ -72,7 +72,7 @@ def start_server_process() -> tuple[subprocess.Popen, str]:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     proc = subprocess.Popen([sys.executable, str(ROOT / "env_service.py"), "--serve", "--port", str(port)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.DEVNULL, stderr=open(os.devnull, "w"))  # fmt: skip
     url, t0 = f"http://127.0.0.1:{port}", time.monotonic()
     while True:
         try:
@@ -80,7 +80,7 @@ def start_server_process() -> tuple[subprocess.Popen, str]:
             return proc, url
         except Exception as e:
             if proc.poll() is not None or time.monotonic() - t0 > 60:
-                raise RuntimeError(f"env_service.py did not start: {proc.stderr.read()[-2000:]}") from e
+                raise RuntimeError(f"env_service.py did not start (exit {proc.poll()})") from e
             time.sleep(0.2)
 
 
@@ -101,13 +101,25 @@ def steps_per_s(make, action: str, threads: int, seconds: float) -> float:
                 env.reset(seed=seed)
         env.close() if hasattr(env, "close") else None
 
-    pool = [threading.Thread(target=play, args=(k,)) for k in range(threads)]
+    errors = []
+    guarded = lambda k: play(k) if not errors else None
+    pool = [threading.Thread(target=lambda k=k: _catch(guarded, k, errors)) for k in range(threads)]
     t0 = time.monotonic()
     [t.start() for t in pool]
     time.sleep(seconds)
     stop.set()
     [t.join() for t in pool]
+    if errors:
+        raise RuntimeError(f"{len(errors)} of {threads} client threads failed: {errors[0]!r}") from errors[0]
     return sum(counts) / (time.monotonic() - t0)
+
+
+def _catch(fn, k, errors: list) -> None:
+    """fn(k), its exception kept in `errors` (a thread's exception would otherwise vanish)."""
+    try:
+        fn(k)
+    except Exception as e:
+        errors.append(e)
 
 
 def part_server(cfg: BenchConfig) -> None:

@@ -82,7 +82,7 @@ def test_every_bad_request_gets_its_status_and_a_json_error(server, monkeypatch)
 
 
 def test_sessions_close_after_the_idle_and_the_lifetime_timeout():
-    s = start_server(ServiceArgs(port=0, idle_timeout=0.3, session_timeout=1.5))
+    s = start_server(ServiceArgs(port=0, idle_timeout=1.0, session_timeout=3.0))
     try:
         idle = request(s.url, "POST", "/sessions", {"env": "calc"}, 10)["session"]
         busy = request(s.url, "POST", "/sessions", {"env": "guess"}, 10)["session"]
@@ -90,13 +90,13 @@ def test_sessions_close_after_the_idle_and_the_lifetime_timeout():
         while busy in s.service.sessions and time.monotonic() - t0 < 10:  # never idle: only its lifetime ends it
             raw(s.url, "POST", f"/sessions/{busy}/reset", b'{"seed": 0}')
             time.sleep(0.05)
-        assert 1.4 < time.monotonic() - t0 < 10
+        assert 2.9 < time.monotonic() - t0 < 10
         assert raw(s.url, "POST", f"/sessions/{idle}/reset", b"{}") == (
             410,
-            {"error": f"session {idle} was closed: idle for more than idle_timeout = 0.3 s"},
+            {"error": f"session {idle} was closed: idle for more than idle_timeout = 1.0 s"},
         )
         status, payload = raw(s.url, "POST", f"/sessions/{busy}/reset", b"{}")
-        assert status == 410 and "open for more than session_timeout = 1.5 s" in payload["error"]
+        assert status == 410 and "open for more than session_timeout = 3.0 s" in payload["error"]
     finally:
         stop_server(s)
 
@@ -222,7 +222,7 @@ def test_the_trainer_goes_on_when_a_server_dies_mid_run(tiny_model_dir, tmp_path
     def dying_step(sid, body):  # a crash mid-episode: the connection drops without an answer from then on
         if dead.is_set():
             threading.Thread(target=lambda: (a.shutdown(), a.server_close())).start()  # refused from now on
-            raise ConnectionAbortedError("the host went away")
+            raise SystemExit("the host went away")  # past the service's 500 handler: the connection just drops
         return real_step(sid, body)
 
     a.service.step = dying_step
@@ -263,4 +263,5 @@ def test_the_trainer_runs_shell_tasks_through_the_server(tmp_path):
     assert all(r["rollout/env_error_frac"] == 0.0 for r in rows) and max(r["rollout/turns"] for r in rows) <= 2
     assert max(r["stats/rollout_vs_old_logp_diff"] for r in rows) < 1e-4
     ps = subprocess.run(["ps", "-eo", "uid="], capture_output=True, text=True, check=True).stdout.split()
-    assert not [u for u in ps if int(u) >= sandbox.UID_BASE] and workspaces() <= before
+    mine = range(sandbox.uid_for(0), sandbox.uid_for(1023) + 1)  # this process's sandbox uids
+    assert not [u for u in ps if int(u) in mine] and workspaces() <= before

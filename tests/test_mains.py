@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
+import env_service
 import envs
 import evaluation
 import offpolicy
 import rollout
+import sandbox
 import tasks
 import warm_start
 
@@ -72,16 +74,12 @@ def test_envs_main_plays_each_environment_to_its_end(capsys):
 
 
 def test_env_service_main_plays_each_environment_through_a_server(capsys):
-    import env_service
-
     out = main_output(capsys, env_service, "--port", "0")
     assert all(f"--- {name} at http://127.0.0.1:" in out for name in envs.ENVS), out
     assert out.count("'success': True") == len(envs.ENVS) and "'sessions': 0" in out
 
 
 def test_sandbox_main_contains_each_hostile_command(capsys):
-    import sandbox
-
     lines = main_output(capsys, sandbox).splitlines()
     assert len(lines) == 7 and "'hello\\n" in lines[0] and "No such file" in lines[1], lines
     assert "Read-only" in lines[2] and "timed_out True" in lines[4] and "capped True" in lines[5], lines

@@ -12,6 +12,7 @@ import pytest
 
 import envs
 import sandbox
+import tasks
 from env_service import RemoteEnv, ServiceArgs, start_server, stop_server
 
 LIMITS = {"wall_s": 3.0, "cpu_s": 2, "output_cap": 4096}  # sandbox.Limits fields sent as the env's options
@@ -25,9 +26,9 @@ def server():
 
 
 def uid_processes() -> int:
-    """Processes on this machine owned by a sandbox uid (sandbox.UID_BASE and above)."""
+    """Processes on this machine owned by a sandbox uid of this process (its server's episodes)."""
     out = subprocess.run(["ps", "-eo", "uid="], capture_output=True, text=True, check=True).stdout.split()
-    return sum(int(u) >= sandbox.UID_BASE for u in out)
+    return sum(sandbox.uid_for(0) <= int(u) <= sandbox.uid_for(1023) for u in out)
 
 
 def hostile(server, command: str, seed: int = 0):
@@ -117,10 +118,11 @@ def test_a_gigabyte_of_output_is_capped(server):
 
 
 def test_memory_and_file_size_are_bounded(server):
-    (obs, *_), env = hostile(server, "x=$(head -c 700000000 /dev/zero | tr '\\0' a); echo ${#x}")
-    assert "700000000" not in obs  # RLIMIT_AS 512 MiB: the shell cannot hold it
+    (obs, _, _, _, info), env = hostile(server, "x=$(head -c 700000000 /dev/zero | tr '\\0' a); echo ${#x}")
+    assert "700000000" not in obs and not info["timed_out"], obs  # RLIMIT_AS 512 MiB: the shell cannot hold it
     (obs, *_) = env.step("head -c 2000000 /dev/zero > big; ls -l big | wc -c")
     assert "File size limit exceeded" in obs or "[exit 153]" in obs, obs
+    env.close()
     check_unharmed(server)
 
 
@@ -191,8 +193,6 @@ def test_a_wrong_or_failing_command_is_not_rewarded_and_the_episode_goes_on():
 
 
 def test_the_shell_task_has_its_own_tokenizer_and_leaves_the_digit_tasks_ids_alone():
-    import tasks
-
     digits, ascii_ = tasks.make_tokenizer(), tasks.make_tokenizer(tasks.ASCII)
     assert digits.get_vocab() == {t: i for i, t in enumerate(tasks.SPECIALS + list(tasks.CHARS))}
     cmd = "grep -c fox notes.txt | sort -n > \"$HOME\"/{a,b} && echo 'A_B~#;[x]&'"
@@ -205,3 +205,12 @@ def test_the_shell_task_has_its_own_tokenizer_and_leaves_the_digit_tasks_ids_alo
         ids = ascii_(env.expert(), add_special_tokens=False).input_ids
         assert len(ids) + 1 <= envs.ShellEnv.action_tokens and ascii_.unk_token_id not in ids
         env.close()
+
+
+def test_a_deep_or_locked_tree_in_the_workspace_is_measured_and_removed(server):
+    (obs, _, _, truncated, info), env = hostile(server, "mkdir -p $(printf 'd/%.0s' $(seq 1100)) && chmod 000 d")
+    # 1100 folders of 4 KiB: over max_workspace_bytes (4 MiB) by du's count, so the episode ends with the penalty;
+    # measuring and removing that tree on the host (du, chmod -R, rm -rf) hits no recursion limit
+    assert (obs, truncated, info.get("workspace_full")) == ("error: workspace full\n", True, True), obs
+    assert env.sid is None and server.service.health()["sessions"] == 0  # the episode's session closed with it
+    check_unharmed(server)
