@@ -203,8 +203,7 @@ def silent_for(store, rank: int) -> float:
 
 
 def request_episodes(cfg: AsyncConfig, task, seed: int, n: int, make_env) -> list:
-    """n episodes [(env, seed)] of one prompt (a single-turn problem drawn by `seed`, or an env seed made by
-    `make_env`: env_service.env_maker's)."""
+    """n episodes [(env, seed)] of one prompt (a problem drawn by `seed`, or an env seed: env_maker's envs)."""
     if task is None:
         overrides = env_overrides(cfg.task, cfg.env_latency, "train")
         return [(make_env(cfg.task, "train", **overrides), seed) for _ in range(n)]

@@ -18,11 +18,9 @@ The API: JSON in, JSON out; every error is {"error": message} with its status.
 in the message). 411 / 413: a body without Content-Length / over max_body_bytes, an action over max_action_chars.
 503: max_sessions are open. 500: the environment raised (its message).
 
-Why the standard library's ThreadingHTTPServer and not an ASGI stack: no dependency, and one thread per request
-fits environments whose steps wait (on a sandboxed process, a sleep, a simulator) rather than compute in Python;
-an async stack would help only if the steps themselves were async. It serves 64 concurrent sessions and more
-(bench/env_service_bench.py). Each request is one connection (HTTP/1.0 style): no keep-alive connection can go
-stale between two steps, so a step is never ambiguous (sent or not) and never retried.
+Why the standard library's ThreadingHTTPServer, not an ASGI stack: no dependency; a thread per request fits steps
+that wait (a sandboxed process, a sleep); async helps only async steps. 64 sessions at once: bench/env_service_bench.py.
+One connection per request (HTTP/1.0 style): none goes stale between two steps, so a step is never sent twice.
 
 RemoteEnv(url, env, split, timeout, **options) has Env's reset / step. `url` is one server or several, comma-
 separated: each new episode's session goes to the live server with the fewest sessions this process has open there.
@@ -31,19 +29,20 @@ separated: each new episode's session goes to the live server with the fewest se
 - step: a server that does not answer within `timeout`, refuses or drops the connection fails the episode: step
   returns ("", 0.0, False, True, {"env_error": reason}), logs the reason and marks the server down; the trainer
   counts it (rollout/env_error_frac) and trains nothing on that episode (rollout.py); other episodes go on.
-- An environment that raises (500) or a bad request (4xx) is a bug, as it would be locally: RuntimeError with the
+- An environment that raises (500) or a bad request (4xx) is a bug, as it would be locally: HTTPError with the
   server's message. A session expired on the server (410) fails only its episode, like a dead server.
 
 Implementation details (our choices)
 1. Sessions are closed by DELETE (RemoteEnv does it when an episode ends), by the idle timeout (no request for
    idle_timeout s) or the lifetime timeout (session_timeout s after creation); a reaper thread checks 4 times per
    idle timeout. A closed session's id answers 410 with the reason (the last 4096 are remembered).
-2. A session's requests run one at a time (a lock per session); different sessions run concurrently.
-3. Info values that are not JSON (some GEM envs) are sent as their str().
+2. A session's requests run one at a time (a lock per session), sessions concurrently. 3. Info values that are not
+   JSON (some GEM envs) are sent as their str(); any other failure of the service answers a JSON 500 (handle_any).
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import re
@@ -119,24 +118,27 @@ class EnvService:
         self.args, self.sessions, self.lock, self.steps = args, {}, threading.Lock(), 0
         self.gone = OrderedDict()  # closed session id -> why (detail 1)
 
-    def session(self, sid: str) -> Session:
-        """The open session `sid`, or 404 / 410 saying why not."""
+    @contextlib.contextmanager
+    def held(self, sid: str):
+        """The open session `sid`, under its lock; 404 / 410 saying why not (also when closed while waiting)."""
         with self.lock:
-            if sid in self.sessions:
-                return self.sessions[sid]
-            if sid in self.gone:
-                raise HTTPError(410, f"session {sid} was closed: {self.gone[sid]}")
-        raise HTTPError(404, f"unknown session {sid}")
+            s = self.sessions.get(sid)
+            if s is None:
+                raise HTTPError(410, f"session {sid} was closed: {self.gone[sid]}") if sid in self.gone else \
+                    HTTPError(404, f"unknown session {sid}")  # fmt: skip
+        with s.lock:
+            if s.closed:
+                raise HTTPError(410, f"session {sid} was closed: {s.closed}")
+            yield s
 
     def create(self, body: dict) -> dict:
         """A new session holding a fresh environment."""
         name, split, options = required(body, "env", str), body.get("split", "train"), body.get("options", {})
-        if split not in ("train", "eval") or not isinstance(options, dict):
-            raise HTTPError(400, "'split' must be 'train' or 'eval' and 'options' an object")
+        if split not in ("train", "eval") or not isinstance(options, dict) or "workspace_dir" in options:
+            raise HTTPError(400, "'split' must be 'train' or 'eval' and 'options' an object, without 'workspace_dir' "
+                            "(a path on the server's host: the server's to choose)")  # fmt: skip
         if name not in ENVS and not name.startswith("gem:"):
             raise HTTPError(400, f"unknown environment {name!r}: one of {sorted(ENVS)} or gem:<env id>")
-        if "workspace_dir" in options:
-            raise HTTPError(400, "option 'workspace_dir' is the server's to choose (a path on its host)")
         with self.lock:
             if len(self.sessions) >= self.args.max_sessions:
                 raise HTTPError(503, f"{self.args.max_sessions} sessions are open (max_sessions); close some")
@@ -146,8 +148,6 @@ class EnvService:
             env = make_env(name, split, **options)
         except (TypeError, ValueError) as e:  # an unknown option, a bad value
             raise HTTPError(400, f"environment {name!r} with options {options}: {e}") from e
-        except RuntimeError as e:  # e.g. no user namespaces on this host for the shell's sandbox
-            raise HTTPError(500, f"environment {name!r} cannot run on this server: {e}") from e
         sid, now = secrets.token_hex(8), time.monotonic()
         with self.lock:
             self.sessions[sid] = Session(env, now, now, threading.Lock())
@@ -158,9 +158,7 @@ class EnvService:
         seed = body.get("seed")
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise HTTPError(400, f"'seed' must be an integer or null, got {seed!r}")
-        s = self.session(sid)
-        with s.lock:
-            check_open(s, sid)
+        with self.held(sid) as s:
             obs, info = run_env(s, "reset", seed=seed)
             s.state = "running"
         return {"observation": obs, "info": info}
@@ -170,9 +168,7 @@ class EnvService:
         action = required(body, "action", str)
         if len(action) > self.args.max_action_chars:
             raise HTTPError(413, f"action of {len(action)} characters > max_action_chars {self.args.max_action_chars}")
-        s = self.session(sid)
-        with s.lock:
-            check_open(s, sid)
+        with self.held(sid) as s:
             if s.state != "running":
                 raise HTTPError(409, f"session {sid}: step before reset" if s.state == "created" else
                                 f"session {sid}: the episode has ended; reset it")  # fmt: skip
@@ -222,12 +218,6 @@ class EnvService:
                     "envs": sorted(ENVS), "steps": self.steps}  # fmt: skip
 
 
-def check_open(s: Session, sid: str) -> None:
-    """410 if the session was closed after this request fetched it (under its lock)."""
-    if s.closed:
-        raise HTTPError(410, f"session {sid} was closed: {s.closed}")
-
-
 def required(body: dict, name: str, kind: type):
     """body[name], which must be of type kind (400 otherwise)."""
     if not isinstance(body.get(name), kind):
@@ -237,7 +227,6 @@ def required(body: dict, name: str, kind: type):
 
 def run_env(s: Session, method: str, **kw):
     """The env's reset / step with its JSON-ready result; an env that raises is a 500 naming the exception."""
-    s.used = time.monotonic()
     try:
         out = getattr(s.env, method)(**kw)
     except Exception as e:
@@ -308,15 +297,11 @@ class Handler(BaseHTTPRequestHandler):
 
     do_GET = do_POST = do_DELETE = handle_any  # noqa: N815 (http.server's names: do_<METHOD>)
 
-    def log_message(self, fmt, *args):  # a line per request would drown the trainer's output; errors still print
-        pass
+    log_message = lambda self, fmt, *args: None  # noqa: E731 (a line per request would drown the trainer's output)
 
 
 class Server(ThreadingHTTPServer):
-    """The standard threaded server with a listen backlog for many sessions connecting at once (the default 5 would
-    drop connections when 64 episodes step together)."""
-
-    request_queue_size, daemon_threads = 1024, True
+    request_queue_size, daemon_threads = 1024, True  # a backlog of 5 drops connections when 64 episodes step at once
 
 
 def start_server(args: ServiceArgs) -> Server:
@@ -330,8 +315,7 @@ def start_server(args: ServiceArgs) -> Server:
 
 
 def stop_server(server: Server) -> None:
-    """Stop answering, close the socket and every session (their sandboxes' workspaces go; a running step is waited
-    for)."""
+    """Stop answering, close the socket and every session (a sandbox's workspace goes; a running step is awaited)."""
     server.stop.set()
     server.shutdown()
     server.server_close()
@@ -367,14 +351,11 @@ class Servers:
     def mark_down(self, url: str, reason: str) -> None:
         """Count a failure of `url`, log it, and skip it for new sessions for retry_s seconds."""
         with self.lock:
-            self.failures[url] += 1
-            self.down_until[url] = time.monotonic() + self.retry_s
-            n = self.failures[url]
-        print(f"[minrl] env server {url} failed ({n} so far): {reason}; new sessions avoid it for {self.retry_s:.0f} s",
-              file=sys.stderr)  # fmt: skip
+            self.failures[url], self.down_until[url] = self.failures[url] + 1, time.monotonic() + self.retry_s
+        print(f"[minrl] env server {url} failed ({self.failures[url]} so far): {reason}; new sessions avoid it for "
+              f"{self.retry_s:.0f} s", file=sys.stderr)  # fmt: skip
 
-    def count(self, url: str, delta: int) -> None:
-        """A session opened (+1) or closed (-1) on url."""
+    def count(self, url: str, delta: int) -> None:  # a session opened (+1) or closed (-1) on url
         with self.lock:
             self.open[url] += delta
 
@@ -397,8 +378,8 @@ def request(url: str, method: str, path: str, body: dict | None, timeout: float)
         payload = json.loads(raw)
     except json.JSONDecodeError as e:
         raise ServerDown(f"{method} {path}: HTTP {status} with a body that is not JSON: {raw[:200]!r}") from e
-    if status >= 400:
-        raise HTTPError(status, payload.get("error", str(payload)))
+    if status >= 400:  # the message names the server and the request; callers re-raise what they cannot handle
+        raise HTTPError(status, f"env server {url}: {method} {path}: HTTP {status}: {payload.get('error', payload)}")
     return payload
 
 
@@ -429,10 +410,10 @@ class RemoteEnv:
                 self.forget()
                 failed.append(f"{url}: {e}")
             except HTTPError as e:
-                if e.status != 503:
-                    raise RuntimeError(f"env server {url}: HTTP {e.status}: {e}") from e
+                if e.status != 503:  # a bug on either side, as it would be locally
+                    raise
                 self.close()
-                failed.append(f"{url}: full ({e})")
+                failed.append(str(e))
         raise ConnectionError("no environment server could start an episode: " + "; ".join(failed))
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
@@ -445,9 +426,9 @@ class RemoteEnv:
             self.servers.mark_down(self.url, str(e))
             return self.failed(f"{self.url}: {e}")
         except HTTPError as e:
-            if e.status == 410:  # expired on the server: this episode only
-                return self.failed(f"{self.url}: {e}")
-            raise RuntimeError(f"env server {self.url}: HTTP {e.status}: {e}") from e
+            if e.status != 410:  # 410: expired on the server, this episode only; anything else is a bug
+                raise
+            return self.failed(str(e))
         if out["terminated"] or out["truncated"]:
             self.close()
         info = {**out["info"], "env_error": None}
@@ -476,7 +457,7 @@ class RemoteEnv:
             self.servers.mark_down(url, str(e))
         except HTTPError as e:
             if e.status not in (404, 410):  # 404 / 410: the server closed it already (its reaper)
-                raise RuntimeError(f"env server {url}: HTTP {e.status}: {e}") from e
+                raise
 
 
 def env_maker(cfg):
@@ -493,28 +474,26 @@ def env_maker(cfg):
 def main(argv=None) -> None:
     """Serve (--serve), or the demo: a server, each embedded env played through it by its scripted solver."""
     args = parse_config(ServiceArgs, argv)
-    if args.serve:
-        server = start_server(args)
-        print(f"[minrl] env_service at {server.url} (envs: {sorted(ENVS)}); Ctrl-C stops it")
-        try:
-            server.stop.wait()
-        except KeyboardInterrupt:
-            stop_server(server)
-        return
     server = start_server(args)
-    for name in ENVS:  # shell: needs user namespaces (sandbox.check_available says what is missing)
-        local, remote, done, t0 = make_env(name), RemoteEnv(server.url, name), False, time.perf_counter()
-        local.reset(seed=0)
-        obs, _ = remote.reset(seed=0)
-        print(f"--- {name} at {server.url}\nobs    {obs!r}")
-        while not done:
-            action = local.expert()
-            local.step(action)
-            obs, reward, terminated, truncated, info = remote.step(action)
-            done = terminated or truncated
-            print(f"action {action!r} -> reward {reward}, obs {obs!r}, info {info}")
-        print(f"{(time.perf_counter() - t0) * 1e3:.0f} ms for the episode; server: {server.service.health()}")
-    stop_server(server)
+    try:
+        if args.serve:
+            print(f"[minrl] env_service at {server.url} (envs: {sorted(ENVS)}); Ctrl-C stops it")
+            server.stop.wait()
+        for name in [] if args.serve else ENVS:  # shell: needs user namespaces (sandbox.check_available says why)
+            local, remote, done, t0 = make_env(name), RemoteEnv(server.url, name), False, time.perf_counter()
+            local.reset(seed=0)
+            print(f"--- {name} at {server.url}\nobs    {remote.reset(seed=0)[0]!r}")
+            while not done:
+                action = local.expert()
+                local.step(action)
+                obs, reward, terminated, truncated, info = remote.step(action)
+                done = terminated or truncated
+                print(f"action {action!r} -> reward {reward}, obs {obs!r}, info {info}")
+            print(f"{(time.perf_counter() - t0) * 1e3:.0f} ms for the episode; server: {server.service.health()}")
+    except KeyboardInterrupt:  # --serve's way to stop
+        pass
+    finally:
+        stop_server(server)
 
 
 if __name__ == "__main__":
