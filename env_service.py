@@ -13,14 +13,13 @@ The API: JSON in, JSON out; every error is {"error": message} with its status.
     POST   /sessions/ID/reset    {"seed": int | null}  -> {"observation", "info"}
     POST   /sessions/ID/step     {"action": str}       -> {"observation", "reward", "terminated", "truncated", "info"}
     DELETE /sessions/ID                                -> {"closed": id}
-400: malformed JSON, a missing or mistyped field, an unknown environment or option. 404: an unknown path or session.
-409: step before reset or after the episode ended. 410: a session closed by its idle or lifetime timeout (which one,
-in the message). 411 / 413: a body without Content-Length / over max_body_bytes, an action over max_action_chars.
-503: max_sessions are open. 500: the environment raised (its message).
+400: malformed JSON, a bad or missing field, an unknown env or option, limits over the server's ceiling. 404 / 405:
+an unknown path or session / a known path's wrong method. 409: a step before reset or after the end. 410: closed by a
+timeout (which: in the message). 411 / 413: no Content-Length / over max_body_bytes or max_action_chars. 503: full.
 
-Why the standard library's ThreadingHTTPServer, not an ASGI stack: no dependency; a thread per request fits steps
-that wait (a sandboxed process, a sleep); async helps only async steps. 64 sessions at once: bench/env_service_bench.py.
-One connection per request (HTTP/1.0 style): none goes stale between two steps, so a step is never sent twice.
+Why the standard library's ThreadingHTTPServer, not an ASGI stack: no dependency; a thread per request fits steps that
+wait (a sandboxed process, a sleep); async helps only async steps (64 sessions at once: bench/env_service_bench.py). A
+connection per request (HTTP/1.0 style): none goes stale between two steps, so a step is never sent twice.
 
 RemoteEnv(url, env, split, timeout, **options) has Env's reset / step. `url` is one server or several, comma-
 separated: each new episode's session goes to the live server with the fewest sessions this process has open there.
@@ -33,11 +32,10 @@ separated: each new episode's session goes to the live server with the fewest se
   server's message. A session expired on the server (410) fails only its episode, like a dead server.
 
 Implementation details (our choices)
-1. Sessions are closed by DELETE (RemoteEnv does it when an episode ends), by the idle timeout (no request for
-   idle_timeout s) or the lifetime timeout (session_timeout s after creation); a reaper thread checks 4 times per
-   idle timeout. A closed session's id answers 410 with the reason (the last 4096 are remembered).
-2. A session's requests run one at a time (a lock per session), sessions concurrently. 3. Info values that are not
-   JSON (some GEM envs) are sent as their str(); any other failure of the service answers a JSON 500 (handle_any).
+1. Sessions are closed by DELETE (RemoteEnv does it when an episode ends), the idle timeout (no request for
+   idle_timeout s) or the lifetime timeout (session_timeout s after creation), checked 4 times per idle timeout; a
+   closed session's id answers 410 with the reason (the last 4096 are remembered). 2. A session's requests run one at
+   a time, sessions concurrently. 3. Non-JSON info values (some GEM envs) go as str(); a service bug answers JSON 500.
 """
 
 from __future__ import annotations
@@ -81,18 +79,20 @@ class ServiceArgs:
     """Seconds without a request after which a session is closed."""
     session_timeout: float = 3600.0
     """Seconds after creation at which a session is closed, busy or not."""
+    limit_ceiling: float = 16.0
+    """A session's sandbox limits (the shell's `limits` option) may be at most this multiple of sandbox.Limits'."""
 
     def __post_init__(self):
         check_fields(self, {"[0, 65535]": ("port",), "[1, inf)": ("max_sessions", "max_body_bytes", "max_action_chars"),
-                            "(0.0, inf)": ("idle_timeout", "session_timeout")})  # fmt: skip
+                            "(0.0, inf)": ("idle_timeout", "session_timeout", "limit_ceiling")})  # fmt: skip
 
 
 class HTTPError(Exception):
     """A request the service refuses: its status and the message of the JSON error body."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, headers: dict | None = None):
         super().__init__(message)
-        self.status = status
+        self.status, self.headers = status, headers or {}  # headers: 405's Allow
 
 
 # ----------------------------------------------------------------------------------------------
@@ -146,7 +146,9 @@ class EnvService:
             if name == "shell" and isinstance(options.get("limits"), dict):
                 options = {**options, "limits": sandbox.Limits(**options["limits"])}
             env = make_env(name, split, **options)
-        except (TypeError, ValueError) as e:  # an unknown option, a bad value
+            if name == "shell":  # what a client may ask of this host: its sandbox's limits and disk
+                env.cfg.capped(self.args.limit_ceiling)
+        except (TypeError, ValueError) as e:  # an unknown option, a bad value, limits over the ceiling
             raise HTTPError(400, f"environment {name!r} with options {options}: {e}") from e
         sid, now = secrets.token_hex(8), time.monotonic()
         with self.lock:
@@ -235,8 +237,7 @@ def run_env(s: Session, method: str, **kw):
     jsonable = lambda info: json.loads(json.dumps(dict(info or {}), default=str))  # detail 3
     if method == "reset":
         return str(out[0]), jsonable(out[1])
-    obs, reward, terminated, truncated, info = out
-    return str(obs), float(reward), bool(terminated), bool(truncated), jsonable(info)
+    return str(out[0]), float(out[1]), bool(out[2]), bool(out[3]), jsonable(out[4])  # obs, reward, term., trunc., info
 
 
 ROUTES = [  # (method, path pattern, handler(service, match, body)): the whole API
@@ -255,16 +256,18 @@ class Handler(BaseHTTPRequestHandler):
 
     def handle_any(self) -> None:
         """Answer one request of any method (`self.command`)."""
-        method = self.command
+        method, path = self.command, urllib.parse.urlsplit(self.path).path
         try:
-            body = self.read_body() if method == "POST" else {}
-            for verb, pattern, fn in ROUTES:
-                m = re.fullmatch(pattern, urllib.parse.urlsplit(self.path).path)
-                if m and verb == method:
-                    return self.answer(200, fn(self.server.service, m, body))
-            raise HTTPError(404, f"no route {method} {self.path}")
+            routes = [(verb, m, fn) for verb, pattern, fn in ROUTES if (m := re.fullmatch(pattern, path))]
+            for verb, m, fn in routes:
+                if verb == method:
+                    return self.answer(200, fn(self.server.service, m, self.read_body() if verb == "POST" else {}))
+            if not routes:
+                raise HTTPError(404, f"no route {path}")
+            allow = ", ".join(verb for verb, *_ in routes)  # a known path, the wrong method
+            raise HTTPError(405, f"{method} {path}: allowed {allow}", {"Allow": allow})
         except HTTPError as e:
-            self.answer(e.status, {"error": str(e)})
+            self.answer(e.status, {"error": str(e)}, e.headers)
         except (BrokenPipeError, ConnectionResetError):  # the client gave up (its timeout) before the answer
             print(f"[minrl] env_service: the client of {method} {self.path} left before its answer", file=sys.stderr)
         except Exception as e:  # a bug of the service itself: a JSON 500 with its name (and the traceback here)
@@ -273,8 +276,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def read_body(self) -> dict:
         """The JSON object of the request body, within max_body_bytes."""
-        n = self.headers.get("Content-Length")
-        if n is None or not n.isdigit():
+        if not (n := self.headers.get("Content-Length", "")).isdigit():
             raise HTTPError(411, "a POST needs a Content-Length header")
         if int(n) > self.server.service.args.max_body_bytes:
             raise HTTPError(413, f"body of {n} bytes > max_body_bytes {self.server.service.args.max_body_bytes}")
@@ -286,16 +288,16 @@ class Handler(BaseHTTPRequestHandler):
             raise HTTPError(400, "the JSON body must be an object")
         return body
 
-    def answer(self, status: int, payload: dict) -> None:
-        """Send the JSON payload with its status."""
+    def answer(self, status: int, payload: dict, headers: dict | None = None) -> None:
+        """Send the JSON payload with its status (and headers)."""
         data = json.dumps(payload).encode()
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
+        for k, v in {"Content-Type": "application/json", "Content-Length": str(len(data)), **(headers or {})}.items():
+            self.send_header(k, v)
         self.end_headers()
         self.wfile.write(data)
 
-    do_GET = do_POST = do_DELETE = handle_any  # noqa: N815 (http.server's names: do_<METHOD>)
+    do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = handle_any  # noqa: N815 (http.server's names: do_<METHOD>)
 
     log_message = lambda self, fmt, *args: None  # noqa: E731 (a line per request would drown the trainer's output)
 
@@ -400,10 +402,9 @@ class RemoteEnv:
         for url in self.servers.order():
             try:
                 body = {"env": self.env, "split": self.split, "options": self.options}
-                sid = request(url, "POST", "/sessions", body, self.timeout)["session"]
-                self.url, self.sid = url, sid
+                self.url, self.sid = url, request(url, "POST", "/sessions", body, self.timeout)["session"]
                 self.servers.count(url, +1)
-                out = request(url, "POST", f"/sessions/{sid}/reset", {"seed": seed}, self.timeout)
+                out = request(url, "POST", f"/sessions/{self.sid}/reset", {"seed": seed}, self.timeout)
                 return out["observation"], out["info"]
             except ServerDown as e:
                 self.servers.mark_down(url, str(e))
@@ -447,12 +448,11 @@ class RemoteEnv:
 
     def close(self) -> None:
         """Close the session on its server (an unreachable server: counted as a failure; its reaper closes it)."""
-        if self.sid is None:
-            return
         url, sid = self.url, self.sid
         self.forget()
         try:
-            request(url, "DELETE", f"/sessions/{sid}", None, self.timeout)
+            if sid is not None:
+                request(url, "DELETE", f"/sessions/{sid}", None, self.timeout)
         except ServerDown as e:
             self.servers.mark_down(url, str(e))
         except HTTPError as e:

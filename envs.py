@@ -23,7 +23,8 @@ Implementation details (our choices)
 2. A malformed action (wrong verb, bad argument, an expression the parser refuses) gets a documented penalty
    (EnvConfig.penalty, -0.1) and an `error: ...` observation; the episode goes on. Nothing from a model
    reaches eval, exec, a shell or a file path, but for ShellEnv's commands, and those only inside sandbox.py.
-3. `expert()` is each embedded env's scripted solver: warm_start.py imitates it (labels on actions only).
+3. `expert()` is each embedded env's scripted solver: warm_start.py imitates it (labels on actions only). The
+   shell solver can slip (ShellConfig.slip): its first command is then its habit, a plausible wrong one.
 4. Optional per-step latency (EnvConfig.latency_s, log-normal with latency_sigma, drawn from the episode's
    seed) exercises asynchronous rollouts (async_loop.py); evaluation episodes never sleep.
 """
@@ -229,15 +230,25 @@ class ShellConfig(EnvConfig):
     obs_chars: int = 96  # characters of a command's output the model sees (non-printable ones as ?)
     max_workspace_bytes: int = 4 << 20  # past this after a command the episode ends with the penalty
     workspace_dir: str = ""  # where the workspaces go ("" = <tmp>/minrl-shell)
+    slip: float = 0.0  # share of the scripted solver's first commands that are its habit instead (ShellEnv.expert)
+
+    def __post_init__(self):
+        check_fields(self, {"[0.0, 1.0]": ("slip",), "[1, inf)": ("max_workspace_bytes",)}, ShellConfig)
+
+    def capped(self, ceiling: float) -> None:  # env_service.ServiceArgs.limit_ceiling: what a client may ask
+        """A ValueError when the sandbox's limits or the workspace's size pass `ceiling` times the defaults."""
+        self.limits.capped(ceiling)
+        if self.max_workspace_bytes > ceiling * ShellConfig.max_workspace_bytes:
+            raise ValueError(f"max_workspace_bytes {self.max_workspace_bytes} over {ceiling}x the default")
 
 
 class ShellEnv(_EmbeddedEnv):
     """Shell tasks in a workspace of generated files: the action is a command (`sh -c`, in the sandbox); an output
     equal to the answer (computed here from the files, never by a shell) ends the episode with reward 1; another
-    output is the next observation (reward 0), and after max_turns commands the episode is truncated. Kinds:
-    count the lines of a file that contain a word (grep -c), count the files in a folder (ls | wc -l), print line
-    n of a file (sed -n), print the largest number of a file (sort -n | tail). Its split key is the first
-    observation plus the files, so held-out episodes are unseen workspaces even when a prompt repeats."""
+    output is the next observation (reward 0), and after max_turns commands the episode is truncated. Kinds: count
+    the lines of a file that contain a word (grep -c), count the files in a folder (ls | wc -l), print line n of a
+    file (sed -n), print the largest number of a file (sort -n | tail); each with the scripted solver's habit
+    (`expert`). Its split key is the first observation plus the files: held-out episodes are unseen workspaces."""
 
     name, verbs, action_tokens = "shell", (), 40  # `sort -n scores.txt | tail -n 1` + EOS: 31
     step_concurrently = True  # a turn's commands run at once (rollout.step_envs): they wait on processes
@@ -252,7 +263,8 @@ class ShellEnv(_EmbeddedEnv):
         self.workspace, self.uid = None, None
 
     def make(self, rng):
-        """The files of a workspace {path: text}, a task over them and (its answer, the scripted solver's command)."""
+        """The files of a workspace {path: text}, a task over them and (its answer, the scripted solver's command, its
+        habit: a plausible command that is wrong on almost every workspace)."""
         files = {}
         for f in rng.choice(self.FILES, size=3, replace=False):
             lines = [" ".join(rng.choice(self.WORDS, size=3)) for _ in range(int(rng.integers(3, 9)))]
@@ -263,21 +275,19 @@ class ShellEnv(_EmbeddedEnv):
         nums = str(rng.choice(self.NUMS))
         files[nums] = [str(x) for x in rng.integers(1, 1000, size=int(rng.integers(3, 8)))]
         kind, f = int(rng.integers(4)), str(rng.choice(sorted(k for k in files if "/" not in k and k != nums)))
-        if kind == 0:
+        if kind == 0:  # (task, answer, command, habit)
             w = str(rng.choice(sorted({w for x in files[f] for w in x.split()})))  # >= 1 match: grep -c exits 1 on 0
-            task = (f"count the lines of {f} that contain {w}.", str(sum(w in x for x in files[f])), f"grep -c {w} {f}")
+            n = str(sum(w in x for x in files[f]))
+            task = (f"count the lines of {f} that contain {w}.", n, f"grep -c {w} {f}", f"grep {w} {f} | wc -c")
         elif kind == 1:
             n = len([k for k in files if k.startswith(folder + "/")])
-            task = (f"count the files in {folder}.", str(n), f"ls {folder} | wc -l")
+            task = (f"count the files in {folder}.", str(n), f"ls {folder} | wc -l", f"ls -a {folder} | wc -l")
         elif kind == 2:
             n = int(rng.integers(1, len(files[f]) + 1))
-            task = (f"print line {n} of {f}.", files[f][n - 1], f"sed -n {n}p {f}")
+            task = (f"print line {n} of {f}.", files[f][n - 1], f"sed -n {n}p {f}", f"head -n {n} {f}")
         else:
-            task = (
-                f"print the largest number in {nums}.",
-                str(max(map(int, files[nums]))),
-                f"sort -n {nums} | tail -n 1",
-            )
+            top, cmd = str(max(map(int, files[nums]))), f"sort -n {nums} | "
+            task = (f"print the largest number in {nums}.", top, cmd + "tail -n 1", cmd + "head -n 1")
         self.files = {k: "\n".join(v) + "\n" for k, v in files.items()}
         return task[0], task[1:]
 
@@ -322,8 +332,16 @@ class ShellEnv(_EmbeddedEnv):
         return out
 
     def expert(self) -> str:
-        """The scripted solver's command."""
+        """The scripted solver's command; its first one is its habit with probability cfg.slip (a demonstrator that
+        types `wc -c` for `wc -l`, `ls -a`, `head -n N` for line N, `head` for `tail`: what SFT on its episodes
+        imitates and RL against the answer check must unlearn; warm_start.py's shell warm start)."""
+        if self.turn == 0 and self.cfg.slip > 0 and self.rng.random() < self.cfg.slip:
+            return self.state[2]
         return self.state[1]
+
+    def demonstrations(self) -> tuple[str, str]:
+        """The first commands the scripted solver may type: (the right one, its habit)."""
+        return self.state[1], self.state[2]
 
     def close(self) -> None:
         """Remove the workspace and give its uid back (also at the end of every episode)."""

@@ -287,6 +287,13 @@ def group_advantages(rewards, group_ids, *, norm_std: bool = True, eps: float = 
     return (rewards - mean) / (std + eps) if norm_std else rewards - mean
 
 
+def ungroup_failed(group_ids, episodes: list[dict]):
+    """[B] group ids with each episode its env server failed (info env_error: rollout_env) alone in a group of its
+    own, so that its 0 return joins no GRPO / RLOO baseline (it has no gradient either: mask 0)."""
+    failed = torch.tensor([e.get("env_error") is not None for e in episodes], device=group_ids.device)  # [B]
+    return torch.where(failed, -1 - torch.arange(len(failed), device=group_ids.device), group_ids)
+
+
 def rloo_advantages(rewards, group_ids):
     """RLOO per sequence [B]: s_i - mean of the other samples of its group = (s_i - mean) * n / (n - 1)."""
     mean, _, n = _group_stats(rewards, group_ids)
@@ -791,6 +798,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
                                                 generator=sample_gen)  # fmt: skip
         else:
             rollout, episodes, group_ids, sampled = sampler(step, policy)
+        group_ids = ungroup_failed(group_ids, episodes)  # --env-url: a failed episode joins no group
         rollout = repro.at_rollout(cfg.inject, rollout, eos_ids[0], tokenizer.pad_token_id)  # INJECT (2 bugs)
         t1 = time.perf_counter()
 

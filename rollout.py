@@ -18,17 +18,16 @@ Implementation details (our choices)
    (GPT-2) handle left padding too. Temperature 0 is greedy, with the logprobs of the T = 1 softmax.
 2. The KV-cache keyword differs between transformers versions (`past_key_values` up to 5.10, `cache` later);
    `_cache_kw` is the one place that knows. Finished rows are fed pad tokens (masked out) until all are done.
-3. Multi-turn: episodes advance in lockstep turns; each turn re-encodes the live contexts (no KV cache across
-   turns). Sequences are built from the sampled ids: an action's text is decoded for the environment, never
-   re-tokenised; each observation is tokenised once (`tasks.observation_ids`; with a chat template, the
-   template's text between turns; an action cut without the end-of-turn token gets it, with mask 0).
-   A turn's environments step one after another, or all at once in threads when they wait rather than compute
-   (`step_concurrently`: sandboxed shells, remote envs; `step_envs`); async_loop.py overlaps them with generation.
-4. Token statistics in chunks (`token_stats`): the model runs with `logits_to_keep` empty, a hook takes its
-   decoder's final hidden states, and the LM head and log-softmax run `logit_chunk` tokens at a time, each chunk
-   checkpointed (recomputed in backward): no [b, R, V] logits (V = 152k, R = 1k, b = 128: 79 GB in fp32), the
-   entropy without graph unless a bonus needs it; the whole logits' numbers within fp32 rounding. A head that
-   soft-caps or scales its logits (Gemma 2, Cohere, Granite, ...) keeps the model's own (`lm_head` checks).
+3. Multi-turn: episodes advance in lockstep turns; each turn re-encodes the live contexts (no KV cache across turns).
+   Sequences are built from the sampled ids: an action's text is decoded for the environment, never re-tokenised;
+   each observation is tokenised once (`tasks.observation_ids`; with a chat template, the template's text between
+   turns; an action cut without the end-of-turn token gets it, with mask 0). A turn's environments step in order,
+   or at once in threads when they wait (`step_concurrently`: shells, remote envs); async_loop.py overlaps them.
+4. Token statistics in chunks (`token_stats`): the model runs with `logits_to_keep` empty, a hook takes its decoder's
+   final hidden states, and the LM head and log-softmax run `logit_chunk` tokens at a time, each chunk checkpointed
+   (recomputed in backward): no [b, R, V] logits (V = 152k, R = 1k, b = 128: 79 GB in fp32), the entropy without
+   graph unless a bonus needs it; the whole logits' numbers within fp32 rounding. A head that soft-caps or scales
+   its logits (Gemma 2, Cohere, Granite, ...) keeps the model's own (`lm_head` checks).
 """
 
 from __future__ import annotations
@@ -326,73 +325,79 @@ def rollout_env(model, tokenizer, envs, seeds, eos_ids, *, max_prompt_len: int, 
                 generator=None) -> tuple[Rollout, list[dict]]:  # fmt: skip
     """Run one episode per env to its end, all in lockstep turns. A single-turn task is one turn (TaskEnv).
 
-    Turn k: each live episode's context (first observation + every earlier turn, as ids) is left-padded and
-    sampled with `generate` (KV cache within a turn; the context is re-encoded each turn). The action's
-    sampled ids, up to and including its stop token, join the sequence with mask 1 and their behaviour
-    logprobs; its decoded text goes to env.step; the observation is tokenised once and joins with mask 0.
-    The turn's reward sits at its last action token (`token_scores`). An episode ends when the env says
-    terminated or truncated, after max_turns actions, or when its next turn would not fit max_context.
+    Turn k: each live episode's context (first observation + every earlier turn, as ids) is left-padded and sampled
+    with `generate` (KV cache within a turn; the context is re-encoded each turn). The action's sampled ids, up to and
+    including its stop token, join the sequence with mask 1 and their behaviour logprobs; its decoded text goes to
+    env.step; the observation is tokenised once and joins with mask 0. The turn's reward sits at its last action
+    token (`token_scores`). An episode ends when the env says terminated or truncated, after max_turns actions, or
+    when its next turn would not fit max_context. Every env is closed at the end, whatever happened.
 
-    envs: B objects with GEM's reset(seed) / step(action); seeds: B seeds (GRPO groups share one).
-    max_new_tokens bounds each action; generator None = greedy (the sampling settings are then unused).
-    Returns the Rollout (response = everything after the first observation; `truncated`: the last action
-    ended without a stop token, as in single-turn) and per episode {"return", "success", "turns",
-    "malformed", "cut" (ended without the env terminating it: env truncation, max_turns or max_context),
-    "context_cut" (an action was cut short by max_context), "no_stop_actions" (actions without a stop token),
-    "action_spans" [(start, end) in response positions], "env_s" [seconds in each env.step], "gen_s" [seconds
-    of each turn's batched generation]}, and for a remote env "env_error" (None, or why its server failed it: the
-    episode ends there and its response_mask and token_scores are 0: an infrastructure failure teaches the policy
-    nothing, though its 0 return still joins its group's baseline).
+    envs: B objects with GEM's reset(seed) / step(action); seeds: B seeds (GRPO groups share one). max_new_tokens
+    bounds each action; generator None = greedy (the sampling settings are then unused). Returns the Rollout
+    (response = everything after the first observation; `truncated`: the last action ended without a stop token, as
+    in single-turn) and per episode {"return", "success", "turns", "malformed", "cut" (ended without the env
+    terminating it: env truncation, max_turns or max_context), "context_cut" (an action was cut short by
+    max_context), "no_stop_actions" (actions without a stop token), "action_spans" [(start, end) in response
+    positions], "env_s" [seconds in each env.step], "gen_s" [seconds of each turn's batched generation]}, and for a
+    remote env "env_error" (None, or why its server failed it: the episode ends there, its response_mask and
+    token_scores are 0: an infrastructure failure teaches nothing, and joins no group: ppo_minimal.ungroup_failed).
     """
     dev = next(model.parameters()).device
     sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k} if generator else {"temperature": 0.0}
-    first = [_checked(env, "reset", i, 0, seed=seed)[0] for i, (env, seed) in enumerate(zip(envs, seeds))]
-    prompts = encode_prompts(tokenizer, [format_prompt(tokenizer, o) for o in first], max_prompt_len)
-    ids, attention_mask = left_pad(prompts, tokenizer.pad_token_id)
     tracks = [{"ids": [], "action": [], "logp": [], "score": [], "no_stop": False, "failed": False} for _ in envs]
     blank = {"return": 0.0, "success": False, "turns": 0, "malformed": 0, "cut": False, "context_cut": False}
     info = [{**blank, "no_stop_actions": 0, "action_spans": [], "env_s": [], "gen_s": []} for _ in envs]
-    live = list(range(len(envs)))
-    for turn in range(1, max_turns + 1):
-        budget = {i: min(max_new_tokens, max_context - len(prompts[i]) - len(tracks[i]["ids"])) for i in live}
-        for i in live:
-            if budget[i] < 1 and turn == 1:
-                raise ValueError(f"episode {i}: the first observation leaves no room for an action in max_context")
-            info[i]["cut"] = budget[i] < 1  # no room left for another action
-        live = [i for i in live if budget[i] >= 1]
-        if not live:
-            break
-        ctx_ids, ctx_mask = left_pad([prompts[i] + tracks[i]["ids"] for i in live], tokenizer.pad_token_id)
-        t_gen = time.perf_counter()
-        turn_samples = generate(
-            model,
-            ctx_ids.to(dev),
-            ctx_mask.to(dev),
-            max_new_tokens=max(budget[i] for i in live),
-            eos_token_ids=eos_ids,
-            pad_token_id=tokenizer.pad_token_id,
-            generator=generator,
-            **sampling,
-        )
-        r_ids, r_mask = turn_samples.response_ids.cpu(), turn_samples.response_mask.cpu()  # [b, r] each
-        r_logp = turn_samples.rollout_logprobs.cpu()  # [b, r]
-        t_gen = time.perf_counter() - t_gen  # this turn's batched generation
-        acts = [r_ids[j, : min(int(r_mask[j].sum()), budget[i])].tolist() for j, i in enumerate(live)]
-        texts = [tokenizer.decode(a, skip_special_tokens=True) for a in acts]
-        score_turn([envs[i] for i in live], texts, acts)  # the user's rewards: one batch call per turn (envs.py)
-        stepped = step_envs([envs[i] for i in live], texts, live, turn)
-        still = []
-        for j, i in enumerate(live):
-            info[i]["gen_s"].append(t_gen)
-            room = max_context - len(prompts[i])  # tokens this episode's response may still grow to
-            if _take_turn(tokenizer, tracks[i], info[i], acts[j], r_logp[j, : len(acts[j])].tolist(), eos_ids, room,
-                          stepped[j], turn=turn, max_new_tokens=max_new_tokens, max_turns=max_turns):  # fmt: skip
-                still.append(i)
-        live = still
-    for env in envs:  # an episode cut short still frees what its env holds (a sandbox workspace, a server session)
-        if hasattr(env, "close"):
-            env.close()
-    return _pack(ids, attention_mask, tracks, tokenizer.pad_token_id, dev), info
+    try:
+        first = [_checked(env, "reset", i, 0, seed=seed)[0] for i, (env, seed) in enumerate(zip(envs, seeds))]
+        prompts = encode_prompts(tokenizer, [format_prompt(tokenizer, o) for o in first], max_prompt_len)
+        ids, attention_mask = left_pad(prompts, tokenizer.pad_token_id)
+        live = list(range(len(envs)))
+        for turn in range(1, max_turns + 1):
+            budget = {i: min(max_new_tokens, max_context - len(prompts[i]) - len(tracks[i]["ids"])) for i in live}
+            for i in live:
+                if budget[i] < 1 and turn == 1:
+                    raise ValueError(f"episode {i}: the first observation leaves no room for an action in max_context")
+                info[i]["cut"] = budget[i] < 1  # no room left for another action
+            live = [i for i in live if budget[i] >= 1]
+            if not live:
+                break
+            ctx_ids, ctx_mask = left_pad([prompts[i] + tracks[i]["ids"] for i in live], tokenizer.pad_token_id)
+            t_gen = time.perf_counter()
+            turn_samples = generate(
+                model,
+                ctx_ids.to(dev),
+                ctx_mask.to(dev),
+                max_new_tokens=max(budget[i] for i in live),
+                eos_token_ids=eos_ids,
+                pad_token_id=tokenizer.pad_token_id,
+                generator=generator,
+                **sampling,
+            )
+            r_ids, r_mask = turn_samples.response_ids.cpu(), turn_samples.response_mask.cpu()  # [b, r] each
+            r_logp = turn_samples.rollout_logprobs.cpu()  # [b, r]
+            t_gen = time.perf_counter() - t_gen  # this turn's batched generation
+            acts = [r_ids[j, : min(int(r_mask[j].sum()), budget[i])].tolist() for j, i in enumerate(live)]
+            texts = [tokenizer.decode(a, skip_special_tokens=True) for a in acts]
+            score_turn([envs[i] for i in live], texts, acts)  # the user's rewards: one batch call per turn (envs.py)
+            stepped = step_envs([envs[i] for i in live], texts, live, turn)
+            still = []
+            for j, i in enumerate(live):
+                info[i]["gen_s"].append(t_gen)
+                room = max_context - len(prompts[i])  # tokens this episode's response may still grow to
+                if _take_turn(tokenizer, tracks[i], info[i], acts[j], r_logp[j, : len(acts[j])].tolist(), eos_ids, room,
+                              stepped[j], turn=turn, max_new_tokens=max_new_tokens, max_turns=max_turns):  # fmt: skip
+                    still.append(i)
+            live = still
+    finally:  # an episode cut short, or a failing one, still frees what its env holds (a workspace, a session)
+        errors = []
+        for env in envs:  # every one, even after one fails to
+            try:
+                getattr(env, "close", lambda: None)()
+            except Exception as e:
+                errors.append(e)
+    if errors:  # the first failure to close (after a failing episode, that episode's error is the one raised)
+        raise errors[0]
+    return pack_tracks(ids, attention_mask, tracks, tokenizer.pad_token_id, dev), info
 
 
 def step_envs(envs: list, texts: list[str], episodes: list[int], turn: int) -> list[tuple[tuple, float]]:
@@ -450,8 +455,10 @@ def _take_turn(tokenizer, track: dict, info: dict, action: list[int], logp: list
     return True
 
 
-def _pack(prompt_ids, prompt_mask, tracks: list[dict], pad_id: int, dev) -> Rollout:
-    """The Rollout of finished episodes: prompts left-padded as sampled, responses right-padded."""
+def pack_tracks(prompt_ids, prompt_mask, tracks: list[dict], pad_id: int, dev) -> Rollout:
+    """The Rollout of finished episodes: prompts left-padded as sampled, responses right-padded. A track: "ids" (the
+    response's ids), "action" (1 on sampled ids), "logp", "score" (a turn's reward at its last action id), "no_stop",
+    "failed" (no gradient: mask 0); model_proxy.py packs its sessions with it too."""
     B, R = len(tracks), max(1, *(len(t["ids"]) for t in tracks))
     response_ids = torch.full((B, R), pad_id, dtype=torch.long)  # [B, R]
     real = torch.zeros(B, R, dtype=torch.long)  # [B, R] attention: every action and observation token

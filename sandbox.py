@@ -23,7 +23,9 @@ How a command runs (every step a plain util-linux tool, so a reader can replay i
    no_new_privs before it runs `sh -c COMMAND` in /work, as a child: the setup shell stays pid 1 (the kernel spares
    a namespace's init the signals it has no handler for) and exits with the command's status, 128 + N for signal N.
 5. The caller reads stdout and stderr (merged) up to `output_cap` bytes and waits at most `wall_s` seconds; past
-   either it kills the process group (the namespace goes with it). The command never sees the caller's stdin.
+   either it kills the process group (the namespace goes with it). The command never sees the caller's stdin. A
+   setup that failed (its output lacks the random line SETUP prints just before the command) raises SandboxError
+   with what the failing step printed: a broken sandbox never looks like a command's wrong answer.
 
 What it isolates: the host's files (only /usr, read-only, and the workspace are visible; /root, /home, /tmp and
 the project are not there); writes outside the workspace; the network; other processes (pid namespace); runaway
@@ -50,8 +52,11 @@ import threading
 import time
 from dataclasses import dataclass
 
+from cli import check_fields
+
 # Step 4 inside the namespaces: $1 = the (empty, host-side) directory the new root is mounted on, $2 = the workspace,
-# $3 = the command. `set -e`: a failing mount stops here (exit code 125 from the caller's point of view).
+# $3 = the command, $4 = a fresh random line, printed by the restricted shell just before it runs the command. `set -e`:
+# a failing step (setpriv's included) stops before it is printed, and run() raises SandboxError, never a wrong answer.
 SETUP = r"""
 set -e
 R=$1 W=$2
@@ -69,9 +74,10 @@ mount -t tmpfs -o size=16m tmpfs tmp
 umount -l /.old
 mount -o remount,bind,ro /
 cd /work
-setpriv --inh-caps=-all --bounding-set=-all --no-new-privs sh -c "$3" </dev/null
+setpriv --inh-caps=-all --bounding-set=-all --no-new-privs sh -c 'echo "$0"; exec sh -c "$1"' "$4" "$3" </dev/null
 """
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "LANG": "C", "LC_ALL": "C"}
+SETUP_S = 30.0  # seconds the namespaces and the new root may take to stand (a loaded host); wall_s starts after
 UID_BASE = 100_000  # uid_for: 100000 + 1024 * (pid % 2048) + slot, below 2**31 and clear of system users
 
 
@@ -86,6 +92,16 @@ class Limits:
     open_files: int = 64  # RLIMIT_NOFILE
     processes: int = 32  # RLIMIT_NPROC of its uid (as root: the episode's own uid)
     output_cap: int = 4096  # bytes of stdout + stderr kept; past it the command is killed
+
+    def __post_init__(self):
+        check_fields(self, {"(0.0, inf)": ("wall_s",), "[1, inf)": ("cpu_s", "memory_bytes", "file_bytes", "open_files",
+                            "processes", "output_cap")})  # fmt: skip
+
+    def capped(self, ceiling: float) -> Limits:
+        """These limits, or a ValueError naming those over `ceiling` times the defaults (envs.ShellConfig.capped)."""
+        if over := [k for k, v in vars(self).items() if v > ceiling * getattr(Limits, k)]:
+            raise ValueError(f"sandbox limits {over} over {ceiling}x the defaults (ServiceArgs.limit_ceiling)")
+        return self
 
 
 @dataclass
@@ -191,36 +207,47 @@ def run(command: str, workspace: str, limits: Limits, uid: int | None = None) ->
     if not os.path.isdir(root):
         raise FileNotFoundError(f"sandbox: {root} is missing; call prepare_workspace({workspace!r}, uid) first")
     L = limits
+    ready = os.urandom(8).hex().encode() + b"\n"  # SETUP's last line before the command (its $4)
     argv = ["prlimit", f"--cpu={L.cpu_s}", f"--as={L.memory_bytes}", f"--fsize={L.file_bytes}",
             f"--nofile={L.open_files}", f"--nproc={L.processes}", "--",
             "unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--mount", "--kill-child",
-            "sh", "-c", SETUP, "sandbox", root, os.path.abspath(workspace), command]  # fmt: skip
+            "sh", "-c", SETUP, "sandbox", root, os.path.abspath(workspace), command, ready.decode()[:-1]]  # fmt: skip
     if uid is not None:  # step 1 by setpriv, not Popen(user=): Popen can then vfork (a fork of a process holding
         argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *argv]  # torch costs ~20 ms)
     t0 = time.monotonic()
     p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV,
                          start_new_session=True, cwd="/")  # fmt: skip
-    out, timed_out, capped, fd = bytearray(), False, False, p.stdout.fileno()
+    out, timed_out, capped, fd, started = bytearray(), False, False, p.stdout.fileno(), None
+    poll = select.poll()  # not select(): a server holding many sockets has fds past its 1024 limit
+    poll.register(fd, select.POLLIN)
     try:
         while True:
-            left = L.wall_s - (time.monotonic() - t0)
+            started = started or (time.monotonic() if out.startswith(ready) else None)  # wall_s counts from here
+            left = (started + L.wall_s if started else t0 + SETUP_S) - time.monotonic()
             if left <= 0:
                 timed_out = True
                 break
-            if not select.select([fd], [], [], left)[0]:
+            if not poll.poll(left * 1000):
                 continue
             chunk = os.read(fd, 65536)
             if not chunk:
                 break
             out += chunk
-            if len(out) > L.output_cap:
+            if len(out) > L.output_cap + len(ready):
                 capped = True
                 break
     finally:  # the command's group dies here in every case (exited already: nothing left to kill)
         with_group_killed(p)
-    del out[L.output_cap :]
+    if not out.startswith(ready):  # the setup failed, or did not finish, before the command started
+        why = f"did not finish in {SETUP_S} s" if timed_out else f"failed (exit {p.returncode})"
+        raise SandboxError(f"sandbox setup {why}: {out.decode('utf-8', 'replace')[:2000]!r}")
+    out = out[len(ready) : len(ready) + L.output_cap]
     code = -9 if timed_out or capped else p.returncode
     return Result(out.decode("utf-8", "replace"), code, timed_out, capped, time.monotonic() - t0)
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be built for a command (a mount, pivot_root or setpriv failed): nothing ran."""
 
 
 def with_group_killed(p: subprocess.Popen) -> None:

@@ -57,7 +57,10 @@ def test_every_bad_request_gets_its_status_and_a_json_error(server, monkeypatch)
         ("POST", f"/sessions/{sid}/reset", b'{"seed": "zero"}', 400, "'seed'"),
         ("POST", f"/sessions/{sid}/step", b'{"action": "calc 1+1"}', 409, "before reset"),
         ("POST", "/sessions/0123abcd/step", b'{"action": "x"}', 404, "unknown session"),
-        ("GET", "/nowhere", None, 404, "no route"),
+        ("GET", "/nowhere", None, 404, "no route /nowhere"),
+        ("GET", f"/sessions/{sid}/step", None, 405, "allowed POST"),
+        ("PUT", "/sessions", b"{}", 405, "allowed POST"),
+        ("POST", "/sessions", b'{"env": "shell", "options": {"limits": {"wall_s": 1000}}}', 400, "limit_ceiling"),
         ("POST", f"/sessions/{sid}/step", json.dumps({"action": "x" * 51}).encode(), 413, "max_action_chars"),
         ("POST", "/sessions", json.dumps({"env": "calc", "pad": "x" * 3000}).encode(), 413, "max_body_bytes"),
     ]

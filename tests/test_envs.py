@@ -248,7 +248,10 @@ class Exploding:
     name = "boom-env"
 
     def __init__(self, reward=0.0):
-        self.reward = reward
+        self.reward, self.closed = reward, False
+
+    def close(self):
+        self.closed = True
 
     def reset(self, seed=None):
         return "12>", {}
@@ -267,6 +270,21 @@ def test_an_env_that_raises_or_returns_nan_is_named_with_its_turn(tiny, reward, 
         rollout_env(model, tok, envs, [0, 0], [tok.eos_token_id], generator=seeded(0), **CFG)
     msg = str(e.value)
     assert "'boom-env'" in msg and "turn 1 of episode 1" in msg and what in msg, msg
+    assert all(env.closed for env in envs)  # what the episodes hold is freed on the way out too
+
+
+def test_every_env_is_closed_even_when_one_fails_to_close_and_that_failure_is_raised(tiny):
+    model, tok = tiny
+
+    class Sticky(Exploding):
+        def close(self):
+            super().close()
+            raise OSError("workspace busy")
+
+    envs = [Sticky(1.0), Exploding(1.0), Exploding(1.0)]
+    with pytest.raises(OSError, match="workspace busy"):
+        rollout_env(model, tok, envs, [0, 0, 0], [tok.eos_token_id], generator=seeded(0), **CFG)
+    assert all(env.closed for env in envs)
 
 
 def test_chat_template_observations_continue_the_conversation():

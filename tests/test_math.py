@@ -623,6 +623,22 @@ def advantages(cfg, mask, scores, gids, values, old=None, ref=None):
     )
 
 
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_plus_plus_baseline"])
+def test_an_episode_its_env_server_failed_joins_no_group(estimator):
+    """An episode with info env_error (rollout_env: its response_mask is 0) is taken out of its group by
+    ungroup_failed: the others' advantages are those of the group without it, and its own are 0."""
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0], [1, 1, 1]], dtype=torch.float32)
+    scores, gids = torch.tensor([1.0, 0.0, 0.0, 0.0]), torch.zeros(4, dtype=torch.long)
+    episodes = [{"env_error": None}, {}, {"env_error": "server down"}, {"env_error": None}]
+    cfg = pm.Config(adv_estimator=estimator)
+    _, adv, _, _, _ = advantages(cfg, mask, scores, pm.ungroup_failed(gids, episodes), None)
+    keep = torch.tensor([0, 1, 3])
+    _, without, _, _, _ = advantages(cfg, mask[keep], scores[keep], gids[keep], None)
+    close(adv[keep], without, 0.0)
+    assert adv[2].abs().sum() == 0 and adv[0, 0] > 0
+    assert pm.ungroup_failed(gids, episodes).tolist() == [0, 0, -3, 0]
+
+
 def test_compute_advantages_whitens_gae_only():
     # 4 sequences of lengths 3, 1, 2, 3 (one group), scores [1, 0, 0, 1]
     mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.float32)

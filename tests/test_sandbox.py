@@ -2,6 +2,7 @@
 server alive, the next episode unaffected; and the shell task family (splits, the scripted solver, the answer check)."""
 
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -66,7 +67,7 @@ def test_rm_rf_root_touches_nothing_outside_the_workspace(server, tmp_path):
     canary = tmp_path / "canary.txt"
     canary.write_text("still here")
     _, env = hostile(server, "rm -rf --no-preserve-root / 2>/dev/null")  # walks read-only /usr: may hit wall_s
-    obs = env.step("rm -rf /work/* /usr /etc 2>/dev/null; ls -A /work | wc -l; ls /usr | wc -l")[0]
+    obs = env.step("rm -rf /work/* 2>/dev/null; ls -A /work | wc -l; ls /usr | wc -l")[0]  # (no 2nd walk of /usr)
     n_work, n_usr, code = obs.split("\n")[:3]
     assert (n_work, int(n_usr) > 3, code) == ("0", True, "[exit 0]"), obs  # its own workspace emptied, /usr intact
     assert canary.read_text() == "still here" and os.path.exists("/usr/bin/ls") and os.path.exists(__file__)
@@ -180,6 +181,47 @@ def test_shell_episodes_are_seeded_split_and_solved_by_the_scripted_solver():
             assert (reward, terminated, truncated, info["success"]) == (1.0, True, False, True), obs
             assert env.workspace is None  # removed at the episode's end
     assert not firsts["train"] & firsts["eval"] and len(kinds) == 4, kinds
+
+
+def test_the_scripted_solvers_habits_are_wrong_and_slip_at_the_configured_rate():
+    """Each kind's habit (ShellEnv.expert with slip: the shell warm start's demonstrator) is run and not rewarded, but
+    `head -n N` for line N = 1; the first command slips at cfg.slip, a second one never."""
+    slipped, kinds = 0, set()
+    for seed in range(60):
+        env = envs.make_env("shell", slip=0.5)
+        obs, _ = env.reset(seed=seed)
+        right, habit = env.demonstrations()
+        first = env.expert()
+        assert first in (right, habit) and habit != right
+        slipped += first == habit
+        if first == right:
+            env.reset(seed=seed)  # the same workspace, to run the habit
+        _, reward, terminated, truncated, info = env.step(habit)
+        kinds.add(habit.split()[0] + (" head" if "head" in habit else ""))
+        assert (reward == 1.0) == ("print line 1 " in obs) and info["exit_code"] == 0, (obs, habit)
+        if not terminated:
+            assert env.expert() == right  # after a slip the solver types the right command
+            assert env.step(env.expert())[1] == 1.0
+        env.close()
+    assert 18 <= slipped <= 42 and len(kinds) == 4, (slipped, kinds)  # Binomial(60, 0.5): P(outside) = 1.1e-3
+    with pytest.raises(ValueError, match="slip"):
+        envs.make_env("shell", slip=1.5)
+
+
+def test_a_sandbox_that_cannot_be_built_raises_and_runs_nothing():
+    """A failing setup step (here: the workspace's bind mount, its folder gone) is a SandboxError naming what
+    failed, never an output the answer check could score."""
+    uid, base = sandbox.take_uid(), tempfile.mkdtemp()  # under /tmp: every folder above it searchable
+    ws = os.path.join(base, "work")
+    try:
+        os.chmod(base, 0o711)
+        sandbox.prepare_workspace(ws, uid)
+        os.rmdir(ws)
+        with pytest.raises(sandbox.SandboxError, match="setup failed.*mount"):
+            sandbox.run("echo 3", ws, sandbox.Limits(), uid)
+    finally:
+        shutil.rmtree(base)
+        sandbox.release_uid(uid)
 
 
 def test_a_wrong_or_failing_command_is_not_rewarded_and_the_episode_goes_on():
