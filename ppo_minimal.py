@@ -484,11 +484,10 @@ def ppo_update(cfg, policy_train, opt, critics, batch: Batch, world: int, gen, a
         raise ValueError("a batch without old_logprobs needs ppo_epochs = minibatches = 1 (reuse_old_logprobs)")
     if cfg.kl_loss and batch.ref_logprobs is None:
         raise ValueError("kl_loss needs the batch's ref_logprobs (the reference pass: needs_reference)")
-    mb_size = B // cfg.minibatches
     for epoch in range(cfg.ppo_epochs):
         perm = torch.randperm(B, generator=gen) if cfg.minibatches > 1 else torch.arange(B)
-        for j in range(cfg.minibatches):
-            mb = batch.rows(perm[j * mb_size : (j + 1) * mb_size])
+        for j, rows_j in enumerate(perm.tensor_split(cfg.minibatches)):  # B not a multiple (a proxy batch): no row lost
+            mb = batch.rows(rows_j)
             where, plan = f"epoch {epoch} minibatch {j}", micro_batches_of(cfg, mb)  # the critics' too
             rows, row, logps = policy_step(cfg, policy_train, opt, mb, world, autocast, update_actor, where, plan)
             first = first or rows  # the first minibatch, before any optimizer step: the ratio must be 1

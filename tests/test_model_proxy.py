@@ -1,0 +1,295 @@
+"""model_proxy.py over real HTTP on 127.0.0.1, spoken to by the official openai client: answers, streams, the
+recorded ids and logprobs (the policy's own), batching, weight versions, sessions to samples token in token out,
+a history rewrite as a new sample, the re-tokenisation drift it avoids, and every refusal."""
+
+import json
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models
+from transformers import PreTrainedTokenizerFast
+
+import model_proxy as mp
+import tasks
+from rollout import Rollout, sequence_logprobs
+
+openai = pytest.importorskip("openai", reason="pip install openai (requirements.txt installs it for the tests)")
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+
+
+def make_proxy(tok=None, **args):
+    tok = tok or tasks.make_tokenizer()
+    torch.manual_seed(0)
+    proxy = mp.ModelProxy(tasks.make_tiny_model(tok), tok, mp.ProxyArgs(**args), SAMPLING)
+    return proxy, mp.start_proxy(proxy)
+
+
+@pytest.fixture
+def served():
+    proxy, server = make_proxy(max_tokens=8)
+    yield proxy, server, openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    mp.stop_proxy(server)
+
+
+def post(url: str, body: bytes, headers=None):
+    """(status, JSON body) of a raw POST."""
+    req = urllib.request.Request(url, body, {"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as f:
+            return f.status, json.loads(f.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_answers_and_streams_are_the_recorded_ids_with_the_policys_logprobs(served):
+    proxy, server, client = served
+    assert [m.id for m in client.models.list().data] == [proxy.name]
+    out = client.chat.completions.create(model=proxy.name, messages=[{"role": "user", "content": "12+3="}],
+                                         temperature=0.1, top_p=0.5, user="a")  # fmt: skip
+    (rec,) = proxy.session("a")["records"]
+    assert out.choices[0].message.content == proxy.content(rec)
+    assert out.usage.completion_tokens == len(rec["ids"]) <= 8 and out.choices[0].finish_reason == rec["finish_reason"]
+    meta = out.model_extra["minrl"]  # the client's sampling recorded, the proxy's used
+    assert meta["sampling_asked"] == {"temperature": 0.1, "top_p": 0.5} and meta["sampling_used"] == {
+        **SAMPLING,
+        "max_tokens": 8,
+    }
+    assert rec["prompt_ids"] == proxy.encode(proxy.tokenizer.bos_token + "12+3=")  # rollout_env's first prompt
+    ids = torch.tensor([rec["prompt_ids"] + rec["ids"]])
+    ours, _ = sequence_logprobs(proxy.model, ids, torch.ones_like(ids), len(rec["ids"]), temperature=1.0)
+    assert torch.allclose(ours[0], torch.tensor(rec["logprobs"]), atol=1e-5)  # the behaviour logprobs are right
+    chunks = list(client.chat.completions.create(model=proxy.name, messages=[{"role": "user", "content": "4+4="}],
+                                                 stream=True, user="b"))  # fmt: skip
+    (rec,) = proxy.session("b")["records"]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text == proxy.content(rec)
+    assert chunks[-1].choices[0].finish_reason == rec["finish_reason"] and len(chunks) == len(rec["ids"]) + 2
+
+
+def test_concurrent_requests_share_a_generate_call_and_weights_change_between_batches(served):
+    proxy, server, client = served
+    calls, generate = [], mp.generate
+
+    def counting(model, ids, *a, **kw):
+        calls.append(ids.shape[0])
+        return generate(model, ids, *a, **kw)
+
+    proxy.args.gather_ms = 200.0  # a wide window: the 8 requests below arrive within it
+    mp.generate, errors = counting, []
+
+    def ask(i):
+        try:
+            client.chat.completions.create(model="m", user=f"s{i}", messages=[{"role": "user", "content": f"{i}+1="}])
+        except Exception as e:  # a failed request fails the test below, never vanishes with its thread
+            errors.append(e)
+
+    try:
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+    finally:
+        mp.generate = generate
+    assert not errors and sum(calls) == 8 and len(calls) < 8, (errors, calls)
+    torch.manual_seed(1)
+    proxy.load_weights(tasks.make_tiny_model(proxy.tokenizer), version=3)
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "1+1="}], user="s0")
+    assert [r["version"] for r in proxy.session("s0")["records"]] == [0, 3]
+
+
+def test_a_session_that_extends_its_history_is_one_sample_and_a_rewrite_starts_another(served):
+    proxy, server, client = served
+    chat = [{"role": "user", "content": "7*6="}]
+    for _ in range(3):  # the agent resends the whole history plus a new observation, as agents do
+        a = client.chat.completions.create(model="m", messages=chat, user="ep").choices[0].message.content
+        chat += [{"role": "assistant", "content": a}, {"role": "user", "content": "=42?"}]
+    client.chat.completions.create(model="m", messages=[chat[0], chat[-1]], user="ep")  # history rewritten
+    status, _ = post(server.url + "/v1/sessions/ep/reward", b'{"reward": 0.5}')
+    records = proxy.session("ep")["records"]
+    assert status == 200 and [r["extends"] for r in records] == [False, True, True, False]
+    rollout, owner, stats = mp.sessions_rollout([proxy.session("ep", pop=True)], proxy.tokenizer.pad_token_id, "cpu")
+    assert stats == {"proxy/prefix_breaks": 1, "proxy/samples": 2} and owner == [0, 0]
+    # sample 0: the three turns; the response is exactly the sampled ids (mask 1) and what the agent added between
+    # them (mask 0): the observation, after the template's eos where an answer ended without one (max_tokens)
+    eos, obs = proxy.tokenizer.eos_token_id, proxy.encode("=42?")
+    gaps = [records[k + 1]["prompt_ids"][len(records[k]["prompt_ids"]) + len(records[k]["ids"]) :] for k in (0, 1)]
+    assert all(g == [eos] * (records[k]["finish_reason"] == "length") + obs for k, g in enumerate(gaps)), gaps
+    want = records[0]["ids"] + gaps[0] + records[1]["ids"] + gaps[1] + records[2]["ids"]
+    mask = [1] * len(records[0]["ids"]) + [0] * len(gaps[0]) + [1] * len(records[1]["ids"]) + [0] * len(gaps[1])
+    mask += [1] * len(records[2]["ids"])
+    n = len(want)
+    assert rollout.response_ids[0, :n].tolist() == want and rollout.response_mask[0, :n].tolist() == mask
+    assert rollout.response_mask[0, n:].sum() == 0
+    assert rollout.prompt_ids[0, -len(records[0]["prompt_ids"]) :].tolist() == records[0]["prompt_ids"]
+    logp = records[0]["logprobs"] + [0.0] * len(gaps[0]) + records[1]["logprobs"] + [0.0] * len(gaps[1])
+    logp += records[2]["logprobs"]
+    assert torch.allclose(rollout.rollout_logprobs[0, :n], torch.tensor(logp))
+    assert rollout.token_scores[0].tolist().index(0.5) == n - 1 and rollout.token_scores[0].sum() == 0.5
+    m = len(records[3]["ids"])  # sample 1: the rewritten request alone, the same reward at its last sampled id
+    assert rollout.response_ids[1, :m].tolist() == records[3]["ids"] and rollout.token_scores[1, m - 1] == 0.5
+    same = mp.sessions_rollout([{"session": "ep", "records": records[:3], "reward": 0.5}], 0, "cpu")[0]
+    assert isinstance(same, Rollout) and same.response_ids.shape[0] == 1
+
+
+def bpe_tokenizer():
+    """A BPE tokenizer where 'hello' is one token, though 'he' + 'llo' decodes to it too."""
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "h": 3, "e": 4, "l": 5, "o": 6, " ": 7, "he": 8, "ll": 9, "llo": 10,
+             "hello": 11, "hell": 12, "?": 13}  # fmt: skip
+    t = Tokenizer(models.BPE(vocab=vocab, merges=[("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), ("ll", "o")]))
+    t.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=t, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>")
+
+
+def test_sampled_ids_are_kept_where_retokenising_the_decoded_chat_would_change_them():
+    tok = bpe_tokenizer()
+    proxy, server = make_proxy(tok, max_tokens=4)
+    generate = mp.generate
+
+    def sample_he_llo(model, ids, mask, **kw):  # the policy samples 'he' + 'llo' + eos: a segmentation BPE never makes
+        r = torch.tensor([[8, 10, 1]] * ids.shape[0])
+        return Rollout(ids, r, torch.cat([mask, torch.ones_like(r)], 1), torch.ones_like(r), -torch.ones(r.shape),
+                       torch.zeros(ids.shape[0], dtype=torch.bool))  # fmt: skip
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    try:
+        mp.generate = sample_he_llo
+        a = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "h?"}], user="x")
+        mp.generate = generate
+        assert a.choices[0].message.content == "hello"
+        chat = [{"role": "user", "content": "h?"}, {"role": "assistant", "content": "hello"}, {"role": "user",
+                "content": "?"}]  # fmt: skip
+        client.chat.completions.create(model="m", messages=chat, user="x")
+    finally:
+        mp.generate = generate
+        mp.stop_proxy(server)
+    first, second = proxy.session("x")["records"]
+    assert second["extends"] and second["prompt_ids"] == first["prompt_ids"] + [8, 10, 1, 13]  # the sampled ids
+    retokenised = tok(proxy.render(chat), add_special_tokens=False).input_ids
+    assert retokenised == first["prompt_ids"] + [11, 1, 13] != second["prompt_ids"]  # what re-tokenising gives
+
+
+def test_every_bad_request_gets_its_status_and_an_openai_error(served):
+    proxy, server, client = served
+    url = server.url
+    cases = [
+        ("/v1/chat/completions", b"{not json", 400, "malformed JSON"),
+        ("/v1/chat/completions", b'{"messages": []}', 400, "'messages'"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "robot", "content": "x"}]}', 400, "'messages'"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', 400, "'n'"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}', 400, "positive"),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user"}, {"role": "user", "content": "x"}]}',
+            400,
+            "'messages'",
+        ),
+        ("/v1/sessions/nobody/reward", b'{"reward": 1}', 404, "unknown session"),
+        ("/v1/nowhere", b"{}", 404, "no route"),
+    ]
+    for path, body, status, words in cases:
+        got, payload = post(url + path, body)
+        assert (got, words in payload["error"]["message"]) == (status, True), (path, got, payload)
+    long = json.dumps({"messages": [{"role": "user", "content": "1" * 2000}]}).encode()
+    got, payload = post(url + "/v1/chat/completions", long)
+    assert got == 400 and payload["error"]["code"] == "context_length_exceeded"
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "1"}], user="r")
+    for bad in (b'{"reward": "1"}', b'{"reward": NaN}', b'{"reward": true}', b"{}"):
+        assert post(url + "/v1/sessions/r/reward", bad)[0] == 400, bad
+    with pytest.raises(openai.BadRequestError, match="'n' must be 1"):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "1"}], n=2)
+    with pytest.raises(ValueError, match="no reward"):
+        mp.sessions_rollout([proxy.session("r", pop=True)], 0, "cpu")
+
+
+def test_the_demo_runs(capsys):
+    mp.main(["--port", "0"])
+    out = capsys.readouterr().out
+    assert "turn 1:" in out and "'extends': True" in out and "'proxy/prefix_breaks': 0" in out
+
+
+def test_an_agent_program_trains_through_the_proxy_and_its_greedy_success_is_the_trainers(tmp_path):
+    """`python model_proxy.py --agent examples/calc_agent.py`, 2 iterations: the agent processes' episodes (G
+    sessions per env seed) are the batch, with the sampler's logprobs the trainer's and no history break; the agent's
+    greedy success through the proxy on the held-out seeds equals the trainer's own greedy evaluation of the same
+    weights on the same episodes (rollout_env), before and after training: the proxy's token layout is the
+    trainer's (TEMPLATE)."""
+    rows = []
+    cfg = mp.AgentConfig(agents=4, steps=2, prompts_per_step=4, group_size=2, adv_estimator="grpo", eval_every=2,
+                         eval_n=16, kl_metric_every=0, out_dir=str(tmp_path))  # fmt: skip
+    out = mp.train_agent(cfg, hooks=[lambda step, m: rows.append(m)])
+    (_, start), (_, end) = out["eval_history"]
+    ours = out["agent_success"]  # equal but for a near-tie in an argmax under another batch's padding: 1 episode
+    assert abs(ours[0] - start) <= 1 / 16 and abs(ours[1] - end) <= 1 / 16, (ours, out["eval_history"])
+    assert [r["proxy/samples"] for r in rows] == [8, 8] and all(r["proxy/prefix_breaks"] == 0 for r in rows)
+    assert max(r["stats/rollout_vs_old_logp_diff"] for r in rows) < 1e-4
+    assert all(r["rollout/turns"] >= 1 for r in rows)
+
+
+def test_the_bench_prints_the_proxys_overhead_measured_in_the_same_run():
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "bench/proxy_bench.py", "--presets", "tiny", "--rounds", "1", "--requests",
+                          "4", "--max-tokens", "4"], cwd=root, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    header, row = out.stdout.strip().splitlines()[-2:]
+    cells = dict(zip(["preset", "direct", "proxy", "overhead"], row.split()))
+    assert cells["preset"] == "tiny" and float(cells["direct"]) > 0 and float(cells["proxy"]) > 0, out.stdout
+    assert cells["overhead"].endswith("%"), out.stdout
+
+
+def test_a_large_max_tokens_is_capped_and_a_session_can_be_dropped(served):
+    proxy, server, client = served
+    out = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "1+1="}], max_tokens=1000,
+                                         user="big")  # fmt: skip
+    meta = out.model_extra["minrl"]
+    assert meta["sampling_used"]["max_tokens"] == 8 and meta["sampling_asked"]["max_tokens"] == 1000
+    assert out.usage.completion_tokens <= 8
+    req = urllib.request.Request(server.url + "/v1/sessions/big", method="DELETE")
+    with urllib.request.urlopen(req, timeout=30) as f:
+        assert len(json.loads(f.read())["records"]) == 1
+    assert "big" not in proxy.sessions
+
+
+def test_stream_deltas_never_split_a_character_of_a_byte_level_tokenizer():
+    """A byte-level BPE (GPT-2, Qwen) decodes half of a UTF-8 character to U+FFFD: the piece is held back, so the
+    deltas join to the content."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["ab cd"], vocab_size=257, min_frequency=1, special_tokens=["<eos>"])
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token="<eos>", pad_token="<eos>")
+    ids = tok("a\u4e2db", add_special_tokens=False).input_ids + [tok.eos_token_id]  # a, 3 bytes of one character, b
+    fake = type("P", (), {"eos_ids": [tok.eos_token_id], "tokenizer": tok, "content": mp.ModelProxy.content})()
+    deltas = mp.stream_deltas(fake, {"ids": ids})
+    assert "".join(deltas) == "a\u4e2db" and "\ufffd" not in "".join(deltas) and deltas == ["a", "\u4e2d", "b"]
+
+
+def test_two_requests_in_flight_in_one_session_are_two_samples_in_their_own_contexts():
+    """Both extend record 0; the one that finished second is its own sample with record 0 as its prompt's context."""
+    rec = lambda prompt, ids, v=0: {"prompt_ids": prompt, "ids": ids, "logprobs": [-0.5] * len(ids), "version": v,
+                                    "finish_reason": "stop", "extends": True}  # fmt: skip
+    r0, r1, r2 = rec([1, 2], [3, 4]), rec([1, 2, 3, 4, 5], [6]), rec([1, 2, 3, 4, 7], [8], v=1)
+    for order in ([r0, r1, r2], [r0, r2, r1]):
+        a, b = mp.session_samples(order, 1.0)
+        first, second = order[1], order[2]
+        assert a["prompt_ids"] == [1, 2] and a["ids"] == [3, 4] + first["prompt_ids"][4:] + first["ids"]
+        assert a["action"] == [1, 1, 0, 1] and a["score"] == [0.0, 0.0, 0.0, 1.0]
+        assert b["prompt_ids"] == second["prompt_ids"] and b["ids"] == second["ids"] and b["action"] == [1]
+    assert mp.session_samples([r0, r2], 1.0)[0]["version"] == 0  # a chain's oldest version
+
+
+def test_an_agent_that_fails_stops_the_run_naming_it(tmp_path):
+    broken = tmp_path / "broken_agent.py"
+    broken.write_text("import sys\nprint('no model here', file=sys.stderr)\nsys.exit(3)\n")
+    proxy, server = make_proxy()
+    try:
+        s = mp.AgentSampler(mp.AgentConfig(agent=str(broken), agents=2), proxy, server.url, "http://127.0.0.1:9")
+        with pytest.raises(RuntimeError, match="agent 0 .*broken_agent.py.* stopped \\(exit 3.*no model here"):
+            s.play([1, 2], "t")
+        s.close()
+    finally:
+        mp.stop_proxy(server)
