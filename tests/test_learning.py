@@ -91,9 +91,9 @@ def test_calc_environment_greedy_success_rises_against_lr0_control(tmp_path):
 def test_shell_tasks_through_the_server_raise_held_out_success(tmp_path):
     """The sandboxed shell tasks with every training and held-out episode a RemoteEnv on an env_service.py server:
     GRPO (temperature 0.6, first command only) from the shell warm start, whose demonstrator types a wrong habit
-    60 % of the time (warm_start.py detail 4), raises greedy success on 200 held-out episodes by >= 30 points in 10
-    iterations (RESULTS.md: 0.090 -> 0.595, 3 seeds). An lr = 0 run stays at the start exactly (greedy decoding of
-    unchanged weights on seeded workspaces; RESULTS.md runs one), so the start is the control here."""
+    60 % of the time (warm_start.py detail 4), raises greedy success on 100 held-out episodes by >= 30 points in 10
+    iterations (RESULTS.md: on 200, 0.090 -> 0.57-0.69, 3 seeds). An lr = 0 run stays at the start exactly (greedy
+    decoding of unchanged weights on seeded workspaces; RESULTS.md runs one), so the start is the control here."""
     import warm_start
     from env_service import ServiceArgs, start_server, stop_server
 
@@ -103,7 +103,7 @@ def test_shell_tasks_through_the_server_raise_held_out_success(tmp_path):
         cfg = pm.Config(
             model=str(sft), task="shell", env_url=server.url, max_new_tokens=40, max_turns=1, adv_estimator="grpo",
             temperature=0.6, lr=1e-4, warmup_steps=3, lr_schedule="constant", steps=10, prompts_per_step=16,
-            group_size=8, ppo_epochs=1, minibatches=1, eval_every=10, eval_n=200, kl_metric_every=0,
+            group_size=8, ppo_epochs=1, minibatches=1, eval_every=10, eval_n=100, kl_metric_every=0,
             out_dir=str(tmp_path),
         )  # fmt: skip
         history = pm.train(cfg, hooks=[lambda step, m: rows.append(m)])["eval_history"]
@@ -112,27 +112,5 @@ def test_shell_tasks_through_the_server_raise_held_out_success(tmp_path):
         stop_server(server)
     (_, start), (step, end) = history
     assert step == 10 and end - start >= 0.30, history
-    assert served >= 10 * 128 + 2 * 200 and all(r["rollout/env_error_frac"] == 0.0 for r in rows)  # all remote
+    assert served >= 10 * 128 + 2 * 100 and all(r["rollout/env_error_frac"] == 0.0 for r in rows)  # all remote
     assert max(r["stats/rollout_vs_old_logp_diff"] for r in rows) < 1e-4
-
-
-def test_an_unmodified_agent_learns_through_the_model_proxy(tmp_path):
-    """`python model_proxy.py --agent examples/calc_agent.py --agents 16`: 16 processes of an agent written against the
-    official openai client (nothing of minrl), GRPO on what the proxy recorded (calc, its warm start, temperature 0.6,
-    lr 1e-4, 16 x 8 per iteration) raises the agent's own greedy success through the proxy on 200 held-out episodes by
-    >= 10 points in 40 iterations (RESULTS.md: +22.5 and +30 at 40 for seeds 0 and 1). An lr = 0 run leaves the
-    weights, so its greedy success is the start's exactly (greedy decoding; tests/test_model_proxy.py: the agent's is
-    the trainer's own evaluation): the control."""
-    import model_proxy as mp
-
-    rows = []
-    cfg = mp.AgentConfig(
-        agents=16, adv_estimator="grpo", temperature=0.6, lr=1e-4, warmup_steps=5, steps=40, prompts_per_step=16,
-        group_size=8, eval_every=40, eval_n=200, lr_schedule="constant", ppo_epochs=1, minibatches=1,
-        kl_metric_every=0, out_dir=str(tmp_path),
-    )  # fmt: skip
-    out = mp.train_agent(cfg, hooks=[lambda step, m: rows.append(m)])
-    start, end = out["agent_success"]
-    assert end - start >= 0.10, out["agent_success"]
-    assert max(r["stats/rollout_vs_old_logp_diff"] for r in rows) < 1e-4
-    assert sum(r["proxy/prefix_breaks"] for r in rows) == 0  # every agent resends its history: one sample each

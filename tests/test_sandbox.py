@@ -32,9 +32,10 @@ def uid_processes() -> int:
     return sum(sandbox.uid_for(0) <= int(u) <= sandbox.uid_for(1023) for u in out)
 
 
-def hostile(server, command: str, seed: int = 0):
-    """Send `command` as the first action of a remote shell episode; returns (step result, the episode's env)."""
-    env = RemoteEnv(server.url, "shell", limits=LIMITS, max_turns=2, obs_chars=2000)
+def hostile(server, command: str, seed: int = 0, wall_s: float = LIMITS["wall_s"]):
+    """Send `command` as the first action of a remote shell episode; returns (step result, the episode's env). wall_s:
+    more for a test of another limit (a loaded machine must not turn it into a timeout)."""
+    env = RemoteEnv(server.url, "shell", limits={**LIMITS, "wall_s": wall_s}, max_turns=2, obs_chars=2000)
     env.reset(seed=seed)
     return env.step(command), env
 
@@ -119,7 +120,7 @@ def test_a_gigabyte_of_output_is_capped(server):
 
 
 def test_memory_and_file_size_are_bounded(server):
-    (obs, _, _, _, info), env = hostile(server, "x=$(head -c 700000000 /dev/zero | tr '\\0' a); echo ${#x}")
+    (obs, _, _, _, info), env = hostile(server, "x=$(head -c 700000000 /dev/zero | tr '\\0' a); echo ${#x}", wall_s=60)
     assert "700000000" not in obs and not info["timed_out"], obs  # RLIMIT_AS 512 MiB: the shell cannot hold it
     (obs, *_) = env.step("head -c 2000000 /dev/zero > big; ls -l big | wc -c")
     assert "File size limit exceeded" in obs or "[exit 153]" in obs, obs
@@ -250,7 +251,8 @@ def test_the_shell_task_has_its_own_tokenizer_and_leaves_the_digit_tasks_ids_alo
 
 
 def test_a_deep_or_locked_tree_in_the_workspace_is_measured_and_removed(server):
-    (obs, _, _, truncated, info), env = hostile(server, "mkdir -p $(printf 'd/%.0s' $(seq 1100)) && chmod 000 d")
+    (obs, _, _, truncated, info), env = hostile(server, "mkdir -p $(printf 'd/%.0s' $(seq 1100)) && chmod 000 d",
+                                                wall_s=60)  # fmt: skip
     # 1100 folders of 4 KiB: over max_workspace_bytes (4 MiB) by du's count, so the episode ends with the penalty;
     # measuring and removing that tree on the host (du, chmod -R, rm -rf) hits no recursion limit
     assert (obs, truncated, info.get("workspace_full")) == ("error: workspace full\n", True, True), obs
