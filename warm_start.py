@@ -177,6 +177,28 @@ def wait_for_folder(out: Path, rank: int, wait_s: float) -> None:
         time.sleep(0.5)
 
 
+def _env_demos_and_check(cfg: SFTConfig, tokenizer, model, rng):
+    """(demos(n), accuracy()) of an environment's warm start: n expert episodes of fresh seeds (ids, action-only
+    labels; in threads if the env waits), and greedy success on 256 fixed validation seeds (a slipping
+    demonstrator's: first commands that are one of its own, detail 4)."""
+    seeds = [int(x) for x in np.random.default_rng(cfg.seed + 10_000).integers(2**31, size=256)]
+    opts = dict(cfg.env_options)
+    env = lambda: make_env(cfg.task, **opts)  # noqa: E731
+    turns, wait = env().cfg.max_turns, getattr(ENVS[cfg.task], "step_concurrently", False)
+
+    def demos(n):
+        play, threads = lambda seed: _sft_episode(tokenizer, env(), int(seed)), 16 if wait else 1
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            return list(pool.map(play, rng.integers(2**31, size=n)))
+
+    def accuracy():
+        envs = [Imitated(env()) if opts.get("slip") else env() for _ in seeds]
+        n = max(16, ENVS[cfg.task].action_tokens)
+        return greedy_accuracy(model, tokenizer, envs, seeds, max_turns=turns, max_new_tokens=n)
+
+    return demos, accuracy
+
+
 def sft_warm_start(
     cfg: SFTConfig | None = None, cache_dir: Path = CACHE_DIR, verbose: bool = True, device: str = "cpu", wait_s=3600.0
 ) -> Path:
@@ -204,22 +226,7 @@ def sft_warm_start(
         model = make_tiny_model(tokenizer, **dict(cfg.model_overrides)).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
         if is_env(cfg.task):  # multi-turn: episodes of the env's scripted solver, success of greedy episodes
-            seeds = [int(x) for x in np.random.default_rng(cfg.seed + 10_000).integers(2**31, size=256)]
-            opts = dict(cfg.env_options)
-            env = lambda: make_env(cfg.task, **opts)  # noqa: E731
-            turns, wait = env().cfg.max_turns, getattr(ENVS[cfg.task], "step_concurrently", False)
-
-            def demos(n):  # n expert episodes of fresh seeds: ids, action-only labels (threads if the env waits)
-                play, threads = lambda seed: _sft_episode(tokenizer, env(), int(seed)), 16 if wait else 1
-                with ThreadPoolExecutor(max_workers=threads) as pool:
-                    return list(pool.map(play, rng.integers(2**31, size=n)))
-
-            def accuracy():
-                """Success rate of greedy episodes on the fixed validation seeds (a slipping demonstrator's:
-                first commands that are one of its own, detail 4)."""
-                envs = [Imitated(env()) if opts.get("slip") else env() for _ in seeds]
-                n = max(16, ENVS[cfg.task].action_tokens)
-                return greedy_accuracy(model, tokenizer, envs, seeds, max_turns=turns, max_new_tokens=n)
+            demos, accuracy = _env_demos_and_check(cfg, tokenizer, model, rng)
         else:
             task = make_task(cfg.task)
             val = task.sample(256, "train", np.random.default_rng(cfg.seed + 10_000))
