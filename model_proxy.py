@@ -8,14 +8,9 @@ An agent calls an ordinary chat endpoint (`OpenAI(base_url="http://HOST:PORT/v1"
 with the current policy and records per request the prompt ids (the chat template applied here, once), the sampled
 ids, their logprobs and the policy version, under the caller's session (header `X-Session-Id`, else the `user` field).
 A session becomes samples token in token out (`session_samples`), sessions a Rollout (`sessions_rollout`), rewarded
-by what the agent posts; `--agent` trains on them (AgentSampler, train()'s sampler). The API (OpenAI's schema where
-it has one; every error is {"error": {"message", "type", "code"}} with its status):
-    GET  /v1/models                -> {"object": "list", "data": [{"id", "object": "model", "owned_by"}]}
-    POST /v1/chat/completions      {"messages", "max_tokens" | "max_completion_tokens", "temperature", "top_p",
-                                    "stream", "user", "n" (1)} -> a chat.completion; with "stream": true server-sent
-                                    chat.completion.chunk events, then `data: [DONE]`
-    POST /v1/sessions/ID/reward    {"reward": number} -> {"session", "reward"}    (the episode's return)
-    GET | DELETE /v1/sessions/ID   -> {"session", "reward", "records": [{prompt_ids, ids, logprobs, version, ...}]}
+by what the agent posts (POST /v1/sessions/ID/reward); `--agent` trains on them (AgentSampler, train()'s sampler;
+the agent processes: agent_pool.py). The HTTP API, chat completions (streamed too), models and sessions, is
+openai_api.py's.
 Sampling (DESIGN.md section 3): the behaviour policy must be the trained one, so the client's temperature and top_p
 are recorded and replaced by the trainer's; the answer's `minrl` field says what was asked and what was used.
 
@@ -23,9 +18,14 @@ Implementation details (our choices)
 1. Batching: requests wait in a queue; one thread takes the first, then the next while each comes within gather_ms
    of the last (at most max_batch), and calls rollout.generate once; each request gets its row, cut at its own
    max_tokens (a prefix of a sample is a sample of the shorter one). A stream sends the answer a token per chunk.
+   Each request draws from a stream of its own, seeded by (seed, session, its index in the session): what it
+   samples does not depend on which requests share its batch (a matter of timing), so a run through the proxy
+   repeats, but where padding's rounding tips a draw or a greedy argmax between two near-equal tokens. AgentSampler
+   generates on the trainer's thread while the agents play (serve_while): on CPU a second thread running torch ops
+   owns a second OpenMP team, and with two teams generate ran 2-3x slower on 2 cores (RESULTS.md).
 2. Weights: the proxy samples from its own model; `load_weights` copies new ones in between two batches (the batch
    lock): no answer mixes versions. AgentSampler loads them before an iteration's agents start and waits for them
-   to finish: staleness 0. Which requests share a batch depends on timing: sampled runs are not bit-reproducible.
+   to finish: staleness 0.
 3. Token in token out: a rendered prompt that starts with the previous request's prompt text plus the decoded text
    of what was sampled for it reuses those ids (`extends`) and tokenises only what the agent appended. Re-tokenising
    the decoded chat would not give back a segmentation the tokenizer would not choose (a BPE merge the model
@@ -39,30 +39,29 @@ Implementation details (our choices)
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import json
+import hashlib
 import math
 import queue
-import secrets
-import subprocess
 import sys
-import tempfile
 import threading
-import time
 import traceback
-import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-import env_service
+import openai_api
+from agent_pool import AgentPool
 from cli import check_fields, parse_config
+from common import make_autocast
 from env_service import HTTPError, Server, ServiceArgs, request, start_server, stop_server
+from offpolicy import inference_copy
 from ppo_minimal import Config, train
 from rollout import Rollout, generate, left_pad, pack_tracks
-from tasks import load_policy, make_tiny_model, make_tokenizer, stop_token_ids
+from tasks import load_policy, load_tokenizer, make_tiny_model, make_tokenizer, stop_token_ids
 from warm_start import sft_config_for, sft_warm_start
 
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% if m['role'] == 'assistant' %}{{ eos_token }}"
@@ -100,12 +99,18 @@ class ProxyArgs:
                             "(0.0, inf)": ("request_timeout",)})  # fmt: skip
 
 
+def request_seed(seed: int, session: str, k: int) -> int:
+    """Detail 1: the seed of the k-th request of `session` (63 bits of sha256, the same in every process)."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{session}/{k}".encode()).digest()[:8], "big") >> 1
+
+
 @dataclass
 class Pending:
     """One request in the batch queue: its prompt ids, its token budget, and where its answer goes."""
 
     prompt_ids: list[int]
     max_tokens: int
+    seed: int  # of its own sampling stream (detail 1)
     done: threading.Event = field(default_factory=threading.Event)
     ids: list[int] | None = None
     logprobs: list[float] | None = None
@@ -116,16 +121,19 @@ class Pending:
 class ModelProxy:
     """The policy behind the API: the batch queue, the sessions' records, weight updates (details 1-3)."""
 
-    def __init__(self, model, tokenizer, args: ProxyArgs, sampling: dict, name: str = "minrl-policy", seed: int = 0):
+    def __init__(self, model, tokenizer, args: ProxyArgs, sampling: dict, name: str = "minrl-policy", seed: int = 0,
+                 autocast=contextlib.nullcontext, batch_thread: bool = True):  # fmt: skip
         self.model, self.tokenizer, self.args, self.name = model.eval(), tokenizer, args, name
+        self.autocast = autocast  # common.make_autocast's: autocast is per thread, so the batcher enters its own
         self.sampling = dict(sampling)  # temperature, top_p, top_k: the trainer's
         self.eos_ids, self.version = stop_token_ids(model, tokenizer), 0
         self.template = getattr(tokenizer, "chat_template", None) or TEMPLATE
-        self.generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+        self.seed = seed  # with the session and the request's index in it, the seed of a request's samples
         self.queue, self.batch_lock, self.lock = queue.Queue(), threading.Lock(), threading.Lock()
         self.sessions = {}  # id -> {"records": [...], "reward": None | float}
         self.stop = threading.Event()
-        threading.Thread(target=self.batcher, daemon=True).start()
+        if batch_thread:  # otherwise the owner generates on its own thread: serve_while (detail 1)
+            threading.Thread(target=self.batcher, daemon=True).start()
 
     def render(self, messages: list[dict]) -> str:  # the chat as the model sees it, ready for the answer
         return self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
@@ -150,11 +158,12 @@ class ModelProxy:
         except Exception as e:  # the chat template refused the conversation (e.g. roles must alternate)
             raise HTTPError(400, f"the chat template cannot render these messages: {e}") from e
         with self.lock:
-            s = self.sessions.setdefault(session, {"records": [], "reward": None})
+            s = self.sessions.setdefault(session, {"records": [], "reward": None, "requests": 0})
             ids, extends = self.prompt_ids(s["records"], text)
+            k, s["requests"] = s["requests"], s["requests"] + 1  # this request's index in its session
         if len(ids) > self.args.max_context:
             raise HTTPError(400, f"the prompt has {len(ids)} tokens > max_context {self.args.max_context}")
-        p = Pending(ids, max_tokens)
+        p = Pending(ids, max_tokens, request_seed(self.seed, session, k))
         self.queue.put(p)
         if not p.done.wait(self.args.request_timeout) or p.error is not None:
             raise p.error or HTTPError(503, f"no answer within request_timeout = {self.args.request_timeout} s")
@@ -171,18 +180,20 @@ class ModelProxy:
         ids = record["ids"][:n]
         return self.tokenizer.decode(ids[:-1] if ids and ids[-1] in self.eos_ids else ids, skip_special_tokens=False)
 
-    def batcher(self) -> None:
-        """Detail 1: gather, generate once, answer each request."""
-        while not self.stop.is_set():
+    def batcher(self, until: threading.Event | None = None) -> None:
+        """Detail 1: gather, generate once, answer each request; until `until` is set, or the proxy stops."""
+        while not self.stop.is_set() and not (until and until.is_set()):
             try:
                 batch = [self.queue.get(timeout=0.1)]
             except queue.Empty:
                 continue
-            while len(batch) < self.args.max_batch:  # until none arrives for gather_ms (a sliding window)
+            while len(batch) < self.args.max_batch and batch[-1] is not None:  # until none comes within gather_ms
                 try:
                     batch.append(self.queue.get(timeout=self.args.gather_ms / 1000))
                 except queue.Empty:
                     break
+            if (batch := [p for p in batch if p is not None]) == []:  # None: serve_while's work is done
+                continue
             try:
                 self.generate(batch)
             except Exception as e:  # every waiting request learns why (a 500 naming it), the batcher goes on
@@ -192,15 +203,35 @@ class ModelProxy:
             for p in batch:
                 p.done.set()
 
+    def serve_while(self, work, *args):
+        """work(*args) in a thread while this one runs the batcher (detail 1); its result, or its exception."""
+        box, finished = {}, threading.Event()
+
+        def run():
+            try:
+                box["out"] = work(*args)
+            except BaseException as e:  # re-raised below, in the caller's thread
+                box["error"] = e
+            finally:
+                finished.set()
+                self.queue.put(None)  # wakes the batcher now, not at its next 0.1 s poll
+
+        threading.Thread(target=run, daemon=True).start()
+        self.batcher(until=finished)
+        if "error" in box:
+            raise box["error"]
+        return box["out"]
+
     @torch.no_grad()
     def generate(self, batch: list[Pending]) -> None:
         """One rollout.generate call for the batch, under the batch lock (no weight update in between: detail 2)."""
         dev = next(self.model.parameters()).device
         ids, mask = left_pad([p.prompt_ids for p in batch], self.tokenizer.pad_token_id)
-        with self.batch_lock:
+        streams = [torch.Generator(device=dev).manual_seed(p.seed) for p in batch]  # a row's draws are its own
+        with self.batch_lock, self.autocast():
             out = generate(self.model, ids.to(dev), mask.to(dev), max_new_tokens=max(p.max_tokens for p in batch),
-                           eos_token_ids=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id,
-                           generator=self.generator, **self.sampling)  # fmt: skip
+                           eos_token_ids=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id, generator=streams,
+                           **self.sampling)  # fmt: skip
             version = self.version
         for j, p in enumerate(batch):
             n = min(int(out.response_mask[j].sum()), p.max_tokens)
@@ -208,7 +239,7 @@ class ModelProxy:
             p.version = version
 
     def load_weights(self, policy, version: int) -> None:
-        """Detail 2: the trainer's new weights, between two batches."""
+        """Detail 2: the trainer's new weights, between two batches (rounded to the proxy's, e.g. --rollout-dtype)."""
         with self.batch_lock:
             self.model.load_state_dict(policy.state_dict())
             self.version = version
@@ -263,104 +294,9 @@ def sessions_rollout(sessions: list[dict], pad_id: int, device) -> tuple[Rollout
     return rollout, [k for k, _ in samples], stats
 
 
-# ----------------------------------------------------------------------------------------------
-# HTTP
-
-
-def stream_deltas(proxy: ModelProxy, record: dict) -> list[str]:
-    """The answer's text a token at a time (detail 1), holding back a piece that ends inside a character (a byte-level
-    tokenizer's half of a UTF-8 sequence decodes to U+FFFD): the deltas join to the content exactly."""
-    sent, deltas = "", []
-    for i in range(len(record["ids"])):
-        text = proxy.content(record, i + 1)
-        if text.startswith(sent) and len(text) > len(sent) and not text.endswith("\ufffd"):
-            deltas.append(text[len(sent) :])
-            sent = text
-    whole = proxy.content(record)
-    return deltas + ([whole[len(sent) :]] if whole.startswith(sent) and whole != sent else [])
-
-
-def openai_error(status: int, message: str) -> dict:
-    """OpenAI's error body: its type by status, code context_length_exceeded for a prompt over max_context."""
-    kind = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error"}
-    code = "context_length_exceeded" if "max_context" in message else None
-    return {"error": {"message": message, "type": kind.get(status, "server_error"), "code": code}}
-
-
-class Handler(env_service.Handler):
-    """env_service's handler (its body parsing within max_body_bytes, its JSON answers) on the proxy's routes, with
-    OpenAI's error bodies and server-sent events for a stream. `self.server.service` is the ModelProxy."""
-
-    def handle_any(self) -> None:
-        path = urllib.parse.urlsplit(self.path).path
-        try:
-            body, proxy = self.read_body() if self.command == "POST" else {}, self.server.service
-            parts = [urllib.parse.unquote(p) for p in path.split("/")]  # ["", "v1", "sessions", ID, ("reward")]
-            session = len(parts) in (4, 5) and parts[:3] == ["", "v1", "sessions"]
-            if (self.command, path) == ("GET", "/v1/models"):
-                return self.answer(200, {"object": "list", "data": [{"id": proxy.name, "object": "model",
-                                                                     "owned_by": "minrl"}]})  # fmt: skip
-            if (self.command, path) == ("POST", "/v1/chat/completions"):
-                return self.chat(proxy, body)
-            if session and len(parts) == 5 and parts[4] == "reward" and self.command == "POST":
-                return self.answer(200, proxy.set_reward(parts[3], body.get("reward")))
-            if session and len(parts) == 4 and self.command in ("GET", "DELETE"):  # DELETE: the session is dropped
-                return self.answer(200, proxy.session(parts[3], pop=self.command == "DELETE"))
-            raise HTTPError(404, f"no route {self.command} {path}")
-        except HTTPError as e:
-            self.answer(e.status, openai_error(e.status, str(e)))
-        except (BrokenPipeError, ConnectionResetError):  # the client left before its answer
-            pass
-        except Exception as e:  # a bug of the proxy: a JSON 500 naming it (and the traceback here)
-            traceback.print_exc()
-            self.answer(500, openai_error(500, f"model_proxy failed on {self.command} {path}: {e!r}"))
-
-    def chat(self, proxy: ModelProxy, body: dict) -> None:
-        """POST /v1/chat/completions: validate, complete, answer whole or as a stream."""
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") in ("system", "developer",
-            "user", "assistant", "tool") for m in messages):  # fmt: skip
-            raise HTTPError(400, "'messages' must be a non-empty list of {role, content: string} objects")
-        if body.get("n", 1) != 1:
-            raise HTTPError(400, f"'n' must be 1, got {body.get('n')!r} (ask again for another sample)")
-        asked_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        asked_tokens = proxy.args.max_tokens if asked_tokens is None else asked_tokens
-        if not isinstance(asked_tokens, int) or isinstance(asked_tokens, bool) or asked_tokens < 1:
-            raise HTTPError(400, f"'max_tokens' must be a positive integer, got {asked_tokens!r}")
-        max_tokens = min(asked_tokens, proxy.args.max_tokens)  # the trainer's limit; a cut answer: finish "length"
-        session = self.headers.get("X-Session-Id") or body.get("user") or secrets.token_hex(8)
-        asked = {k: body[k] for k in ("temperature", "top_p", "max_tokens", "max_completion_tokens") if k in body}
-        r = proxy.complete(str(session), messages, max_tokens, asked)
-        text = proxy.content(r)
-        meta = {"session": str(session), "policy_version": r["version"], "sampling_used": {**proxy.sampling,
-                "max_tokens": max_tokens}, "sampling_asked": asked, "extends": r["extends"]}  # fmt: skip
-        head = {"id": "chatcmpl-" + secrets.token_hex(12), "created": int(time.time()), "model": proxy.name}
-        usage = {"prompt_tokens": len(r["prompt_ids"]), "completion_tokens": len(r["ids"]),
-                 "total_tokens": len(r["prompt_ids"]) + len(r["ids"])}  # fmt: skip
-        if not body.get("stream"):
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "finish_reason": r["finish_reason"]}  # fmt: skip
-            return self.answer(200, {**head, "object": "chat.completion", "choices": [choice], "usage": usage,
-                                     "minrl": meta})  # fmt: skip
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.end_headers()
-        deltas = [{"role": "assistant", "content": ""}] + [{"content": d} for d in stream_deltas(proxy, r)]
-        for i, delta in enumerate(deltas + [{}]):
-            finish = r["finish_reason"] if i == len(deltas) else None
-            chunk = {**head, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta,
-                     "finish_reason": finish}], **({"usage": usage, "minrl": meta} if finish else {})}  # fmt: skip
-            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-        self.wfile.write(b"data: [DONE]\n\n")
-
-    do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = handle_any  # noqa: N815 (http.server's names: do_<METHOD>)
-
-
 def start_proxy(proxy: ModelProxy, host: str = "127.0.0.1", port: int = 0) -> Server:
     """Serve `proxy` on host:port in its own threads (`server.url` is the base_url's root; stop with stop_proxy)."""
-    server = Server((host, port), Handler)
+    server = Server((host, port), openai_api.Handler)
     server.service, server.url = proxy, f"http://{host}:{server.server_address[1]}"
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
@@ -383,7 +319,7 @@ class AgentConfig(Config):
     agent: str = str(Path(__file__).resolve().parent / "examples" / "calc_agent.py")
     """The agent program: `python AGENT --base-url URL/v1 --env-url URL --max-turns N`, SEED:SESSION:SPLIT on stdin."""
     agents: int = 16
-    """Agent processes (each plays its share of an iteration's episodes in order)."""
+    """Agent processes (each plays its share of an iteration's episodes, concurrently: agent_pool.py)."""
     agent_timeout: float = 600.0
     """Seconds an iteration's agents may take (then the run stops, naming them)."""
     gather_ms: float = 5.0
@@ -394,47 +330,22 @@ class AgentConfig(Config):
         super().__post_init__()
         check_fields(self, {"[1, inf)": ("agents", "steps"), "(0.0, inf)": ("agent_timeout",), "[0.0, inf)":
                             ("gather_ms",)}, AgentConfig)  # fmt: skip
-        if "float32" != self.dtype or "float32" != self.rollout_dtype:  # the batcher thread runs without autocast
-            raise ValueError("config fields 'dtype' / 'rollout_dtype': the proxy samples in float32 only (for now)")
 
 
 class AgentSampler:
-    """train()'s sampler: each iteration the weights go to the proxy, the agent processes play the episodes (G sessions
-    per env seed: a GRPO group; `done SESSION RETURN` on stdout each), what the proxy recorded becomes the batch."""
+    """train()'s sampler: each iteration the weights go to the proxy, the agent processes (agent_pool.py) play the
+    episodes, G sessions per env seed (a GRPO group), and what the proxy recorded becomes the batch."""
 
     def __init__(self, cfg: AgentConfig, proxy: ModelProxy, proxy_url: str, env_url: str):
         self.cfg, self.proxy, self.rng = cfg, proxy, np.random.default_rng(cfg.seed)  # rng: training env seeds
-        cmd = [sys.executable, cfg.agent, "--base-url", proxy_url + "/v1", "--env-url", env_url, "--max-turns",
-               str(cfg.max_turns)]  # fmt: skip
-        self.logs = [tempfile.TemporaryFile("w+") for _ in range(cfg.agents)]  # each agent's stderr, for its failure
-        self.procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
-                                       bufsize=1) for log in self.logs]  # fmt: skip
+        args = ["--base-url", proxy_url + "/v1", "--env-url", env_url, "--max-turns", str(cfg.max_turns)]
+        self.pool = AgentPool(cfg.agent, cfg.agents, args, cfg.agent_timeout)
 
     def play(self, seeds: list[int], tag: str, split: str = "train") -> list[dict]:
         """Play `seeds` (one session each) on the agent processes; the sessions the proxy recorded, in order."""
         names = [f"{tag}-{i}" for i in range(len(seeds))]
-        share = [list(zip(seeds, names))[j :: len(self.procs)] for j in range(len(self.procs))]
-        for p, jobs in zip(self.procs, share):
-            p.stdin.write("".join(f"{s}:{n}:{split}\n" for s, n in jobs))
-        timer = threading.Timer(self.cfg.agent_timeout, lambda: [p.kill() for p in self.procs])
-        timer.start()  # a hung agent is killed: its readline below then ends, and the run stops naming it
-        try:
-            for j, (p, jobs) in enumerate(zip(self.procs, share)):
-                for _ in jobs:
-                    if not (line := p.stdout.readline()).startswith("done "):  # "": it exited (or the timer killed it)
-                        code, _ = p.poll() if line else p.wait(timeout=30), self.logs[j].seek(0)
-                        raise RuntimeError(
-                            f"agent {j} ({self.cfg.agent}) stopped (exit {code}; agent_timeout "
-                            f"{self.cfg.agent_timeout} s): {line!r}, {self.logs[j].read()[-2000:]}"
-                        )
-        finally:
-            timer.cancel()
+        self.proxy.serve_while(self.pool.play, list(zip(seeds, names)), split)  # (their returns: as posted)
         return [self.proxy.session(n, pop=True) for n in names]
-
-    def close(self) -> None:
-        for p in self.procs:
-            p.kill()
-            p.wait()
 
     def __call__(self, step: int, policy):
         self.proxy.load_weights(policy, step)  # the samples of iteration `step` come from its weights (staleness 0)
@@ -470,8 +381,17 @@ def train_agent(cfg: AgentConfig, hooks=()) -> dict:
             source = cfg.model or str(sft_warm_start(sft_config_for(cfg.task, cfg.sft_target)))
             args = ProxyArgs(max_tokens=cfg.max_new_tokens, max_context=cfg.max_context, gather_ms=cfg.gather_ms)
             sampling = {k: getattr(cfg, k) for k in ("temperature", "top_p", "top_k")}  # the trainer's, always
-            tokenizer = load_policy(source, "cpu")[1]  # (train() has it, but gives a sampler the policy only)
-            proxy = ModelProxy(copy.deepcopy(policy), tokenizer, args, sampling, seed=cfg.seed)
+            engine = inference_copy(policy, cfg.rollout_dtype)  # float32: the policy itself, so copied
+            engine, dev = copy.deepcopy(policy) if engine is policy else engine, next(policy.parameters()).device
+            proxy = ModelProxy(
+                engine,
+                load_tokenizer(source),
+                args,
+                sampling,
+                seed=cfg.seed,
+                autocast=make_autocast(cfg.dtype, dev),
+                batch_thread=False,  # it generates on this thread, the trainer's, while agents play (serve_while)
+            )  # train()'s sampling: its autocast, its dtype
             box["server"] = start_proxy(proxy)
             box["s"] = AgentSampler(cfg, proxy, box["server"].url, env_server.url)
             box["before"] = box["s"].greedy_success(cfg.eval_n, "eval0")
@@ -485,7 +405,7 @@ def train_agent(cfg: AgentConfig, hooks=()) -> dict:
         return out
     finally:
         if "s" in box:
-            box["s"].close()
+            box["s"].pool.close()
         if "server" in box:
             stop_proxy(box["server"])
         stop_server(env_server)

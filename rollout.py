@@ -163,10 +163,11 @@ def truncate_logits(logits: torch.Tensor, top_p: float, top_k: int) -> torch.Ten
 @torch.no_grad()
 def generate(model, prompt_ids, attention_mask, *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
              top_k: int = 0, eos_token_ids: list[int], pad_token_id: int,
-             generator: torch.Generator | None = None) -> Rollout:  # fmt: skip
+             generator: torch.Generator | list[torch.Generator] | None = None) -> Rollout:  # fmt: skip
     """Sample up to max_new_tokens per row with a KV cache. prompt_ids/attention_mask: [B, P], left-padded. Apart
     from the KV cache, nothing grows per step: the mask, tokens and logprobs are preallocated [B, P+N] / [B, N],
-    filled a column per step; each row's next position is a running count (cumsum(mask) - 1, incrementally)."""
+    filled a column per step; each row's next position is a running count (cumsum(mask) - 1, incrementally).
+    `generator`: one, or a list of one per row (a row's draws then do not depend on its batch: model_proxy.py)."""
     if not eos_token_ids or max_new_tokens < 1:
         raise ValueError(f"generate needs a stop token id and max_new_tokens >= 1 ({eos_token_ids}, {max_new_tokens})")
     (B, P), dev, N = prompt_ids.shape, prompt_ids.device, max_new_tokens
@@ -179,6 +180,8 @@ def generate(model, prompt_ids, attention_mask, *, max_new_tokens: int, temperat
     pos, n_real = position_ids_from_mask(attention_mask), attention_mask.sum(-1, keepdim=True)  # [B, P], [B, 1]
     inp, cache, n = prompt_ids, None, 0
     done = torch.zeros(B, dtype=torch.bool, device=dev)  # [B] row has emitted its stop token
+    if isinstance(generator, list):  # [B, N] each row's uniforms, drawn up front from its own stream
+        uniforms = torch.stack([torch.rand(N, generator=g, device=dev, dtype=torch.float64) for g in generator])
     while n < N:
         out = model(input_ids=inp, attention_mask=mask[:, : P + n], position_ids=pos, use_cache=True,
                     **{kw: cache}, **last1)  # fmt: skip
@@ -186,7 +189,12 @@ def generate(model, prompt_ids, attention_mask, *, max_new_tokens: int, temperat
         logits = out.logits[:, -1, :].float()  # [B, V]
         if temperature > 0:  # the behaviour distribution: truncated, renormalised; its logprobs are recorded
             scaled = truncate_logits(logits / temperature, top_p, top_k)  # [B, V]
-            nxt = torch.multinomial(scaled.softmax(-1), 1, generator=generator).squeeze(1)  # [B]
+            probs = scaled.softmax(-1)  # [B, V]
+            if isinstance(generator, list):  # row i's t-th draw: inverse CDF at its stream's t-th uniform
+                cdf = probs.double().cumsum(-1)  # [B, V] (u * total < total: never past a row's last kept token)
+                nxt = torch.searchsorted(cdf, (uniforms[:, n] * cdf[:, -1])[:, None], right=True)[:, 0]
+            else:
+                nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # [B]
         else:
             scaled, nxt = logits, logits.argmax(-1)  # [B, V], [B]
         nxt = nxt.masked_fill(done, pad_token_id)  # pad after the stop token
@@ -363,16 +371,9 @@ def rollout_env(model, tokenizer, envs, seeds, eos_ids, *, max_prompt_len: int, 
                 break
             ctx_ids, ctx_mask = left_pad([prompts[i] + tracks[i]["ids"] for i in live], tokenizer.pad_token_id)
             t_gen = time.perf_counter()
-            turn_samples = generate(
-                model,
-                ctx_ids.to(dev),
-                ctx_mask.to(dev),
-                max_new_tokens=max(budget[i] for i in live),
-                eos_token_ids=eos_ids,
-                pad_token_id=tokenizer.pad_token_id,
-                generator=generator,
-                **sampling,
-            )
+            turn_samples = generate(model, ctx_ids.to(dev), ctx_mask.to(dev), max_new_tokens=max(budget.values()),
+                                    eos_token_ids=eos_ids, pad_token_id=tokenizer.pad_token_id, generator=generator,
+                                    **sampling)  # fmt: skip
             r_ids, r_mask = turn_samples.response_ids.cpu(), turn_samples.response_mask.cpu()  # [b, r] each
             r_logp = turn_samples.rollout_logprobs.cpu()  # [b, r]
             t_gen = time.perf_counter() - t_gen  # this turn's batched generation

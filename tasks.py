@@ -266,40 +266,52 @@ def resolve_model_path(name: str) -> str:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
-def load_policy(name_or_path: str, device):
-    """AutoModelForCausalLM + AutoTokenizer, dropout off, a pad token guaranteed (logged if assigned). Refused at
-    load, naming the model and the fix: an encoder or encoder-decoder, a local folder without a tokenizer, damaged
-    weights, a model whose logits at position t depend on later tokens (check_causal)."""
-    import torch
-    from safetensors import SafetensorError
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    from transformers.utils import logging as hf_logging
+def load_tokenizer(name_or_path: str):
+    """The model's tokenizer as load_policy loads it (a local folder's own tokenizer.json, an eos token, a pad token
+    guaranteed and logged if assigned), without the weights: for a process given the policy (model_proxy.py)."""
+    from transformers import AutoTokenizer
 
-    hf_logging.disable_progress_bar()  # one "Loading weights" bar per model would drown the metrics table
     path = resolve_model_path(name_or_path)
     if Path(path).is_dir() and not any((Path(path) / f).is_file() for f in TOKENIZER_FILES):
         raise FileNotFoundError(f"model folder {name_or_path!r} has no tokenizer (none of {list(TOKENIZER_FILES)}): "
                                 f"save the one it was trained with beside it (tokenizer.save_pretrained)")  # fmt: skip
     try:
-        config = AutoConfig.from_pretrained(path)
-        if config.is_encoder_decoder or config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-            kind = "an encoder-decoder" if config.is_encoder_decoder else "not a causal LM"
-            fix = "RL here trains decoder-only causal LMs (AutoModelForCausalLM): pick one such as Qwen2 or Llama"
-            raise TypeError(f"model {name_or_path!r} is a {config.model_type} model, {kind}: {fix}")
         tokenizer = _as_saved(AutoTokenizer.from_pretrained(path), path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError) as e:  # hub name unreachable or not a model folder: say which model
-        raise FileNotFoundError(f"could not load model {name_or_path!r}: {e}") from e
-    except (SafetensorError, pickle.UnpicklingError, EOFError, RuntimeError) as e:  # a truncated or damaged file
-        raise ValueError(f"could not read the weights of model {name_or_path!r} ({type(e).__name__}: {e}): the "
-                         f"file is damaged or truncated; save or download the model again") from e  # fmt: skip
+        raise FileNotFoundError(f"could not load the tokenizer of model {name_or_path!r}: {e}") from e
     if tokenizer.eos_token_id is None:
         raise ValueError(f"tokenizer of {name_or_path!r} has no eos token: responses could never end")
     if tokenizer.pad_token_id is None:
         # masks are carried explicitly and never rebuilt from ids, so pad == eos is harmless here
         tokenizer.pad_token = tokenizer.eos_token
         print(f"[minrl] tokenizer of {name_or_path!r} has no pad token: using eos {tokenizer.eos_token!r} as pad")
+    return tokenizer
+
+
+def load_policy(name_or_path: str, device):
+    """AutoModelForCausalLM + load_tokenizer's tokenizer, dropout off. Refused at load, naming the model and the fix:
+    an encoder or encoder-decoder, a local folder without a tokenizer, damaged weights, a model whose logits at
+    position t depend on later tokens (check_causal)."""
+    import torch
+    from safetensors import SafetensorError
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one "Loading weights" bar per model would drown the metrics table
+    path, tokenizer = resolve_model_path(name_or_path), load_tokenizer(name_or_path)
+    try:
+        config = AutoConfig.from_pretrained(path)
+        if config.is_encoder_decoder or config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            kind = "an encoder-decoder" if config.is_encoder_decoder else "not a causal LM"
+            fix = "RL here trains decoder-only causal LMs (AutoModelForCausalLM): pick one such as Qwen2 or Llama"
+            raise TypeError(f"model {name_or_path!r} is a {config.model_type} model, {kind}: {fix}")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    except (OSError, ValueError) as e:  # hub name unreachable or not a model folder: say which model
+        raise FileNotFoundError(f"could not load model {name_or_path!r}: {e}") from e
+    except (SafetensorError, pickle.UnpicklingError, EOFError, RuntimeError) as e:  # a truncated or damaged file
+        raise ValueError(f"could not read the weights of model {name_or_path!r} ({type(e).__name__}: {e}): the "
+                         f"file is damaged or truncated; save or download the model again") from e  # fmt: skip
     return check_causal(model.to(device).eval(), name_or_path), tokenizer  # eval() = dropout off, always
 
 

@@ -9,7 +9,8 @@ client process (agents are processes of their own: the clients' HTTP and JSON do
 sends 16 concurrent POST /v1/chat/completions (real HTTP on 127.0.0.1, a connection per request), one prompt each,
 and times from the first send to the last answer; the proxy gathers them into one generate call, records ids and
 logprobs and answers each. Both sample exactly max_tokens tokens (no stop token can be sampled), so the tokens are
-the same count. The rounds interleave (direct, proxy, direct, ...); the medians are compared, overhead = proxy /
+the same count. The proxy generates on the main thread while the client's round runs (ModelProxy.serve_while, as
+train_agent does). The rounds interleave (direct, proxy, direct, ...); the medians are compared, overhead = proxy /
 direct - 1: HTTP, JSON, the chat template, the gather window (gather_ms after the last request), the bookkeeping.
 """
 
@@ -89,7 +90,7 @@ def bench_one(preset: str, cfg: Config) -> dict:
         [tok(tok.bos_token + p, add_special_tokens=False).input_ids for p in prompts], tok.pad_token_id
     )
     proxy = mp.ModelProxy(model, tok, mp.ProxyArgs(max_tokens=cfg.max_tokens, gather_ms=cfg.gather_ms, max_batch=64),
-                          {"temperature": 1.0, "top_p": 1.0, "top_k": 0})  # fmt: skip
+                          {"temperature": 1.0, "top_p": 1.0, "top_k": 0}, batch_thread=False)  # fmt: skip
     proxy.eos_ids = [never]
     server = mp.start_proxy(proxy)
     gen = torch.Generator().manual_seed(0)
@@ -106,7 +107,7 @@ def bench_one(preset: str, cfg: Config) -> dict:
     def through_proxy() -> float:
         client.send([{"messages": [{"role": "user", "content": p}], "max_tokens": cfg.max_tokens, "user": f"{i}"}
                      for i, p in enumerate(prompts)])  # fmt: skip
-        seconds, error = client.recv()
+        seconds, error = proxy.serve_while(client.recv)  # generating on this thread, as train_agent does
         proxy.sessions.clear()
         if error:  # a failed request must not look like a fast one
             raise RuntimeError(f"the client's request failed: {error}")

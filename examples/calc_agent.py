@@ -7,14 +7,18 @@ Each episode: open a `calc` session on the environment server (env_service.py's 
 the model as a user message, send the model's answer back as the action (`calc 3*4` is answered `=12`, `answer 12`
 ends it), and repeat with the whole history, as any chat agent does. At the end it reports the episode's return to
 the endpoint it chats with (POST {base_url}/sessions/SESSION/reward), the one call a training proxy needs from it.
-Without --episodes it is a worker: it plays each `SEED:SESSION:SPLIT` line it reads on stdin and prints
-`done SESSION RETURN` (model_proxy.py --agent keeps --agents of them running). It needs `pip install openai`; nothing
+Without --episodes it is a worker: it plays each `SEED:SESSION:SPLIT` line it reads on stdin in a thread of its own
+(episodes wait on the network, so they overlap, as a production agent's do) and prints `done SESSION RETURN` when it
+ends (model_proxy.py --agent keeps --agents of them running). It needs `pip install openai`; nothing
 else beyond the standard library.
 """
 
 import argparse
 import json
+import os
 import sys
+import threading
+import traceback
 import urllib.request
 
 from openai import OpenAI
@@ -56,13 +60,37 @@ def main(argv=None) -> None:
     ap.add_argument("--max-turns", type=int, default=3)
     ap.add_argument("--model", default="policy")
     args = ap.parse_args(argv)
-    client = OpenAI(base_url=args.base_url, api_key="none")
-    jobs = [f"{pair}:{args.split}" for pair in args.episodes.split(",")] if args.episodes else sys.stdin
-    for line in jobs:
+    client = OpenAI(base_url=args.base_url, api_key="none")  # one client (its connection pool) for every thread
+    printing = threading.Lock()
+
+    def job(line: str) -> None:
         seed, session, split = line.strip().split(":")
         ret = play(client, args.env_url, int(seed), session, split, args.max_turns, args.model)
         call(f"{args.base_url}/sessions/{session}/reward", "POST", {"reward": ret})
-        print(f"done {session} {ret}", flush=True)
+        with printing:
+            print(f"done {session} {ret}", flush=True)
+
+    if args.episodes:  # in order, here
+        for pair in args.episodes.split(","):
+            job(f"{pair}:{args.split}")
+        return
+    threads = []  # a worker: each job in a thread (an exception ends the program, the trainer names it)
+    for line in sys.stdin:
+        threads = [t for t in threads if t.is_alive()]  # (a long-lived worker keeps only its running ones)
+        threads.append(threading.Thread(target=guarded, args=(job, line), daemon=True))
+        threads[-1].start()
+    for t in threads:  # stdin closed: the episodes in flight still end
+        t.join()
+
+
+def guarded(job, line: str) -> None:
+    """Run job(line); on an exception print its traceback and end the whole process (exit 1), not just the thread."""
+    try:
+        job(line)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 recorded ids and logprobs (the policy's own), batching, weight versions, sessions to samples token in token out,
 a history rewrite as a new sample, the re-tokenisation drift it avoids, and every refusal."""
 
+import http.client
 import json
 import subprocess
 import sys
@@ -16,7 +17,11 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
 import model_proxy as mp
+import openai_api
 import tasks
+from agent_pool import AgentPool
+from common import make_autocast
+from offpolicy import inference_copy
 from rollout import Rollout, sequence_logprobs
 
 openai = pytest.importorskip("openai", reason="pip install openai (requirements.txt installs it for the tests)")
@@ -102,6 +107,32 @@ def test_concurrent_requests_share_a_generate_call_and_weights_change_between_ba
     assert [r["version"] for r in proxy.session("s0")["records"]] == [0, 3]
 
 
+def test_a_requests_samples_depend_on_its_session_and_index_not_on_the_batch_it_shared():
+    """Detail 1: a request alone and the same request among 8 concurrent others (a fresh proxy, the same seed)
+    sample the same ids; another session, or the next request of the same session, samples its own."""
+    ask = lambda client, user: client.chat.completions.create(
+        model="m", user=user, messages=[{"role": "user", "content": "12+3="}]
+    )
+    answers, calls, generate = [], [], mp.generate
+    for crowd in (0, 8):
+        proxy, server = make_proxy(max_tokens=8, gather_ms=200.0)
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        mp.generate = lambda model, ids, *a, **kw: calls.append(ids.shape[0]) or generate(model, ids, *a, **kw)
+        try:
+            threads = [threading.Thread(target=ask, args=(client, f"other{i}")) for i in range(crowd)]
+            [t.start() for t in threads]
+            ask(client, "x"), ask(client, "x")
+            [t.join() for t in threads]
+        finally:
+            mp.generate = generate
+            mp.stop_proxy(server)
+        answers.append([r["ids"] for r in proxy.session("x")["records"]])
+        others = [proxy.session(f"other{i}")["records"][0]["ids"] for i in range(crowd)]
+        assert all(ids != answers[-1][0] for ids in others), others  # another session: another stream
+    assert max(calls) > 1, calls  # the crowd shared a generate call with x's first request
+    assert answers[0] == answers[1] and answers[0][0] != answers[0][1], answers
+
+
 def test_a_session_that_extends_its_history_is_one_sample_and_a_rewrite_starts_another(served):
     proxy, server, client = served
     chat = [{"role": "user", "content": "7*6="}]
@@ -179,14 +210,27 @@ def test_every_bad_request_gets_its_status_and_an_openai_error(served):
     cases = [
         ("/v1/chat/completions", b"{not json", 400, "malformed JSON"),
         ("/v1/chat/completions", b'{"messages": []}', 400, "'messages'"),
-        ("/v1/chat/completions", b'{"messages": [{"role": "robot", "content": "x"}]}', 400, "'messages'"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "robot", "content": "x"}]}', 400, "messages[0] must be"),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}',
+            400,
+            "a list of text parts",
+        ),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": '
+            b'"", "tool_calls": [{"id": "c"}]}]}',
+            400,
+            "messages[1] has tool_calls: not supported",
+        ),
         ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', 400, "'n'"),
         ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}', 400, "positive"),
         (
             "/v1/chat/completions",
             b'{"messages": [{"role": "user"}, {"role": "user", "content": "x"}]}',
             400,
-            "'messages'",
+            "messages[0] must be",
         ),
         ("/v1/sessions/nobody/reward", b'{"reward": 1}', 404, "unknown session"),
         ("/v1/nowhere", b"{}", 404, "no route"),
@@ -212,20 +256,33 @@ def test_the_demo_runs(capsys):
     assert "turn 1:" in out and "'extends': True" in out and "'proxy/prefix_breaks': 0" in out
 
 
-def test_an_agent_program_trains_through_the_proxy_and_its_greedy_success_is_the_trainers(tmp_path):
-    """`python model_proxy.py --agent examples/calc_agent.py`, 2 iterations: the agent processes' episodes (G
-    sessions per env seed) are the batch, with the sampler's logprobs the trainer's and no history break; the agent's
-    greedy success through the proxy on the held-out seeds equals the trainer's own greedy evaluation of the same
-    weights on the same episodes (rollout_env), before and after training: the proxy's token layout is the
-    trainer's (TEMPLATE)."""
+def agent_run(tmp_path, name: str, **kw) -> tuple[dict, list[dict]]:
+    """`python model_proxy.py --agent examples/calc_agent.py`: train_agent's result and its per-iteration rows."""
     rows = []
-    cfg = mp.AgentConfig(agents=4, steps=2, prompts_per_step=4, group_size=2, adv_estimator="grpo", eval_every=2,
-                         eval_n=16, kl_metric_every=0, out_dir=str(tmp_path))  # fmt: skip
-    out = mp.train_agent(cfg, hooks=[lambda step, m: rows.append(m)])
+    cfg = mp.AgentConfig(agents=4, adv_estimator="grpo", kl_metric_every=0, seed=0, out_dir=str(tmp_path / name), **kw)
+    return mp.train_agent(cfg, hooks=[lambda step, m: rows.append(m)]), rows
+
+
+def test_an_unmodified_agent_learns_through_the_proxy_against_an_lr0_control(tmp_path):
+    """The agent processes' episodes (G sessions per env seed) are the batch, with the sampler's logprobs the
+    trainer's and no history break; the agent's greedy success through the proxy on 100 held-out seeds rises by >= 10
+    points in 40 iterations (seed 0: 0.49 -> 0.67; seeds 1-2: 0.76, 0.58; at 60 all three >= 0.68: RESULTS.md; a run
+    repeats, so this test sees seed 0's) and equals the trainer's own greedy evaluation of the same weights on the
+    same episodes (rollout_env), before and after: the proxy's token layout is the trainer's (TEMPLATE). The control
+    (lr = 0) leaves the weights, so its success, where they were."""
+    common = dict(group_size=8, temperature=0.6, lr_schedule="constant", ppo_epochs=1, minibatches=1, eval_n=100)
+    out, rows = agent_run(tmp_path, "train", steps=40, prompts_per_step=16, lr=1e-4, warmup_steps=5, eval_every=40,
+                          **common)  # fmt: skip
+    control, _ = agent_run(tmp_path, "control", steps=1, prompts_per_step=2, lr=0.0, eval_every=1, **common)
     (_, start), (_, end) = out["eval_history"]
-    ours = out["agent_success"]  # equal but for a near-tie in an argmax under another batch's padding: 1 episode
-    assert abs(ours[0] - start) <= 1 / 16 and abs(ours[1] - end) <= 1 / 16, (ours, out["eval_history"])
-    assert [r["proxy/samples"] for r in rows] == [8, 8] and all(r["proxy/prefix_breaks"] == 0 for r in rows)
+    ours, theirs = out["agent_success"], control["agent_success"]
+    assert ours[1] - theirs[1] >= 0.10, (ours, theirs)
+    # the same weights give the same success, but for a near-tie in an argmax under another batch's padding (the
+    # requests that share a generate call vary with timing): at most 2 of 100 episodes
+    near = lambda a, b: abs(a - b) <= 0.02  # noqa: E731
+    assert near(theirs[0], theirs[1]) and near(theirs[0], ours[0]), (ours, theirs)
+    assert near(ours[0], start) and near(ours[1], end), (ours, out["eval_history"])
+    assert [r["proxy/samples"] for r in rows] == [128] * 40 and all(r["proxy/prefix_breaks"] == 0 for r in rows)
     assert max(r["stats/rollout_vs_old_logp_diff"] for r in rows) < 1e-4
     assert all(r["rollout/turns"] >= 1 for r in rows)
 
@@ -264,7 +321,7 @@ def test_stream_deltas_never_split_a_character_of_a_byte_level_tokenizer():
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token="<eos>", pad_token="<eos>")
     ids = tok("a\u4e2db", add_special_tokens=False).input_ids + [tok.eos_token_id]  # a, 3 bytes of one character, b
     fake = type("P", (), {"eos_ids": [tok.eos_token_id], "tokenizer": tok, "content": mp.ModelProxy.content})()
-    deltas = mp.stream_deltas(fake, {"ids": ids})
+    deltas = openai_api.stream_deltas(fake, {"ids": ids})
     assert "".join(deltas) == "a\u4e2db" and "\ufffd" not in "".join(deltas) and deltas == ["a", "\u4e2d", "b"]
 
 
@@ -288,8 +345,74 @@ def test_an_agent_that_fails_stops_the_run_naming_it(tmp_path):
     proxy, server = make_proxy()
     try:
         s = mp.AgentSampler(mp.AgentConfig(agent=str(broken), agents=2), proxy, server.url, "http://127.0.0.1:9")
-        with pytest.raises(RuntimeError, match="agent 0 .*broken_agent.py.* stopped \\(exit 3.*no model here"):
+        with pytest.raises(RuntimeError, match="agent 0 .*broken_agent.py.* failed \\(exit 3.*no model here"):
             s.play([1, 2], "t")
-        s.close()
+        s.pool.close()
     finally:
         mp.stop_proxy(server)
+
+
+def test_a_bf16_proxy_samples_with_its_engines_logprobs_and_rounds_the_weights_it_loads():
+    """--rollout-dtype bfloat16: the proxy serves inference_copy's bf16 engine under train()'s autocast; the recorded
+    logprobs are that engine's own, and the trainer's fp32 weights arrive rounded to bf16."""
+    tok = tasks.make_tokenizer()
+    torch.manual_seed(0)
+    policy = tasks.make_tiny_model(tok)
+    engine, cast = inference_copy(policy, "bfloat16"), make_autocast("bfloat16", torch.device("cpu"))
+    proxy = mp.ModelProxy(engine, tok, mp.ProxyArgs(max_tokens=8), SAMPLING, autocast=cast)
+    rec = proxy.complete("a", [{"role": "user", "content": "12+3="}], 8, {})
+    ids = torch.tensor([rec["prompt_ids"] + rec["ids"]])
+    with torch.no_grad(), cast():
+        ours, _ = sequence_logprobs(engine, ids, torch.ones_like(ids), len(rec["ids"]), temperature=1.0)
+    assert torch.allclose(ours[0].float(), torch.tensor(rec["logprobs"]), atol=1e-5), (ours, rec["logprobs"])
+    with torch.no_grad():
+        fp32 = sequence_logprobs(policy, ids, torch.ones_like(ids), len(rec["ids"]), temperature=1.0)[0]
+    assert not torch.allclose(fp32[0], ours[0].float(), atol=1e-5)  # the bf16 engine is not the fp32 policy
+    torch.manual_seed(1)
+    new = tasks.make_tiny_model(tok)
+    proxy.load_weights(new, version=1)
+    name, weight = next(iter(new.named_parameters()))
+    got = dict(engine.named_parameters())[name]
+    assert got.dtype == torch.bfloat16 and torch.equal(got, weight.detach().to(torch.bfloat16))
+    proxy.stop.set()
+
+
+def test_text_parts_are_the_joined_string_and_a_connection_serves_several_requests(served):
+    """A content given as a list of text parts is its joined string (the same prompt ids); HTTP/1.1 keep-alive: two
+    requests on one connection, an error answer closes it."""
+    proxy, server, client = served
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    parts = [{"type": "text", "text": "12"}, {"type": "text", "text": "+3="}]
+    for session, content in (("str", "12+3="), ("parts", parts)):  # one connection, two requests
+        body = json.dumps({"messages": [{"role": "user", "content": content}], "user": session})
+        conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        answer = conn.getresponse()
+        assert answer.status == 200 and answer.getheader("Connection") != "close"
+        answer.read()
+    assert proxy.session("str")["records"][0]["prompt_ids"] == proxy.session("parts")["records"][0]["prompt_ids"]
+    conn.request("POST", "/v1/chat/completions", b"{not json", {"Content-Type": "application/json"})
+    answer = conn.getresponse()
+    assert answer.status == 400 and answer.getheader("Connection") == "close"
+    conn.close()
+
+
+def test_an_agent_that_prints_what_is_not_its_done_line_stops_the_run_naming_it(tmp_path):
+    """AgentPool: a `done` line for a session it was not given (or a return that is no number) is a failure."""
+    for line in ("done someone-else 1.0", "done s0 nan", "hello"):
+        liar = tmp_path / "liar_agent.py"
+        liar.write_text(f"import sys\nfor _ in sys.stdin:\n    print({line!r}, flush=True)\n")
+        pool = AgentPool(str(liar), 1, [], timeout=60)
+        try:
+            with pytest.raises(RuntimeError, match=f"agent 0 .*liar_agent.py.*{line!r}.* no `done SESSION RETURN`"):
+                pool.play([(7, "s0")], "train")
+        finally:
+            pool.close()
+    good = tmp_path / "good_agent.py"
+    good.write_text("import sys\nfor job in sys.stdin:\n    seed, s, _ = job.strip().split(':')\n"
+                    "    print('done', s, int(seed) / 2, flush=True)\n")  # fmt: skip
+    pool = AgentPool(str(good), 2, [], timeout=60)
+    try:
+        assert pool.play([(1, "a"), (2, "b"), (3, "c")], "eval") == {"a": 0.5, "b": 1.0, "c": 1.5}
+    finally:
+        pool.close()

@@ -260,6 +260,36 @@ def test_generate_is_seeded(model, tok):
     assert not torch.equal(a.response_ids, c.response_ids)
 
 
+class FixedLM(torch.nn.Module):
+    """A scripted LM whose next-token distribution is `probs` after every token."""
+
+    def __init__(self, probs: list[float]):
+        super().__init__()
+        self.logits = torch.tensor(probs).log()
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False, past_key_values=None):
+        return SimpleNamespace(logits=self.logits.expand(*input_ids.shape, -1), past_key_values=None)
+
+
+def test_per_row_streams_sample_the_truncated_distribution_and_a_row_alone_draws_the_same():
+    """generate(generator=[one per row]) (model_proxy.py's sampler): the frequencies of 4000 rows' draws are the
+    top-p-truncated distribution (within 4 sigma, the cut token never drawn); a row's draws are its stream's alone."""
+    lm, probs = FixedLM([0.45, 0.3, 0.15, 0.1, 0.0]), torch.tensor([0.45, 0.3, 0.15, 0.0, 0.0]) / 0.9
+    ids, mask = torch.zeros(4000, 1, dtype=torch.long), torch.ones(4000, 1, dtype=torch.long)
+    streams = lambda seeds: [torch.Generator().manual_seed(s) for s in seeds]  # noqa: E731
+    out = generate(lm, ids, mask, max_new_tokens=3, top_p=0.85, eos_token_ids=[4], pad_token_id=4,
+                   generator=streams(range(4000)))  # fmt: skip
+    freq = torch.bincount(out.response_ids.flatten(), minlength=5) / out.response_ids.numel()
+    sigma = (probs * (1 - probs) / out.response_ids.numel()).sqrt()
+    assert ((freq - probs).abs() <= 4 * sigma + 1e-9).all(), (freq, probs)
+    assert torch.allclose(out.rollout_logprobs, probs[out.response_ids].log())
+    same = (out.response_ids == out.response_ids[:, :1]).all(1).float().mean()  # a row's 3 draws: independent
+    assert abs(same - (probs**3).sum()) < 0.03, same
+    alone = generate(lm, ids[:3], mask[:3], max_new_tokens=3, top_p=0.85, eos_token_ids=[4], pad_token_id=4,
+                     generator=streams([17, 5, 999]))  # fmt: skip
+    assert torch.equal(alone.response_ids, out.response_ids[[17, 5, 999]])
+
+
 # ----------------------------------------------------------------------------------------------
 # Position ids, left padding, KV cache
 
