@@ -37,10 +37,13 @@ class AgentPool:
 
     def play(self, jobs: list[tuple[int, str]], split: str) -> dict[str, float]:
         """Play (seed, session) jobs; returns each session's RETURN as its program printed it."""
-        share = [jobs[j :: len(self.procs)] for j in range(len(self.procs))]
-        for p, mine in zip(self.procs, share):
-            p.stdin.write("".join(f"{seed}:{session}:{split}\n" for seed, session in mine))
-        timer = threading.Timer(self.timeout, lambda: [p.kill() for p in self.procs])
+        share, self.timed_out = [jobs[j :: len(self.procs)] for j in range(len(self.procs))], False
+        for j, (p, mine) in enumerate(zip(self.procs, share)):
+            try:
+                p.stdin.write("".join(f"{seed}:{session}:{split}\n" for seed, session in mine))
+            except OSError:  # it exited (BrokenPipeError): say which, how, and its stderr
+                self.fail(j, p, "")
+        timer = threading.Timer(self.timeout, self.kill_all)
         timer.start()  # a hung program is killed: its readline below then ends, and the run stops naming it
         returns = {}
         try:
@@ -57,11 +60,20 @@ class AgentPool:
             timer.cancel()
         return returns
 
+    def kill_all(self) -> None:  # the timer's: agent_timeout passed before every job was done
+        self.timed_out = True
+        for p in self.procs:
+            p.kill()
+
     def fail(self, j: int, p: subprocess.Popen, line: str):
-        code = p.poll() if line else p.wait(timeout=30)  # a wrong line from a live program: it is killed (close)
+        try:  # a wrong line from a live program: it is killed (close); none: it closed stdout, so it is ending
+            code = p.poll() if line else p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            code = None
         state = f"exit {code}" if code is not None else "still running"
+        state += f"; killed after agent_timeout {self.timeout} s" if self.timed_out else ""
         self.logs[j].seek(0)
-        raise RuntimeError(f"agent {j} ({self.program}) failed ({state}; agent_timeout {self.timeout} s), its last "
+        raise RuntimeError(f"agent {j} ({self.program}) failed ({state}), its last "
                            f"line {line.rstrip(chr(10))!r} is no `done SESSION RETURN` of its jobs; its stderr: "
                            f"{self.logs[j].read()[-2000:]}")  # fmt: skip
 

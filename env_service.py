@@ -253,7 +253,7 @@ class Handler(BaseHTTPRequestHandler):
     """Parse one request, route it, answer JSON (errors too). The service is `self.server.service`."""
 
     timeout = 30.0  # seconds a client may take to send its request (a stalled one cannot hold a thread forever)
-    disable_nagle_algorithm = True  # two writes an answer: Nagle held the body ~40 ms on a kept-alive connection
+    disable_nagle_algorithm = True  # an answer is 2 writes: on openai_api's kept-alive connections Nagle held the 2nd
 
     def handle_any(self) -> None:
         """Answer one request of any method (`self.command`)."""

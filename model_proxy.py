@@ -218,6 +218,8 @@ class ModelProxy:
 
         threading.Thread(target=run, daemon=True).start()
         self.batcher(until=finished)
+        if not finished.is_set():
+            raise RuntimeError("the proxy stopped (stop_proxy) while its owner's work was running")
         if "error" in box:
             raise box["error"]
         return box["out"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import sys
 import time
 import traceback
 import urllib.parse
@@ -96,7 +97,7 @@ class Handler(env_service.Handler):
         except HTTPError as e:  # (closing: the request's body may be unread)
             self.answer(e.status, openai_error(e.status, str(e)), CLOSE)
         except (BrokenPipeError, ConnectionResetError):  # the client left before its answer
-            pass
+            print(f"[minrl] model_proxy: the client of {self.command} {path} left before its answer", file=sys.stderr)
         except Exception as e:  # a bug of the proxy: a JSON 500 naming it (and the traceback here)
             traceback.print_exc()
             self.answer(500, openai_error(500, f"model_proxy failed on {self.command} {path}: {e!r}"), CLOSE)

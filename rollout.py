@@ -168,8 +168,9 @@ def generate(model, prompt_ids, attention_mask, *, max_new_tokens: int, temperat
     from the KV cache, nothing grows per step: the mask, tokens and logprobs are preallocated [B, P+N] / [B, N],
     filled a column per step; each row's next position is a running count (cumsum(mask) - 1, incrementally).
     `generator`: one, or a list of one per row (a row's draws then do not depend on its batch: model_proxy.py)."""
-    if not eos_token_ids or max_new_tokens < 1:
-        raise ValueError(f"generate needs a stop token id and max_new_tokens >= 1 ({eos_token_ids}, {max_new_tokens})")
+    if not eos_token_ids or max_new_tokens < 1 or (isinstance(generator, list) and len(generator) != len(prompt_ids)):
+        raise ValueError(f"generate needs a stop token id, max_new_tokens >= 1 and, as a list, a generator per row "
+                         f"({eos_token_ids}, {max_new_tokens}, {len(prompt_ids)} rows)")  # fmt: skip
     (B, P), dev, N = prompt_ids.shape, prompt_ids.device, max_new_tokens
     kw, last1 = _cache_kw(model), _last_logits_kw(model, 1)
     stop = torch.tensor(eos_token_ids, device=dev)
@@ -192,6 +193,8 @@ def generate(model, prompt_ids, attention_mask, *, max_new_tokens: int, temperat
             probs = scaled.softmax(-1)  # [B, V]
             if isinstance(generator, list):  # row i's t-th draw: inverse CDF at its stream's t-th uniform
                 cdf = probs.double().cumsum(-1)  # [B, V] (u * total < total: never past a row's last kept token)
+                if not (cdf[:, -1] > 0).all():  # NaN or all -inf logits: refused, as torch.multinomial does
+                    raise ValueError(f"generate: no distribution to sample in rows {torch.nonzero(~(cdf[:, -1] > 0))}")
                 nxt = torch.searchsorted(cdf, (uniforms[:, n] * cdf[:, -1])[:, None], right=True)[:, 0]
             else:
                 nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # [B]
@@ -470,15 +473,10 @@ def pack_tracks(prompt_ids, prompt_mask, tracks: list[dict], pad_id: int, dev) -
         response_ids[i, :n], real[i, :n] = torch.tensor(t["ids"], dtype=torch.long), 1
         response_mask[i, :n] = torch.tensor(t["action"], dtype=torch.long) * (not t["failed"])  # env failed: 0
         logp[i, :n], token_scores[i, :n] = torch.tensor(t["logp"]), torch.tensor(t["score"]) * (not t["failed"])
-    return Rollout(
-        prompt_ids=prompt_ids.to(dev),
-        response_ids=response_ids.to(dev),
-        attention_mask=torch.cat([prompt_mask, real], 1).to(dev),
-        response_mask=response_mask.to(dev),
-        rollout_logprobs=logp.to(dev),
-        truncated=torch.tensor([t["no_stop"] for t in tracks], device=dev),
-        token_scores=token_scores.to(dev),
-    )
+    return Rollout(prompt_ids=prompt_ids.to(dev), response_ids=response_ids.to(dev),
+                   attention_mask=torch.cat([prompt_mask, real], 1).to(dev), response_mask=response_mask.to(dev),
+                   rollout_logprobs=logp.to(dev), truncated=torch.tensor([t["no_stop"] for t in tracks], device=dev),
+                   token_scores=token_scores.to(dev))  # fmt: skip
 
 
 def main():

@@ -52,6 +52,8 @@ class Config:
     """Rounds of each; medians are compared."""
     gather_ms: float = 5.0
     """The proxy's batching window."""
+    batch_thread: bool = False
+    """Generate on the proxy's batcher thread (as before serve_while): on CPU a second OpenMP team, both slower."""
 
     def __post_init__(self):
         check_fields(self, {"[1, inf)": ("requests", "max_tokens", "rounds"), "[0.0, inf)": ("gather_ms",)})
@@ -90,7 +92,7 @@ def bench_one(preset: str, cfg: Config) -> dict:
         [tok(tok.bos_token + p, add_special_tokens=False).input_ids for p in prompts], tok.pad_token_id
     )
     proxy = mp.ModelProxy(model, tok, mp.ProxyArgs(max_tokens=cfg.max_tokens, gather_ms=cfg.gather_ms, max_batch=64),
-                          {"temperature": 1.0, "top_p": 1.0, "top_k": 0}, batch_thread=False)  # fmt: skip
+                          {"temperature": 1.0, "top_p": 1.0, "top_k": 0}, batch_thread=cfg.batch_thread)  # fmt: skip
     proxy.eos_ids = [never]
     server = mp.start_proxy(proxy)
     gen = torch.Generator().manual_seed(0)
@@ -107,7 +109,7 @@ def bench_one(preset: str, cfg: Config) -> dict:
     def through_proxy() -> float:
         client.send([{"messages": [{"role": "user", "content": p}], "max_tokens": cfg.max_tokens, "user": f"{i}"}
                      for i, p in enumerate(prompts)])  # fmt: skip
-        seconds, error = proxy.serve_while(client.recv)  # generating on this thread, as train_agent does
+        seconds, error = client.recv() if cfg.batch_thread else proxy.serve_while(client.recv)  # as train_agent
         proxy.sessions.clear()
         if error:  # a failed request must not look like a fast one
             raise RuntimeError(f"the client's request failed: {error}")

@@ -273,21 +273,28 @@ class FixedLM(torch.nn.Module):
 
 def test_per_row_streams_sample_the_truncated_distribution_and_a_row_alone_draws_the_same():
     """generate(generator=[one per row]) (model_proxy.py's sampler): the frequencies of 4000 rows' draws are the
-    top-p-truncated distribution (within 4 sigma, the cut token never drawn); a row's draws are its stream's alone."""
-    lm, probs = FixedLM([0.45, 0.3, 0.15, 0.1, 0.0]), torch.tensor([0.45, 0.3, 0.15, 0.0, 0.0]) / 0.9
+    top-p-truncated distribution (within 4 sigma; zero-probability tokens first, in the middle and the cut one never
+    drawn), a row's 3 draws independent; a row's draws are its stream's alone, a shorter budget their prefix; a
+    NaN distribution or a list of the wrong length is refused."""
+    lm = FixedLM([0.0, 0.45, 0.0, 0.3, 0.15, 0.1, 0.0])
+    probs = torch.tensor([0.0, 0.45, 0.0, 0.3, 0.15, 0.0, 0.0]) / 0.9  # top_p 0.85 keeps 0.45 + 0.3 + 0.15
     ids, mask = torch.zeros(4000, 1, dtype=torch.long), torch.ones(4000, 1, dtype=torch.long)
     streams = lambda seeds: [torch.Generator().manual_seed(s) for s in seeds]  # noqa: E731
-    out = generate(lm, ids, mask, max_new_tokens=3, top_p=0.85, eos_token_ids=[4], pad_token_id=4,
-                   generator=streams(range(4000)))  # fmt: skip
-    freq = torch.bincount(out.response_ids.flatten(), minlength=5) / out.response_ids.numel()
+    run = lambda rows, n, gens, model=lm: generate(model, ids[rows], mask[rows], max_new_tokens=n, top_p=0.85,
+                                                   eos_token_ids=[6], pad_token_id=6, generator=gens)  # fmt: skip
+    out = run(slice(None), 3, streams(range(4000)))
+    freq = torch.bincount(out.response_ids.flatten(), minlength=7) / out.response_ids.numel()
     sigma = (probs * (1 - probs) / out.response_ids.numel()).sqrt()
     assert ((freq - probs).abs() <= 4 * sigma + 1e-9).all(), (freq, probs)
     assert torch.allclose(out.rollout_logprobs, probs[out.response_ids].log())
     same = (out.response_ids == out.response_ids[:, :1]).all(1).float().mean()  # a row's 3 draws: independent
     assert abs(same - (probs**3).sum()) < 0.03, same
-    alone = generate(lm, ids[:3], mask[:3], max_new_tokens=3, top_p=0.85, eos_token_ids=[4], pad_token_id=4,
-                     generator=streams([17, 5, 999]))  # fmt: skip
-    assert torch.equal(alone.response_ids, out.response_ids[[17, 5, 999]])
+    assert torch.equal(run([17, 5, 999], 3, streams([17, 5, 999])).response_ids, out.response_ids[[17, 5, 999]])
+    assert torch.equal(run([17, 5, 999], 2, streams([17, 5, 999])).response_ids, out.response_ids[[17, 5, 999], :2])
+    with pytest.raises(ValueError, match="no distribution to sample in rows"):
+        run([0, 1], 1, streams([0, 1]), FixedLM([float("nan")] * 7))
+    with pytest.raises(ValueError, match="a generator per row"):
+        run([0, 1], 1, streams([0]))
 
 
 # ----------------------------------------------------------------------------------------------
