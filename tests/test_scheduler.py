@@ -145,6 +145,18 @@ def test_toy_timemux_by_hand(tmp_path):
     assert r["traj_per_s"] == pytest.approx(8 / 9.75)
 
 
+def test_the_headline_in_both_units_on_the_toys(tmp_path):
+    """compare() on the two toys above: timemux trains on the eight 1-token jobs (8 tokens in 9.75 s) where colocated
+    trained on all nine (18 tokens in 17.25 s): faster in trajectories/s, slower in tokens/s (the length bias of
+    aborting the longest); its wasted share is the 3 GPU-s of the migrated job over its 15.75 rollout GPU-s."""
+    cfg = unit_cfg(tmp_path, [[10]] + [[1]] * 8, alpha=1, theta=0.85, batch=9, jobs=1)
+    co, tm = S.compare(cfg, schedules=("colocated", "timemux"))
+    assert (co["wall_s"], tm["wall_s"]) == pytest.approx((17.25, 9.75))  # the toys' walls: the same runs
+    assert tm["speedup"] == pytest.approx((8 / 9.75) / (9 / 17.25)) and tm["speedup"] > 1.5
+    assert tm["speedup_tok"] == pytest.approx((8 / 9.75) / (18 / 17.25)) and tm["speedup_tok"] < 0.8
+    assert tm["wasted_share"] == pytest.approx(3 / 15.75) and co["wasted_share"] == 0
+
+
 def test_toy_migration_reprefills_and_affinity(tmp_path):
     # 2 GPUs, prompt 4 tokens (prefill 1 s), obs 4 tokens. Job A = 2 turns [2, 8] starts on GPU0, job B = [1] on
     # GPU1 (done at 1 + 1 = 2). theta 0.5 -> train on B at 2: GPU0 shrinks, A loses 1 s prefill + 1 token (waste 2)
