@@ -1,6 +1,6 @@
 """Value models for PPO: one critic, or AsyPPO's ensemble of M mini-critics (arXiv 2510.01656).
 
-    python critics.py          # quick side by side (< 2 min): PPO (actor-sized critic) vs AsyPPO
+    python critics.py          # quick side by side (20 iterations, 8 prompts): PPO (actor-sized critic) vs AsyPPO
     python critics.py --full   # GRPO, PPO (actor-sized / mini critic), AsyPPO (2 mini) x 5 seeds: table, bootstrap, PNG
     torchrun --standalone --nproc_per_node=2 ppo_minimal.py --critic asyppo  # each critic data-parallel
 
@@ -381,7 +381,7 @@ def summarize(results: list[dict], target: float) -> list[dict]:
 
     def pm(xs, f=".2f"):
         """'mean ± std' of xs, or '-' when there is none."""
-        return f"{np.mean(xs):{f}} ± {np.std(xs):{f}}" if xs else "-"
+        return f"{np.mean(xs):{f}} ± {np.std(xs, ddof=int(len(xs) > 1)):{f}}" if xs else "-"  # sample std
 
     rows = []
     for name in dict.fromkeys(r["method"] for r in results):
@@ -459,7 +459,7 @@ def main(argv=None):
     methods = list(METHODS) if cfg.full else ["ppo_1_full", "asyppo_2_mini"]
     seeds = list(range(cfg.seeds)) if cfg.full else [0]
     out = Path(cfg.out_dir) / ("full" if cfg.full else "quick")
-    quick = "" if cfg.full else "--prompts-per-step 8 --eval-n 200"  # half the batch: about a minute on 2 cores
+    quick = "" if cfg.full else "--prompts-per-step 8 --eval-n 200"  # a quarter of the batch
     shared = shlex.split(f"{f'--steps {steps}' * bool(steps)} --ent-coef 1e-3 {quick} {cfg.train_args}")  # bonus: all
     specs = [
         {"method": m, "seed": s, "argv": [*METHODS[m], *shared, "--seed", str(s)], "out_dir": str(out / f"{m}-s{s}")}
@@ -470,7 +470,9 @@ def main(argv=None):
     results = [run_result(spec, *run) for spec, run in zip(specs, runs)]
     (out / "summary.json").write_text(json.dumps(results, indent=1))
     plot(results, out / "curves.png")
-    print(f"\n{len(seeds)} seed(s), flags {shared}; curves: {out / 'curves.png'}")
+    print(
+        f"\n{len(seeds)} seed(s) x {steps or 'the trainer default'} steps, flags {shared}; curves: {out / 'curves.png'}"
+    )
     print(format_table(summarize(results, cfg.target_acc)))
     if len(seeds) > 1:
         print(format_table(differences(results)))

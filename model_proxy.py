@@ -205,6 +205,8 @@ class ModelProxy:
 
     def serve_while(self, work, *args):
         """work(*args) in a thread while this one runs the batcher (detail 1); its result, or its exception."""
+        if self.stop.is_set():
+            raise RuntimeError("serve_while on a stopped proxy (stop_proxy): no batcher would answer its requests")
         box, finished = {}, threading.Event()
 
         def run():

@@ -194,7 +194,8 @@ def generate(model, prompt_ids, attention_mask, *, max_new_tokens: int, temperat
             if isinstance(generator, list):  # row i's t-th draw: inverse CDF at its stream's t-th uniform
                 cdf = probs.double().cumsum(-1)  # [B, V] (u * total < total: never past a row's last kept token)
                 if not (cdf[:, -1] > 0).all():  # NaN or all -inf logits: refused, as torch.multinomial does
-                    raise ValueError(f"generate: no distribution to sample in rows {torch.nonzero(~(cdf[:, -1] > 0))}")
+                    raise ValueError(f"generate: NaN or all -inf logits in rows {(~(cdf[:, -1] > 0)).nonzero()[:, 0]}"
+                                     ": no distribution to sample (check the model's outputs)")  # fmt: skip
                 nxt = torch.searchsorted(cdf, (uniforms[:, n] * cdf[:, -1])[:, None], right=True)[:, 0]
             else:
                 nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # [B]

@@ -120,8 +120,8 @@ def test_a_requests_samples_depend_on_its_session_and_index_not_on_the_batch_it_
             x_rows.append(ids.shape[0])
         return generate(model, ids, *a, **kw)
 
-    for crowd in (0, 8):
-        proxy, server = make_proxy(max_tokens=8, gather_ms=200.0)
+    for crowd in (0, 8):  # a batch closes at max_batch 9: the crowd and x's first request, whatever the timing
+        proxy, server = make_proxy(max_tokens=8, gather_ms=2000.0, max_batch=9)
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
         mp.generate = counting
         try:  # the crowd's prompts are longer: x's row is left-padded among them
@@ -137,7 +137,7 @@ def test_a_requests_samples_depend_on_its_session_and_index_not_on_the_batch_it_
         answers.append([r["ids"] for r in proxy.session("x")["records"]])
         others = [proxy.session(f"other{i}")["records"][0]["ids"] for i in range(crowd)]
         assert all(ids != answers[-1][0] for ids in others), others  # another session: another stream
-    assert x_rows[0] == 1 and x_rows[1] > 1, x_rows  # alone, then in a batch with (some of) the crowd
+    assert x_rows == [1, 9], x_rows  # alone, then in one batch with the whole crowd
     assert answers[0] == answers[1] and answers[0][0] != answers[0][1], answers
 
 
@@ -295,10 +295,11 @@ def test_an_unmodified_agent_learns_through_the_proxy_against_an_lr0_control(tmp
     assert all(r["rollout/turns"] >= 1 for r in rows)
 
 
-def test_the_bench_prints_the_proxys_overhead_measured_in_the_same_run():
+@pytest.mark.parametrize("batch_thread", ["--no-batch-thread", "--batch-thread"])
+def test_the_bench_prints_the_proxys_overhead_measured_in_the_same_run(batch_thread):
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "bench/proxy_bench.py", "--presets", "tiny", "--rounds", "1", "--requests",
-                          "4", "--max-tokens", "4", "--batch-thread"], cwd=root, capture_output=True, text=True,
+                          "4", "--max-tokens", "4", batch_thread], cwd=root, capture_output=True, text=True,
                          timeout=300)  # fmt: skip
     assert out.returncode == 0, out.stderr
     header, row = out.stdout.strip().splitlines()[-2:]
@@ -370,6 +371,23 @@ def test_an_agent_that_fails_stops_the_run_naming_it(tmp_path):
         s.pool.close()
     finally:
         mp.stop_proxy(server)
+
+
+def test_a_hung_agent_is_killed_at_its_timeout_and_a_stopped_proxy_serves_nothing(tmp_path):
+    hung = tmp_path / "hung_agent.py"
+    hung.write_text("import sys, time\nsys.stdin.readline()\ntime.sleep(600)\n")
+    pool = AgentPool(str(hung), 1, [], timeout=1.0)
+    try:
+        with pytest.raises(
+            RuntimeError, match="agent 0 .*hung_agent.py.* failed \\(exit -9; killed after agent_timeout"
+        ):
+            pool.play([(7, "s0")], "train")
+    finally:
+        pool.close()
+    proxy, server = make_proxy()
+    mp.stop_proxy(server)
+    with pytest.raises(RuntimeError, match="serve_while on a stopped proxy"):
+        proxy.serve_while(lambda: None)
 
 
 def test_a_bf16_proxy_samples_with_its_engines_logprobs_and_rounds_the_weights_it_loads():
