@@ -22,6 +22,9 @@ import traceback
 import urllib.request
 
 from openai import OpenAI
+from openai.types import CompletionUsage
+from openai.types.chat import ChatCompletion, ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice
 
 
 def call(url: str, method: str, body: dict | None = None) -> dict:
@@ -74,6 +77,10 @@ def main(argv=None) -> None:
         for pair in args.episodes.split(","):
             job(f"{pair}:{args.split}")
         return
+    # the client's response types build their pydantic schemas on first use, and two threads' first responses at
+    # once can fail there (PydanticUserError "BaseModel cannot be instantiated directly"): build them here, once
+    for model in (ChatCompletion, Choice, ChatCompletionMessage, CompletionUsage):
+        model.model_rebuild(force=True)
     threads = []  # a worker: each job in a thread (an exception ends the program, the trainer names it)
     for line in sys.stdin:
         threads = [t for t in threads if t.is_alive()]  # (a long-lived worker keeps only its running ones)
