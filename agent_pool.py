@@ -13,6 +13,7 @@ Python program that imports an HTTP client costs about a second of CPU, an itera
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -81,3 +82,20 @@ class AgentPool:
         for p in self.procs:
             p.kill()
             p.wait()
+
+
+def main() -> None:
+    """`python agent_pool.py`: two processes of a stand-in agent (it returns seed / 10 for each job) play 4 jobs."""
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write("import sys\nfor job in sys.stdin:\n    seed, s, _ = job.strip().split(':')\n"
+                "    print('done', s, int(seed) / 10, flush=True)\n")  # fmt: skip
+    pool = AgentPool(f.name, 2, [], timeout=60)
+    try:
+        print(pool.play([(seed, f"s{seed}") for seed in range(4)], "train"))
+    finally:
+        pool.close()
+        os.unlink(f.name)
+
+
+if __name__ == "__main__":
+    main()

@@ -140,3 +140,18 @@ class Handler(env_service.Handler):
         self.wfile.write(b"data: [DONE]\n\n")
 
     do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = handle_any  # noqa: N815 (http.server's names: do_<METHOD>)
+
+
+def main() -> None:
+    """`python openai_api.py`: what chat_messages makes of a request's messages, and the error a bad one gets."""
+    print(
+        chat_messages([{"role": "user", "content": [{"type": "text", "text": "12"}, {"type": "text", "text": "+3="}]}])
+    )
+    try:
+        chat_messages([{"role": "user", "content": None}])
+    except HTTPError as e:
+        print(e.status, openai_error(e.status, str(e)))
+
+
+if __name__ == "__main__":
+    main()

@@ -457,3 +457,11 @@ def test_an_agent_that_prints_what_is_not_its_done_line_stops_the_run_naming_it(
         assert pool.play([(1, "a"), (2, "b"), (3, "c")], "eval") == {"a": 0.5, "b": 1.0, "c": 1.5}
     finally:
         pool.close()
+
+
+def test_the_mains_of_agent_pool_and_openai_api_run():
+    root = Path(__file__).resolve().parents[1]
+    pool = subprocess.run([sys.executable, "agent_pool.py"], cwd=root, capture_output=True, text=True, timeout=120)
+    assert pool.returncode == 0 and "'s3': 0.3" in pool.stdout, pool.stderr
+    api = subprocess.run([sys.executable, "openai_api.py"], cwd=root, capture_output=True, text=True, timeout=120)
+    assert api.returncode == 0 and "'12+3='" in api.stdout and "invalid_request_error" in api.stdout, api.stderr
