@@ -1,7 +1,7 @@
 """Attention-based token credit (WAAD / FAI): the policy's own attention picks the tokens whose advantage counts more.
 
     python attention_credit.py           # quick: GRPO vs coupled credit, 1 seed, a few steps + the token figure
-    python attention_credit.py --full    # GRPO vs each strategy (local, global, coupled), 3 seeds: table + PNGs
+    python attention_credit.py --full    # GRPO vs each strategy (local, global, coupled), 5 seeds: tables + PNGs
     python ppo_minimal.py --adv-estimator grpo --credit attention --credit-mode coupled   # inside any run
 
 "Attention Illuminates LLM Reasoning: the preplan-and-anchor rhythm enables fine-grained policy optimization"
@@ -47,14 +47,17 @@ Implementation details ("our choice" where the paper is silent; DESIGN.md 7.3 fi
    stats/fai_pos_frac (valid tokens with FAI > 0), stats/credit_dominated_frac (of the anchors),
    stats/credit_span_local / _global, time/credit (seconds: in the trainer, what credit adds to the recompute:
    the maps inside it, time/credit_maps, and gamma); the trainer adds perf/credit_overhead (its share of the step).
-8. Experiment (our choice): task `chain` (five 2-digit numbers summed step by step, 43-character answers),
-   the tiny Qwen2 with 6 layers, 8 query / 4 key-value heads, hidden 64 (MODEL), after an SFT warm start.
+8. Experiment (our choice): task `chain` (five 2-digit numbers summed step by step, 43-character answers:
+   responses of >= 40 tokens, DESIGN.md 7.3), the tiny Qwen2 with 6 layers, 8 query / 4 key-value heads, hidden 64
+   (MODEL), after an SFT warm start; every run is the trainer's default learning recipe (T 0.6, cosine lr 2e-4,
+   32 x 4, 2 epochs x 2 minibatches) with 48 new tokens, GRPO advantages, and the method's credit on top.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import shlex
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -70,7 +73,7 @@ from cli import check_choice, check_fields, check_range, parse_config
 from common import all_reduce_sum, masked_mean
 from envs import TaskEnv
 from rollout import generate, lm_head, position_ids_from_mask
-from runlog import format_table, run_trainers
+from runlog import differences, final_best, format_table, mean_std, run_trainers, steps_to
 from tasks import format_prompt, load_policy, make_task, tokenize_prompts
 from warm_start import SFTConfig, greedy_accuracy, sft_warm_start
 
@@ -110,17 +113,17 @@ class Config:
     """`python attention_credit.py`: the experiment (each run is `python ppo_minimal.py ...`)."""
 
     full: bool = False
-    """Full comparison: all four methods, 3 seeds, 60 steps of 8 x 8 samples (else a quick run)."""
+    """Full comparison: all four methods, 5 seeds, the trainer's default iterations (else a quick run)."""
     methods: list[str] | None = None
     """Methods to compare, from grpo local global coupled (None: grpo coupled quick, all four full)."""
     seeds: int | None = None
-    """Seeds per method (None: 1 quick, 3 full)."""
+    """Seeds per method (None: 1 quick, 5 full)."""
     steps: int | None = None
-    """RL iterations per run (None: 8 quick, 60 full)."""
-    samples: int = 8
-    """Prompts per step = responses per prompt."""
-    lr: float = 1e-4
-    """Policy learning rate (ppo_minimal's default; at 3e-4 GRPO collapses on this task; README: measured)."""
+    """RL iterations per run (None: 8 quick, the trainer's default with --full)."""
+    train_args: str = ""
+    """Extra ppo_minimal flags for every run, e.g. "--lr 1e-4 --prompts-per-step 16" (they win over the recipe)."""
+    target_acc: float = 0.5
+    """Eval accuracy whose first crossing is reported as steps-to-target."""
     eval_every: int = 10
     """Greedy evaluation every this many iterations (and at the end)."""
     eval_n: int = 200
@@ -140,14 +143,14 @@ class Config:
         if self.methods is None:
             self.methods = list(METHODS) if self.full else ["grpo", "coupled"]
         if self.seeds is None:
-            self.seeds = 3 if self.full else 1
+            self.seeds = 5 if self.full else 1
         if self.steps is None:
-            self.steps = 60 if self.full else 8
+            self.steps = 0 if self.full else 8  # 0: the trainer's own default
         check_range("methods", len(self.methods), 1)
         for m in self.methods:
             check_choice("methods", m, METHODS)
-        ranges = {"[1, inf)": ("seeds", "steps", "eval_every", "eval_n", "jobs"), "[2, inf)": ("samples",)}
-        check_fields(self, {**ranges, "[0.0, inf)": ("lr",), "(0.0, 1.0]": ("sft_target",)})
+        ranges = {"[1, inf)": ("seeds", "eval_every", "eval_n", "jobs"), "[0, inf)": ("steps",)}
+        check_fields(self, {**ranges, "(0.0, 1.0]": ("sft_target",), "[0.0, 1.0]": ("target_acc",)})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -472,18 +475,18 @@ def credit_weights(cfg: CreditArgs, model, input_ids, attention_mask, response_m
 
 
 def run_argv(cfg: Config, method: str, seed: int, model_path: str) -> list[str]:
-    """The trainer flags of one run: GRPO on chain at the measured settings (README), plus the method's credit."""
-    argv = (f"--model {model_path} --task chain --adv-estimator grpo --max-new-tokens 48 --seed {seed} --steps "
-            f"{cfg.steps} --prompts-per-step {cfg.samples} --group-size {cfg.samples} --lr {cfg.lr} --eval-every "
+    """The trainer flags of one run: GRPO on chain at the trainer's default recipe, the method's credit, train_args."""
+    argv = (f"--model {model_path} --task chain --adv-estimator grpo --max-new-tokens 48 --seed {seed} --eval-every "
             f"{cfg.eval_every} --eval-n {cfg.eval_n} --device {cfg.device}").split()  # fmt: skip
-    argv += "--temperature 1 --lr-schedule constant --ppo-epochs 1 --minibatches 1".split()  # as measured (README)
-    return argv + ([] if method == "grpo" else ["--credit", "attention", "--credit-mode", method])
+    argv += ["--steps", str(cfg.steps)] if cfg.steps else []
+    argv += [] if method == "grpo" else ["--credit", "attention", "--credit-mode", method]
+    return argv + shlex.split(cfg.train_args)  # argparse: a flag given twice takes its last value
 
 
 def run_summary(method: str, seed: int, result: dict, rows: list[dict]) -> dict:
-    """One run's eval curve, wall time (the whole command) and its mean credit metrics."""
+    """One run's eval history, wall time (the whole command) and its mean credit metrics."""
     mean = lambda k: float(np.mean([r[k] for r in rows])) if k in rows[0] else float("nan")
-    res = {"method": method, "seed": seed, "curve": result["eval_history"], "wall_s": result["wall_s"]}
+    res = {"method": method, "seed": seed, "eval": result["eval_history"], "wall_s": result["wall_s"]}
     return {**res, "overhead": mean("perf/credit_overhead"), "amplified": mean("stats/credit_amplified_frac")}
 
 
@@ -510,20 +513,22 @@ def plot_tokens(tokens: list[str], c: dict, row: int, path) -> None:
 
 
 def summarize(results_json) -> list[dict]:
-    """The table (final / best held-out accuracy per method over seeds, wall, overhead, amplified share), printed,
-    and curves.png next to results.json. Each run's curve starts with its step-0 evaluation (the start model)."""
+    """The table (final / best held-out accuracy per method, mean ± sample std over seeds, steps to target_acc,
+    wall, overhead, amplified share), printed with the bootstrap interval of each difference; curves.png next to
+    results.json. Each run's history starts with its step-0 evaluation (the start model), which counts for neither."""
     import matplotlib.pyplot as plt
 
     path = Path(results_json)
     res = json.loads(path.read_text())
-    table, fig = [], plt.figure(figsize=(6, 4))
-    ms = lambda x: f"{np.mean(x):.3f} ± {np.std(x):.3f}"
+    target, table, fig = res["config"]["target_acc"], [], plt.figure(figsize=(6, 4))
     for m in res["config"]["methods"]:
         rs = [r for r in res["runs"] if r["method"] == m]
-        accs = np.array([[a for _, a in r["curve"]] for r in rs])  # [seeds, evals]: step 0 first
-        row = {"method": m, "final_acc_mean±std": ms(accs[:, -1]), "best_acc_mean±std": ms(accs[:, 1:].max(1))}
+        (final, best), hit = zip(*[final_best(r["eval"]) for r in rs]), [steps_to(r["eval"], target) for r in rs]
+        hit = [h for h in hit if h is not None]
+        row = {"method": m, "final_acc": mean_std(final, ".3f"), "best_acc": mean_std(best, ".3f")}
+        row[f"steps_to_{target}"] = f"{mean_std(hit, '.0f')} ({len(hit)}/{len(rs)})"
         table.append({**row, **{k: float(np.mean([r[k] for r in rs])) for k in ("wall_s", "overhead", "amplified")}})
-        steps = [s for s, _ in rs[0]["curve"]]
+        steps, accs = [s for s, _ in rs[0]["eval"]], np.array([[a for _, a in r["eval"]] for r in rs])  # [seeds, evals]
         plt.plot(steps, accs.mean(0), label=m)
         plt.fill_between(steps, accs.mean(0) - accs.std(0), accs.mean(0) + accs.std(0), alpha=0.2)
     plt.xlabel("RL step"), plt.ylabel("greedy exact match, held out"), plt.legend(), plt.title("chain task")
@@ -531,6 +536,8 @@ def summarize(results_json) -> list[dict]:
     fig.savefig(path.parent / "curves.png", dpi=100)
     plt.close(fig)
     print(format_table(table))
+    if len(res["runs"]) > len(table):  # more than one seed: the differences
+        print(format_table(differences(res["runs"])))
     return table
 
 
@@ -562,11 +569,12 @@ def main(argv=None):
     print(f"[attention_credit] start accuracy {acc0:.3f}; {out / 'tokens.png'}", flush=True)
 
     # the runs (trainer subprocesses, `jobs` at a time), then the table and the curves
-    todo = [(m, s) for m in cfg.methods for s in range(cfg.seeds)]
+    todo = [(m, s) for s in range(cfg.seeds) for m in cfg.methods]  # seed by seed: all methods' first seeds end first
     runs = run_trainers([(run_argv(cfg, m, s, model_path), str(out / f"{m}-s{s}")) for m, s in todo], cfg.jobs)
     results = [run_summary(m, s, *run) for (m, s), run in zip(todo, runs)]
     (out / "results.json").write_text(json.dumps({"config": asdict(cfg), "start_acc": acc0, "runs": results}))
-    print(f"start accuracy {acc0:.3f}; {cfg.seeds} seed(s) x {cfg.steps} steps; {time.perf_counter() - t0:.0f} s")
+    steps = cfg.steps or "the trainer's default"
+    print(f"start accuracy {acc0:.3f}; {cfg.seeds} seed(s) x {steps} steps; {time.perf_counter() - t0:.0f} s")
     return summarize(out / "results.json")
 
 

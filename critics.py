@@ -55,7 +55,7 @@ import torch.nn as nn
 
 from cli import check_fields, parse_config
 from common import collective, masked_mean, masked_var, world_size
-from runlog import format_table, run_trainers
+from runlog import differences, final_best, format_table, mean_std, run_trainers, steps_to
 
 
 @dataclass
@@ -378,21 +378,17 @@ def run_result(spec: dict, result: dict, rows: list[dict]) -> dict:
 
 def summarize(results: list[dict], target: float) -> list[dict]:
     """One row per method: mean ± std over seeds of final/best accuracy, steps to target, time, memory."""
-
-    def pm(xs, f=".2f"):
-        """'mean ± std' of xs, or '-' when there is none."""
-        return f"{np.mean(xs):{f}} ± {np.std(xs, ddof=int(len(xs) > 1)):{f}}" if xs else "-"  # sample std
-
+    pm = mean_std
     rows = []
     for name in dict.fromkeys(r["method"] for r in results):
         rs = [r for r in results if r["method"] == name]
         last = {k: [r["last"][k] for r in rs if k in r["last"]] for k in rs[0]["last"]}  # metric -> over seeds
-        hit = [s for s in (next((s for s, a in r["eval"] if a >= target), None) for r in rs) if s is not None]
+        hit = [s for s in (steps_to(r["eval"], target) for r in rs) if s is not None]
         rows.append(
             {
                 "method": name,
-                "final_acc": pm([r["eval"][-1][1] for r in rs]),
-                "best_acc": pm([max(a for _, a in r["eval"]) for r in rs]),
+                "final_acc": pm([final_best(r["eval"])[0] for r in rs]),
+                "best_acc": pm([final_best(r["eval"])[1] for r in rs]),  # after step 0
                 f"steps_to_{target}": f"{pm(hit, '.0f')} ({len(hit)}/{len(rs)})",
                 "wall_s": pm([r["wall_s"] for r in rs], ".0f"),
                 "critic_params": f"{last['critic/params'][0] / 1e3:.0f}K" if "critic/params" in last else "-",
@@ -403,28 +399,6 @@ def summarize(results: list[dict], target: float) -> list[dict]:
             }
         )
     return rows
-
-
-def bootstrap_diff(a, b, n: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
-    """mean(a) - mean(b) and its 95 % percentile-bootstrap interval: each method's seeds resampled with replacement."""
-    rng, a, b = np.random.default_rng(seed), np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    d = rng.choice(a, (n, a.size)).mean(1) - rng.choice(b, (n, b.size)).mean(1)  # [n] resampled differences
-    lo, hi = np.percentile(d, [2.5, 97.5])
-    return float(a.mean() - b.mean()), float(lo), float(hi)
-
-
-def differences(results: list[dict]) -> list[dict]:
-    """Each pair of methods: the difference of final and of best greedy accuracy, with its bootstrap interval."""
-    acc = {}  # method -> ([final per seed], [best per seed])
-    for r in results:
-        final, best = acc.setdefault(r["method"], ([], []))
-        final.append(r["eval"][-1][1])
-        best.append(max(a for _, a in r["eval"]))
-    cell = lambda d, lo, hi: f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"  # noqa: E731
-    names = list(acc)
-    return [{"difference": f"{x} - {y}", "final_acc [95% CI]": cell(*bootstrap_diff(acc[x][0], acc[y][0])),
-             "best_acc [95% CI]": cell(*bootstrap_diff(acc[x][1], acc[y][1]))}
-            for i, x in enumerate(names) for y in names[i + 1 :]]  # fmt: skip
 
 
 def plot(results: list[dict], path: Path) -> None:

@@ -8,6 +8,7 @@
 - `parallel_map`: independent runs (simulations) in spawned processes; `run_trainers`: trainer runs as
   subprocesses (`python ppo_minimal.py ARGS --out-dir D`) for the concept files' experiments, which read back
   what each run wrote (so that nothing below the trainer imports it).
+- `final_best`, `steps_to`, `mean_std`, `bootstrap_diff`, `differences`: the statistics of those experiments over seeds.
 - `RunArgs`: where a run writes and what it keeps (the checkpoints themselves: checkpoint.py).
 
 torch and matplotlib are imported inside the functions that need them, so that the torch-free leaves
@@ -25,6 +26,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+
+import numpy as np
 
 from checkpoint import IDENTITY, find_checkpoint
 from cli import check_range
@@ -256,6 +259,45 @@ def run_trainers(runs: list[tuple[list[str], str]], jobs: int = 1) -> list[tuple
     with ThreadPoolExecutor(jobs) as ex:
         done = ex.map(lambda run: run_trainer(*run, threads=threads), runs)
         return list(tqdm(done, total=len(runs), desc=f"trainer runs ({jobs} at a time)", disable=len(runs) < 2))
+
+
+def final_best(curve) -> tuple[float, float]:
+    """An eval history [(step, acc)] (step 0 = the start model): the last accuracy and the best after step 0."""
+    return curve[-1][1], max((a for s, a in curve if s > 0), default=curve[-1][1])
+
+
+def steps_to(curve, target: float) -> int | None:
+    """The step of the first evaluation [(step, acc)] at >= target (None: never)."""
+    return next((s for s, a in curve if a >= target), None)
+
+
+def mean_std(xs, f: str = ".2f") -> str:
+    """'mean ± sample std' of xs ('-' when empty), as the experiments' tables print it."""
+    return f"{np.mean(xs):{f}} ± {np.std(xs, ddof=int(len(xs) > 1)):{f}}" if len(xs) else "-"
+
+
+def bootstrap_diff(a, b, n: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
+    """mean(a) - mean(b) and its 95 % percentile-bootstrap interval: each method's seeds resampled with replacement."""
+    rng, a, b = np.random.default_rng(seed), np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    d = rng.choice(a, (n, a.size)).mean(1) - rng.choice(b, (n, b.size)).mean(1)  # [n] resampled differences
+    lo, hi = np.percentile(d, [2.5, 97.5])
+    return float(a.mean() - b.mean()), float(lo), float(hi)
+
+
+def differences(results: list[dict]) -> list[dict]:
+    """Each pair of methods (runs {"method", "eval": [(step, acc)]}): the difference of final and of best accuracy
+    with its bootstrap interval (no correction for the number of pairs)."""
+    acc = {}  # method -> [(final, best) per seed]
+    for r in results:
+        acc.setdefault(r["method"], []).append(final_best(r["eval"]))
+    rows, names = [], list(acc)
+    for i, x in enumerate(names):
+        for y in names[i + 1 :]:
+            rows.append({"difference": f"{x} - {y}"})
+            for j, key in enumerate(("final_acc", "best_acc")):
+                d, lo, hi = bootstrap_diff([v[j] for v in acc[x]], [v[j] for v in acc[y]])
+                rows[-1][f"{key} [95% CI]"] = f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    return rows
 
 
 def write_result(out_dir, result: dict, curves: bool = True, saved: bool = False) -> None:

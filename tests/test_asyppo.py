@@ -523,21 +523,3 @@ def test_asyppo_learning_run_acts(sft_path, tmp_path):
         assert abs(r["stats/asyppo_ent_filtered_frac"] - 0.2) <= 1 / n + 1e-6
         if r["step"] > 3:  # after the warm-up the critics, trained on different shares, disagree
             assert r["stats/sigma_mean"] > 0 and r["critic/explained_var_0"] != r["critic/explained_var_1"]
-
-
-def test_bootstrap_interval_known_answers_and_the_pairs_table():
-    """Constant seeds: the interval is the point. a = [0, 1] vs b = [0]: a resampled mean is 0, 1/2 or 1 with
-    probabilities 1/4, 1/2, 1/4, so the 2.5 and 97.5 percentiles are 0 and 1. More seeds narrow it."""
-    assert critics.bootstrap_diff([0.5, 0.5, 0.5], [0.25, 0.25]) == (0.25, 0.25, 0.25)
-    assert critics.bootstrap_diff([0.0, 1.0], [0.0]) == (0.5, 0.0, 1.0)
-    rng = np.random.default_rng(0)
-    few, many = rng.normal(0.1, 0.05, 3), rng.normal(0.1, 0.05, 30)
-    d3, lo3, hi3 = critics.bootstrap_diff(few, np.zeros(3))
-    d30, lo30, hi30 = critics.bootstrap_diff(many, np.zeros(30))
-    assert lo3 <= d3 <= hi3 and lo30 <= d30 <= hi30 and hi30 - lo30 < hi3 - lo3
-    runs = [{"method": m, "eval": [(0, 0.2), (10, a), (20, f)]} for m, a, f in
-            [("x", 0.6, 0.5), ("x", 0.8, 0.7), ("y", 0.3, 0.4), ("y", 0.5, 0.4), ("z", 0.2, 0.2)]]  # fmt: skip
-    rows = critics.differences(runs)
-    assert [r["difference"] for r in rows] == ["x - y", "x - z", "y - z"]
-    assert rows[0]["final_acc [95% CI]"] == "+0.200 [+0.100, +0.300]"  # finals 0.5, 0.7 vs 0.4, 0.4
-    assert rows[0]["best_acc [95% CI]"] == "+0.250 [+0.100, +0.400]"  # bests 0.6, 0.8 vs 0.4, 0.5

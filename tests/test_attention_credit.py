@@ -10,6 +10,7 @@ import torch
 import attention_credit as ac
 import ppo_minimal
 import tasks
+from cli import parse_config
 from rollout import sequence_logprobs
 
 # ------------------------------------------------------------------------------------------------
@@ -444,32 +445,69 @@ def test_experiment_main_smoke(tmp_path, capsys):
     model.save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
     out = tmp_path / "exp"
-    argv = f"--model {tmp_path / 'm'} --steps 2 --samples 2 --eval-every 1 --eval-n 4 --out-dir {out}".split()
-    ac.main(argv)
+    argv = f"--model {tmp_path / 'm'} --steps 2 --eval-every 1 --eval-n 4 --out-dir {out}".split()
+    ac.main([*argv, "--train-args", "--prompts-per-step 2 --group-size 2 --ppo-epochs 1"])
     res = json.loads((out / "results.json").read_text())
     assert [(r["method"], r["seed"]) for r in res["runs"]] == [("grpo", 0), ("coupled", 0)]
     grpo, coupled = res["runs"]
-    assert [s for s, _ in grpo["curve"]] == [0, 1, 2] and all(0 <= a <= 1 for _, a in grpo["curve"])
+    assert [s for s, _ in grpo["eval"]] == [0, 1, 2] and all(0 <= a <= 1 for _, a in grpo["eval"])
     assert math.isnan(grpo["overhead"]) and 0 < coupled["overhead"] < 1 and 0.3 <= coupled["amplified"] <= 0.5
     assert (out / "curves.png").stat().st_size > 0 and (out / "tokens.png").stat().st_size > 0
-    assert "final_acc_mean±std" in capsys.readouterr().out
+    assert "final_acc" in capsys.readouterr().out
 
 
-def test_summarize_known_answer(tmp_path):
-    """The table from a hand-written results.json: step 0 (the start model) counts for neither final nor best."""
+def test_full_runs_take_the_trainers_learning_recipe():
+    """--full: 4 methods x 5 seeds, each run the trainer's default recipe (what ppo_minimal parses from run_argv) on
+    chain with 48 new tokens; train_args win over it."""
+    cfg = ac.Config(full=True)
+    assert cfg.methods == list(ac.METHODS) and cfg.seeds == 5
+    run = parse_config(ppo_minimal.Config, ac.run_argv(cfg, "coupled", 3, "M"))
+    default = ppo_minimal.Config()
+    assert (run.task, run.max_new_tokens, run.seed, run.adv_estimator, run.model) == ("chain", 48, 3, "grpo", "M")
+    assert (run.credit, run.credit_mode) == ("attention", "coupled") and ppo_minimal.Config(
+        task="chain"
+    ).credit == "none"
+    for k in (
+        "temperature",
+        "lr",
+        "lr_schedule",
+        "ppo_epochs",
+        "minibatches",
+        "prompts_per_step",
+        "group_size",
+        "steps",
+    ):
+        assert getattr(run, k) == getattr(default, k), k
+    grpo = parse_config(
+        ppo_minimal.Config, ac.run_argv(ac.Config(full=True, train_args="--lr 1e-4 --steps 7"), "grpo", 0, "M")
+    )
+    assert (grpo.lr, grpo.steps, grpo.credit) == (1e-4, 7, "none")
+
+
+def test_summarize_known_answer(tmp_path, capsys):
+    """The table from a hand-written results.json: step 0 (the start model) counts for neither final nor best; sample
+    std over seeds; steps to the target among the runs that reach it; the bootstrap row of the one pair."""
     nan = float("nan")
     runs = [
-        {"method": "grpo", "seed": 0, "curve": [[0, 0.9], [10, 0.1], [20, 0.2]], "wall_s": 2.0, "overhead": nan,
+        {"method": "grpo", "seed": 0, "eval": [[0, 0.9], [10, 0.1], [20, 0.2]], "wall_s": 2.0, "overhead": nan,
          "amplified": nan},
-        {"method": "grpo", "seed": 1, "curve": [[0, 0.9], [10, 0.4], [20, 0.0]], "wall_s": 4.0, "overhead": nan,
+        {"method": "grpo", "seed": 1, "eval": [[0, 0.9], [10, 0.4], [20, 0.0]], "wall_s": 4.0, "overhead": nan,
          "amplified": nan},
-        {"method": "coupled", "seed": 0, "curve": [[0, 0.9], [10, 0.5], [20, 0.5]], "wall_s": 3.0, "overhead": 0.1,
+        {"method": "coupled", "seed": 0, "eval": [[0, 0.3], [10, 0.5], [20, 0.5]], "wall_s": 3.0, "overhead": 0.1,
+         "amplified": 0.4},
+        {"method": "coupled", "seed": 1, "eval": [[0, 0.3], [10, 0.3], [20, 0.5]], "wall_s": 3.0, "overhead": 0.1,
          "amplified": 0.4},
     ]  # fmt: skip
     path = tmp_path / "results.json"
-    path.write_text(json.dumps({"config": {"methods": ["grpo", "coupled"]}, "start_acc": 0.9, "runs": runs}))
+    config = {"methods": ["grpo", "coupled"], "target_acc": 0.5}
+    path.write_text(json.dumps({"config": config, "start_acc": 0.9, "runs": runs}))
     grpo, coupled = ac.summarize(path)
-    assert grpo["final_acc_mean±std"] == "0.100 ± 0.100" and grpo["best_acc_mean±std"] == "0.300 ± 0.100"
-    assert coupled["final_acc_mean±std"] == "0.500 ± 0.000" and coupled["best_acc_mean±std"] == "0.500 ± 0.000"
+    # grpo finals 0.2, 0.0: mean 0.1, sample std sqrt(0.02) = 0.141; bests 0.2, 0.4: 0.3 +- 0.141
+    assert grpo["final_acc"] == "0.100 ± 0.141" and grpo["best_acc"] == "0.300 ± 0.141"
+    assert coupled["final_acc"] == "0.500 ± 0.000" and coupled["best_acc"] == "0.500 ± 0.000"
+    assert grpo["steps_to_0.5"] == "0 ± 0 (2/2)"  # the start model (step 0) is at 0.9
+    assert coupled["steps_to_0.5"] == "15 ± 7 (2/2)"  # steps 10 and 20
     assert grpo["wall_s"] == 3.0 and math.isnan(grpo["overhead"]) and coupled["amplified"] == 0.4
+    out = capsys.readouterr().out
+    assert "grpo - coupled" in out and "-0.400 [" in out  # finals 0.1 vs 0.5
     assert (tmp_path / "curves.png").stat().st_size > 0

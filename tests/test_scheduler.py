@@ -466,3 +466,19 @@ def test_outputs_equal_the_recorded_implementation(tmp_path):
     for key in want:
         moved = {k: (want[key][k], got[key].get(k)) for k in want[key] if got[key].get(k) != want[key][k]}
         assert not moved, f"{key}: {moved}"
+
+
+def test_calibrate_recovers_a_planted_value_and_refuses_an_unreachable_figure():
+    """A scaled-down rlvr-async: the async/sync figure simulated at mfu 0.1 is given as the target; bisecting mfu in
+    [0.01, 0.4] finds it again (8 geometric halvings: the bracket is 40^(1/256) = 1.5 % wide). A target above what
+    either end gives raises naming the field. The report marks the one fitted row."""
+    cfg = rep(S.Config(), **(S.PRESETS["rlvr-async"] | dict(preset="rlvr-async", batch=32, steps=2, jobs=1)))
+    rows = S.preset_report(rep(cfg, mfu=0.1), S.compare(rep(cfg, mfu=0.1)))
+    assert [r["use"] for r in rows].count("fit") == 1
+    planted = next(r["simulated"] for r in rows if r["use"] == "fit")
+    v, sim = S.calibrate(cfg, target=planted)
+    assert math.isclose(sim, planted, rel_tol=0.02) and 0.07 <= v <= 0.14  # a flat stretch maps to a range of mfu
+    with pytest.raises(ValueError, match="unreachable by 'mfu'"):
+        S.calibrate(cfg, iters=1, target=1e6)
+    with pytest.raises(ValueError, match="preset"):  # --calibrate needs a preset
+        S.main(["--calibrate"])

@@ -26,10 +26,19 @@ LENGTHS = [[120, 40, 300], [800], [60, 60, 60, 60, 60], [2500, 10], [90, 400], [
 SMALL = dict(n_gpus=8, train_gpus=4, batch=24, steps=4, turns_median=3.0, max_turns=8, tokens_median=200.0,
              prompt_tokens=1000, obs_tokens=200, gpus_per_worker=1, total_params_b=8.2, active_params_b=8.2,
              kv_bytes_per_token=147456.0)  # fmt: skip
+# the two presets as they were when the file was recorded (b6ecd88; scheduler.PRESETS has been calibrated since)
+AGENTIC = dict(n_gpus=160, gpus_per_worker=8, train_gpus=128, batch=512, steps=20, alpha=1, total_params_b=235.0,
+               active_params_b=22.0, kv_bytes_per_token=192512.0, max_turns=100, max_context=65536, prompt_tokens=2000,
+               turns_median=30.0, turns_sigma=0.6, tokens_median=300.0, tokens_sigma=0.7, tail=0.5, obs_tokens=500,
+               env_sigma=1.0)  # fmt: skip
+RLVR = dict(n_gpus=128, gpus_per_worker=1, train_gpus=32, batch=1024, steps=20, alpha=2, max_turns=1,
+            total_params_b=8.2, active_params_b=8.2, kv_bytes_per_token=147456.0, turns_median=1.0, turns_sigma=0.0,
+            tokens_median=4000.0, tokens_sigma=0.0, tail=1.0, prompt_tokens=500, obs_tokens=0, env_median_s=1.0,
+            timeout_s=36000.0)  # fmt: skip
 # name: (fields, schedules, seeds); "LENGTHS" in lengths_file is replaced by a file of the rows above
 CASES = {
-    "agentic-160gpu": (S.PRESETS["agentic-160gpu"] | dict(batch=64, steps=4), S.SCHEDULES, (0, 1, 2)),
-    "rlvr-async": (S.PRESETS["rlvr-async"] | dict(batch=64, steps=3), S.SCHEDULES, (0, 1)),
+    "agentic-160gpu": (AGENTIC | dict(batch=64, steps=4), S.SCHEDULES, (0, 1, 2)),
+    "rlvr-async": (RLVR | dict(batch=64, steps=3), S.SCHEDULES, (0, 1)),
     "small": (SMALL, S.SCHEDULES, (0, 1, 2)),
     "small-alpha2-theta": (SMALL | dict(alpha=2, theta=0.5), ("disagg", "timemux"), (0, 1)),
     "small-batch-dispatch": (SMALL | dict(dispatch="batch"), S.SCHEDULES, (0,)),
