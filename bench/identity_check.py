@@ -18,6 +18,7 @@ the command line (`python ppo_minimal.py ...`), so flag names are part of what i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -34,30 +35,45 @@ TIME_FIELDS = ("time/", "perf/tokens_per_s", "perf/credit_overhead", "async/wait
 SHORT = ["--steps", "6", "--eval-every", "3", "--eval-n", "100"]
 INJECT = ["--steps", "3", "--eval-every", "0"]
 # name: (script, flags). Each covers a concept whose code the restructure moves.
+TRAINER = "ppo_minimal.py"  # the full trainer's script: the one name a move of the trainer edits here
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+# name: (command after `python`, flags). Each covers a concept whose code the restructure moves. ENV_URL in flags:
+# the address of an env_service server started for that run.
+PROXY = "--agent examples/calc_agent.py --agents 2 --eval-n 8 --prompts-per-step 4 --adv-estimator grpo"
+INJECTED = ("reward_scale", "eos_unmasked", "logprob_shift", "pad_eq_eos", "stale_old_logprobs", "answer_format")
+INJECTED += ("adv_sign", "kl_sign", "ent_sign", "wrong_stop_id", "stale_sampler")
 RUNS = {
-    "ppo": ("ppo_minimal.py", [*SHORT, "--dump-batch", "4", "--save-every", "3"]),
-    "grpo": ("ppo_minimal.py", [*SHORT, "--adv-estimator", "grpo", "--dump-batch", "2"]),
-    "asyppo": ("ppo_minimal.py", [*SHORT, "--critic", "asyppo", "--dump-batch", "5", "--save-every", "3"]),
-    "credit": (
-        "ppo_minimal.py",
-        [*SHORT, "--adv-estimator", "grpo", "--credit", "attention", "--max-new-tokens", "24"],
+    "ppo": ([TRAINER], [*SHORT, "--dump-batch", "4", "--save-every", "3"]),
+    "grpo": ([TRAINER], [*SHORT, "--adv-estimator", "grpo", "--dump-batch", "2"]),
+    "asyppo": ([TRAINER], [*SHORT, "--critic", "asyppo", "--dump-batch", "5", "--save-every", "3"]),
+    "credit": ([TRAINER], [*SHORT, *"--adv-estimator grpo --credit attention --max-new-tokens 24".split()]),
+    "calc": ([TRAINER], [*SHORT, *"--task calc --adv-estimator grpo --prompts-per-step 16".split()]),
+    "async0": (["async_loop.py"], [*SHORT, "--async-ratio", "0"]),
+    "kl": ([TRAINER], [*SHORT, *"--kl-in-reward --kl-ctrl adaptive --kl-loss --ent-coef 0.01".split()]),
+    "gspo_is": ([TRAINER], [*INJECT, *"--adv-estimator grpo --loss-mode gspo --rollout-is token".split()]),
+    "rloo": ([TRAINER], [*INJECT, "--adv-estimator", "rloo"]),
+    "reinforce_pp": ([TRAINER], [*INJECT, "--adv-estimator", "reinforce_plus_plus"]),
+    "lora": ([TRAINER], [*INJECT, "--adv-estimator", "grpo", "--lora-rank", "4"]),
+    "fsdp2": ([*TORCHRUN, TRAINER], [*INJECT, "--fsdp", "--prompts-per-step", "8"]),
+    "env_url": ([TRAINER], [*INJECT, *"--task calc --adv-estimator grpo --env-url ENV_URL".split()]),
+    "proxy": (["model_proxy.py"], [*INJECT, *PROXY.split(), "--kl-metric-every", "0"]),
+    **{f"inject_{name}": ([TRAINER], [*INJECT, "--inject", name]) for name in INJECTED},
+    "inject_no_temperature": ([TRAINER], [*INJECT, "--inject", "no_temperature", "--adv-estimator", "grpo"]),
+    "inject_value_not_detached": ([TRAINER], [*INJECT, "--inject", "value_not_detached", "--dump-batch", "2"]),
+    "inject_retokenized_history": (
+        [TRAINER],
+        [*INJECT, *"--inject retokenized_history --task calc --adv-estimator grpo".split()],
     ),
-    "calc": ("ppo_minimal.py", [*SHORT, "--task", "calc", "--adv-estimator", "grpo", "--prompts-per-step", "16"]),
-    "async0": ("async_loop.py", [*SHORT, "--async-ratio", "0"]),
-    "kl": ("ppo_minimal.py", [*SHORT, "--kl-in-reward", "--kl-ctrl", "adaptive", "--kl-loss", "--ent-coef", "0.01"]),
-    **{
-        f"inject_{name}": ("ppo_minimal.py", [*INJECT, "--inject", name])
-        for name in ("reward_scale", "eos_unmasked", "logprob_shift", "pad_eq_eos", "stale_old_logprobs")
-    },
-    "inject_no_temperature": ("ppo_minimal.py", [*INJECT, "--inject", "no_temperature", "--adv-estimator", "grpo"]),
-    "inject_value_not_detached": ("ppo_minimal.py", [*INJECT, "--inject", "value_not_detached", "--dump-batch", "2"]),
 }
+# Per run, fields that vary from run to run of the same code: the proxy batches concurrent requests as they arrive,
+# and the padding of a shared generate call moves the sampler's logprobs in the last bits (its samples do not move).
+NOISY = {"proxy": ("stats/behav_vs_old_logp_diff", "stats/rollout_vs_old_logp_diff")}
 
 
-def canonical(path: Path) -> list[str]:
-    """The rows of a metrics.jsonl without wall-time fields, each as JSON with sorted keys."""
+def canonical(path: Path, noisy: tuple[str, ...] = ()) -> list[str]:
+    """The rows of a metrics.jsonl without wall-time fields (and the run's noisy ones), as JSON with sorted keys."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    keep = lambda k: not k.startswith(TIME_FIELDS)
+    keep = lambda k: not k.startswith(TIME_FIELDS) and k not in noisy
     return [json.dumps({k: v for k, v in r.items() if keep(k)}, sort_keys=True) for r in rows]
 
 
@@ -73,24 +89,44 @@ def sh(args: list[str], log: Path) -> None:
         raise RuntimeError(f"{' '.join(args)} exited {proc.returncode}:\n{tail}")
 
 
+@contextlib.contextmanager
+def env_server(flags: list[str], log: Path):
+    """The flags with ENV_URL replaced by the address of an env_service server, running while the block runs."""
+    if "ENV_URL" not in flags:
+        yield flags
+        return
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "env_service.py", "--serve", "--port", "0"]
+    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
+        try:
+            line = p.stdout.readline()  # "[minrl] env_service at URL (envs: ...)"
+            if " at " not in line:
+                raise RuntimeError(f"env_service.py --serve did not start: {line}{p.stdout.read()}")
+            log.write_text(line)
+            yield [line.split(" at ")[1].split()[0] if f == "ENV_URL" else f for f in flags]
+        finally:
+            p.terminate()
+
+
 def run_one(name: str, work: Path) -> dict:
     """One config, plus its replay and resume checks. Returns rows, the dump's digest and the check outcomes."""
-    script, flags = RUNS[name]
+    command, flags = RUNS[name]
     out, log = work / name, work / f"{name}.log"
-    sh([script, *flags, "--out-dir", str(out)], log)
-    result = {"rows": canonical(out / "metrics.jsonl")}
+    with env_server(flags, log) as flags:
+        sh([*command, *flags, "--out-dir", str(out)], log)
+    result = {"rows": canonical(out / "metrics.jsonl", NOISY.get(name, ()))}
     dumps = sorted(out.glob("batch-*.pt"))
     if dumps:
         result["digest"] = torch.load(dumps[0], weights_only=True)["state_after"]
         try:
-            sh(["ppo_minimal.py", "--replay", str(dumps[0])], log)
+            sh([TRAINER, "--replay", str(dumps[0])], log)
             result["replay"] = "identical"
         except RuntimeError as e:
             result["replay"] = f"differs: {e}"
     ckpt = out / "ckpt-3"
     if ckpt.exists():
-        sh([script, *flags, "--out-dir", str(work / f"{name}-resumed"), "--resume", str(ckpt)], log)
-        resumed = canonical(work / f"{name}-resumed" / "metrics.jsonl")
+        sh([*command, *flags, "--out-dir", str(work / f"{name}-resumed"), "--resume", str(ckpt)], log)
+        resumed = canonical(work / f"{name}-resumed" / "metrics.jsonl", NOISY.get(name, ()))
         result["resume"] = "identical" if resumed == result["rows"][3:] else "differs"
     return result
 
