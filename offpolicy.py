@@ -31,14 +31,15 @@ response mask, n_i = sum_t m_it.
 2. The older corrections (DESIGN.md 7.4), kept for async RL: (a) behav anchors the clip at rollout instead of old;
    (b) tis = token IS truncated at is_cap; (c) decoupled = token IS with tokens above is_mask_cap masked out
    (AReaL, arXiv 2505.24298 eq. 5). `--off-policy tis|decoupled` and `--rollout-is` are one correction twice: refused.
-3. The loss families (veRL's policy_loss.loss_mode), per-token loss matrices that ppo_minimal.policy_loss
+3. The loss families (veRL's policy_loss.loss_mode), per-token loss matrices that `policy_loss`
    aggregates like vanilla PPO's; each takes the rollout IS weights as veRL's do:
    gspo (GSPO, arXiv 2507.18071), cispo (MiniMax-M1, arXiv 2506.13585), sapo (SAPO, arXiv 2511.20347), geo_mean
    (GMPO, arXiv 2507.20673), dppo_tv / dppo_kl (DPPO, arXiv 2602.04879); papers.md "Wave 2" has each formula.
    Their clip knobs are PPO's (--clip-low / --clip-high; DPPO: divergence thresholds; dual_clip: DPPO's TIS cap);
    sapo and geo_mean average their policy term per sequence whatever loss_agg says (veRL's; `policy_agg`).
-4. The advantage estimators REINFORCE++ and REINFORCE++ with a group baseline (arXiv 2501.03262), veRL's
-   reinforce_plus_plus and reinforce_plus_plus_baseline (`--adv-estimator`).
+4. `policy_loss`: the one entry point the trainer's update calls for every family: vanilla is ppo_math's clipped
+   objective; shaping (attention credit's token weights), the rollout IS weights and AsyPPO's pg_mask multiply
+   the per-token loss before the aggregation.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ from typing import Literal
 
 import torch
 
+import ppo_math
 from cli import check_fields
-from common import masked_mean, masked_sum, masked_whiten
+from common import masked_mean, masked_sum
 
 SAFETY_BOUND = 20.0  # veRL: log-ratios clamped to +-20 before exp (exp(20) ~ 4.9e8)
 RS_OPTIONS = [f"token_k{k}" for k in (1, 2, 3)] + [f"seq_{a}_k{k}" for a in ("sum", "mean") for k in (1, 2, 3)]
@@ -317,7 +319,7 @@ def gap_stats(old_logprobs, behav_logprobs, mask, policy_version=None, step: int
 
 
 # ------------------------------------------------------------------------------------------------
-# 3. The loss families: (per-token loss [B, R], metrics); the caller aggregates (ppo_minimal.aggregate)
+# 3. The loss families: (per-token loss [B, R], metrics); `policy_loss` aggregates them (ppo_math.aggregate)
 
 
 def policy_agg(kind: str, agg: str) -> str:
@@ -328,7 +330,7 @@ def policy_agg(kind: str, agg: str) -> str:
 
 def family_loss(kind: str, logprobs, old_logprobs, advantages, mask, *, clip_low: float, clip_high: float,
                 cap: float | None = None, tau_pos: float = 1.0, tau_neg: float = 1.05, is_weights=None):  # fmt: skip
-    """The per-token loss [B, R] of loss family `kind` (vanilla is ppo_minimal.policy_loss's own), times the rollout
+    """The per-token loss [B, R] of loss family `kind` (vanilla is ppo_math.clipped_objective), times the rollout
     IS weights (geo_mean: their geometric mean per row, inside), and its metrics (clipfrac, clipfrac_lower,
     approx_kl = veRL's ppo_kl)."""
     args, clips = (logprobs, old_logprobs, advantages, mask), {"clip_low": clip_low, "clip_high": clip_high}
@@ -345,6 +347,53 @@ def family_loss(kind: str, logprobs, old_logprobs, advantages, mask, *, clip_low
     else:
         raise ValueError(f"loss_mode {kind!r}: one of {LOSS_MODES}")
     return (loss if is_weights is None else loss * is_weights), metrics
+
+
+def policy_loss(
+    logprobs,
+    old_logprobs,
+    advantages,
+    mask,
+    *,
+    kind="vanilla",
+    clip_low=0.2,
+    clip_high=0.2,
+    dual_clip=3.0,
+    tau_pos=1.0,
+    tau_neg=1.05,
+    agg="token-mean",
+    token_weights=None,
+    is_weights=None,
+    pg_mask=None,
+    denom=None,
+    world=1,
+):
+    """The policy loss of family `kind` aggregated over valid tokens (vanilla: ppo_math's clipped PPO + dual clip),
+    and its metrics. All inputs [B, R]. token_weights multiply the advantages (attention credit's gamma_t A_t);
+    is_weights: the rollout correction's, detached; pg_mask (AsyPPO) zeroes the term of some tokens, the
+    normaliser still counting every token of `mask` (masking shrinks the step)."""
+    if token_weights is not None:
+        advantages = advantages * token_weights  # shaped advantage gamma_t * A_t (attention credit)
+    agg = policy_agg(kind, agg)  # sapo, geo_mean: per sequence, whatever loss_agg says (veRL's)
+    args = (logprobs, old_logprobs, advantages, mask)
+    if kind == "vanilla":
+        loss, metrics = ppo_math.clipped_objective(*args, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
+        loss = loss if is_weights is None else loss * is_weights  # off-policy correction weights, detached
+    else:
+        loss, metrics = family_loss(
+            kind,
+            *args,
+            clip_low=clip_low,
+            clip_high=clip_high,
+            cap=dual_clip,
+            tau_pos=tau_pos,
+            tau_neg=tau_neg,
+            is_weights=is_weights,
+        )
+    if pg_mask is not None:
+        loss = loss * pg_mask  # I^A_t (AsyPPO advantage mask)
+    metrics.update(ppo_math.ratio_stats(logprobs, old_logprobs, mask))
+    return ppo_math.aggregate(loss, mask, agg, denom, world), metrics
 
 
 def _metrics(clip, lower, log_ratio, mask) -> dict:
@@ -420,32 +469,6 @@ def dppo_loss(logprobs, old_logprobs, advantages, mask, *, clip_low: float, clip
     loss = -adv * r.clamp(max=cap).detach() * lp * inside
     clip, lower = masked_mean(1.0 - inside, mask), masked_mean((r > cap).float() * inside, mask)
     return loss, _metrics(clip, lower, log_ratio, mask)
-
-
-# ------------------------------------------------------------------------------------------------
-# 4. REINFORCE++ advantages (veRL reinforce_plus_plus, reinforce_plus_plus_baseline)
-
-
-def reinforce_pp_advantages(token_rewards, mask, gamma: float):
-    """REINFORCE++: the discounted return-to-go G_t = r_t + gamma G_{t+1} over action tokens (observation tokens
-    carry it through), whitened over the batch's valid tokens (every rank's). Returns (advantages, returns) [B, R]."""
-    returns, running = torch.zeros_like(token_rewards), token_rewards.new_zeros(token_rewards.shape[0])
-    m = mask.to(token_rewards.dtype)
-    for t in reversed(range(token_rewards.shape[1])):
-        new = token_rewards[:, t] + gamma * running
-        returns[:, t] = new * m[:, t]
-        running = new * m[:, t] + running * (1 - m[:, t])
-    return masked_whiten(returns, mask, global_=True) * mask, returns
-
-
-def reinforce_pp_baseline_advantages(rewards, group_ids, mask):
-    """REINFORCE++ with a group baseline: (s_i - mean of its group; a singleton: s_i) broadcast over its valid
-    tokens, then whitened over the batch's valid tokens (every rank's). rewards, group_ids [B]; returns [B, R]."""
-    _, inv = torch.unique(group_ids, return_inverse=True)  # [B]
-    n = torch.bincount(inv).to(rewards.dtype)  # [G]
-    mean = torch.zeros_like(n).index_add_(0, inv, rewards) / n  # [G]
-    centred = rewards - torch.where(n[inv] > 1, mean[inv], 0.0)  # [B]
-    return masked_whiten(centred[:, None] * mask, mask, global_=True) * mask
 
 
 def main() -> None:

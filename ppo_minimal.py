@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import sys
 import time
@@ -62,6 +61,7 @@ import common
 import env_service
 import memory
 import offpolicy
+import ppo_math
 import repro
 from attention_credit import CreditArgs, credit_weights
 from checkpoint import check_resume, load_pt, resume_checkpoint, run_fingerprint, save_checkpoint, save_policy
@@ -83,7 +83,6 @@ from tasks import TASKS, TaskArgs, load_policy, stop_token_ids
 from warm_start import sft_config_for, sft_target_for, sft_warm_start
 
 ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")  # Config.adv_estimator
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")  # Config.loss_agg
 
 
 @dataclass
@@ -129,7 +128,7 @@ class Config(TaskArgs, DataArgs, RewardArgs, SampleArgs, EvalArgs, CriticArgs, C
     """GAE lambda."""
     grpo_norm_std: bool = True
     """GRPO: divide by the group std (Dr. GRPO: --no-grpo-norm-std --loss-agg seq-mean-token-sum-norm)."""
-    loss_agg: Literal[AGG_MODES] = "token-mean"
+    loss_agg: Literal[ppo_math.AGG_MODES] = "token-mean"
     """How per-token losses are averaged (veRL's modes; seq-mean-token-sum-norm: token sums / loss_scale_factor)."""
     loss_scale_factor: int | None = None
     """seq-mean-token-sum-norm: the constant C dividing token sums (None = max_new_tokens; multi-turn max_context)."""
@@ -222,69 +221,12 @@ RANGES = {  # allowed interval -> fields, checked at construction (cli.check_fie
 }  # fmt: skip
 
 
-def aggregate(loss_mat, mask, mode: str = "token-mean", denom=None, world: int = 1):
-    """Scalar loss from a [B, R] per-token loss; denom: the global normaliser (detail 2), else local. token-mean:
-    sum(mask l) / n_tokens; seq-mean-token-mean / -sum: sum over non-empty seqs of (sum_t mask l [/ n_t]) / n_seqs;
-    seq-mean-token-sum-norm: that sum / (n_seqs C), C a constant (Dr. GRPO's; agg_denominator's scale)."""
-    if mode == "token-mean":
-        total = (loss_mat * mask).sum()
-    else:
-        seq = (loss_mat * mask).sum(-1)  # [B]
-        if mode == "seq-mean-token-mean":
-            seq = seq / (mask.sum(-1) + 1e-8)
-        total = (seq * (mask.sum(-1) > 0)).sum()  # fully masked sequences excluded
-    denom = agg_denominator(mask, mode, global_=False) if denom is None else denom
-    return total / denom.clamp(min=1) * world  # detail 4
-
-
-def agg_denominator(mask, mode: str, global_: bool = True, scale: int | None = None):
-    """Number of valid tokens (token-mean) or non-empty sequences (seq-mean modes), summed over ranks; times the
-    constant `scale` for seq-mean-token-sum-norm (None: the padded width R, veRL's default loss_scale_factor)."""
-    n = (mask.sum() if mode == "token-mean" else (mask.sum(-1) > 0).sum()).double().reshape(1)
-    n = (common.all_reduce_sum(n) if global_ else n)[0]
-    return n * (scale or mask.shape[-1]) if mode == "seq-mean-token-sum-norm" else n
-
-
-def gae(token_rewards, values, mask, gamma: float, lam: float):
-    """Raw GAE advantages and returns [B, R] (no whitening). Masked positions pass values through."""
-    B, R = token_rewards.shape
-    nextvalue, lastgae = token_rewards.new_zeros(B), token_rewards.new_zeros(B)  # [B] each
-    adv = torch.zeros_like(token_rewards)  # [B, R]
-    for t in reversed(range(R)):
-        # delta_t = r_t + gamma V_{t+1} - V_t ; A_t = delta_t + gamma lam A_{t+1}   (GAE eq. 16)
-        delta = token_rewards[:, t] + gamma * nextvalue - values[:, t]
-        gae_t = delta + gamma * lam * lastgae
-        valid = mask[:, t].to(values.dtype)  # [B] 1 where token t is an action (response) token
-        nextvalue = valid * values[:, t] + (1 - valid) * nextvalue  # only valid tokens move the recursion
-        lastgae = valid * gae_t + (1 - valid) * lastgae
-        adv[:, t] = lastgae
-    returns = adv + values  # before whitening
-    return adv * mask, returns * mask  # detail 4
-
-
-def _group_stats(scores, group_ids):
-    """Per-sample group mean, unbiased std and group size (singletons: mean 0, std 1)."""
-    _, inv = torch.unique(group_ids, return_inverse=True)  # [B]
-    n = torch.bincount(inv).to(scores.dtype)  # [G]
-    mean = torch.zeros_like(n).index_add_(0, inv, scores) / n  # [G]
-    sq = torch.zeros_like(n).index_add_(0, inv, (scores - mean[inv]) ** 2)  # [G]
-    std = (sq / (n - 1).clamp(min=1)).sqrt()  # [G] unbiased (N - 1)
-    mean, std = mean.masked_fill(n == 1, 0.0), std.masked_fill(n == 1, 1.0)
-    return mean[inv], std[inv], n[inv]
-
-
 def score_stats(scores, group_ids) -> dict:
     """Returns [B] -> rollout/reward_mean, reward_std (all ranks' samples), zero_std_frac (in groups of >= 2, equal)."""
-    _, group_std, group_n = _group_stats(scores, group_ids)  # [B] per sample
+    _, group_std, group_n = ppo_math.group_stats(scores, group_ids)  # [B] per sample
     std = common.masked_var(scores, torch.ones_like(scores), global_=True).sqrt().item()
     zero = ((group_std < 1e-8) & (group_n > 1)).float().mean().item()
     return {"rollout/reward_mean": scores.mean().item(), "rollout/reward_std": std, "rollout/zero_std_frac": zero}
-
-
-def group_advantages(rewards, group_ids, *, norm_std: bool = True, eps: float = 1e-6):
-    """GRPO outcome advantage per sequence [B]: (s - mean_g) / (std_g + eps), or s - mean_g (Dr. GRPO)."""
-    mean, std, _ = _group_stats(rewards, group_ids)
-    return (rewards - mean) / (std + eps) if norm_std else rewards - mean
 
 
 def ungroup_failed(group_ids, episodes: list[dict]):
@@ -292,87 +234,6 @@ def ungroup_failed(group_ids, episodes: list[dict]):
     own, so that its 0 return joins no GRPO / RLOO baseline (it has no gradient either: mask 0)."""
     failed = torch.tensor([e.get("env_error") is not None for e in episodes], device=group_ids.device)  # [B]
     return torch.where(failed, -1 - torch.arange(len(failed), device=group_ids.device), group_ids)
-
-
-def rloo_advantages(rewards, group_ids):
-    """RLOO per sequence [B]: s_i - mean of the other samples of its group = (s_i - mean) * n / (n - 1)."""
-    mean, _, n = _group_stats(rewards, group_ids)
-    return torch.where(n > 1, (rewards - mean) * n / (n - 1).clamp(min=1), rewards)
-
-
-def kl_estimate(logprobs, ref_logprobs, kind: str = "k1"):
-    """Per-token KL estimate, x = logp - ref: k1 = x, k2 = x^2/2, k3 = exp(-x) + x - 1 (clamped)."""
-    x = logprobs - ref_logprobs
-    if kind == "k1":
-        return x
-    if kind == "k2":
-        return 0.5 * x * x
-    if kind == "k3":
-        neg_x = (-x).clamp(-20, 20)
-        return (neg_x.exp() - neg_x - 1).clamp(-10, 10)
-    raise ValueError(f"unknown KL estimator {kind!r}: k1 | k2 | k3")
-
-
-def policy_loss(logprobs, old_logprobs, advantages, mask, *, kind="vanilla", clip_low=0.2, clip_high=0.2,
-                dual_clip=3.0, tau_pos=1.0, tau_neg=1.05, agg="token-mean", token_weights=None, is_weights=None,
-                pg_mask=None, denom=None, world=1):  # fmt: skip
-    """The policy loss aggregated over valid tokens: kind vanilla = clipped PPO (+ dual clip), else one of the loss
-    families of offpolicy.py (same call, same metrics). All inputs [B, R]. is_weights: the rollout correction's,
-    detached. pg_mask (AsyPPO) zeroes the term of some tokens; the normaliser still counts every token of `mask`."""
-    if token_weights is not None:
-        advantages = advantages * token_weights  # shaped advantage gamma_t * A_t (attention credit)
-    agg = offpolicy.policy_agg(kind, agg)  # sapo, geo_mean: per sequence, whatever loss_agg says (veRL's)
-    log_ratio = (logprobs - old_logprobs).clamp(-20, 20)  # [B, R]
-    ratio = torch.exp(log_ratio)
-    if kind != "vanilla":
-        loss, metrics = offpolicy.family_loss(kind, logprobs, old_logprobs, advantages, mask, clip_low=clip_low,
-                                              clip_high=clip_high, cap=dual_clip, tau_pos=tau_pos, tau_neg=tau_neg,
-                                              is_weights=is_weights)  # fmt: skip
-    else:
-        l1, l2 = -advantages * ratio, -advantages * ratio.clamp(1 - clip_low, 1 + clip_high)
-        loss = torch.maximum(l1, l2)  # PPO eq. 7, as a loss
-        metrics = {"clipfrac": masked_mean((l2 > l1).float(), mask), "clipfrac_lower": mask.new_zeros(())}
-        if dual_clip is not None:
-            l3 = -advantages * dual_clip
-            metrics["clipfrac_lower"] = masked_mean(((loss > l3) & (advantages < 0)).float(), mask)
-            loss = torch.where(advantages < 0, torch.minimum(loss, l3), loss)  # dual clip: A < 0 only
-        if is_weights is not None:
-            loss = loss * is_weights  # off-policy correction weights (offpolicy.py), detached
-        metrics["approx_kl"] = masked_mean(-log_ratio, mask).detach()  # veRL ppo_kl: of the clamped log-ratio
-    if pg_mask is not None:
-        loss = loss * pg_mask  # I^A_t (AsyPPO advantage mask); masking shrinks the step (DESIGN.md 7.2)
-    metrics["ratio_mean"] = masked_mean(ratio, mask).detach()
-    metrics["ratio_max"] = (ratio * mask).max().detach()
-    return aggregate(loss, mask, agg, denom, world), metrics
-
-
-def value_loss(values, old_values, returns, mask, *, clip=0.5, agg="token-mean", denom=None, world=1):
-    """Clipped value loss 0.5 * agg(max((V - R)^2, (V_clip - R)^2)). All inputs [B, R]."""
-    v_clip = old_values + (values - old_values).clamp(-clip, clip)
-    l_unclipped, l_clipped = (values - returns) ** 2, (v_clip - returns) ** 2
-    loss = 0.5 * aggregate(torch.maximum(l_unclipped, l_clipped), mask, agg, denom, world)
-    return loss, {"vf_clipfrac": masked_mean((l_clipped > l_unclipped).float(), mask).detach()}
-
-
-def lr_factor(step: int, total: int, warmup: int, schedule: str = "constant", min_ratio: float = 0.0) -> float:
-    """The lr multiplier at iteration `step` (0-based) of `total`: linear warm-up over `warmup` iterations, then 1 or
-    a half cosine towards min_ratio, reached one iteration after the last (transformers' cosine-with-warm-up with
-    veRL's min_lr_ratio floor); 0 for a negative step (critic-only iterations before the actor's first)."""
-    if step < 0:
-        return 0.0
-    if step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant":
-        return 1.0
-    progress = (step - warmup) / max(1, total - warmup)  # 0 after the warm-up, (n - 1) / n at the last iteration
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
-def kl_controller(beta: float, kl: float, n: int, kind: str, target: float = 0.1, horizon: int = 10000) -> float:
-    """beta of KL in the reward after n sequences of mean per-sequence KL kl: fixed, or adaptive (Ziegler et al.
-    2019; veRL's target and horizon): beta (1 + e n / horizon), e = clip(kl / target - 1, +-0.2)."""
-    e = min(max(kl / target - 1, -0.2), 0.2)
-    return beta * (1 + e * n / horizon) if kind == "adaptive" else beta
 
 
 @dataclass
@@ -435,22 +296,22 @@ def compute_advantages(cfg: Config, token_scores, response_mask, old_logp, ref_l
     if cfg.kl_in_reward and (old_logp is None or ref_logp is None):
         raise ValueError("KL in the reward needs old and reference logprobs before the update (got None)")
     both = old_logp is not None and ref_logp is not None
-    kl = kl_estimate(old_logp, ref_logp, "k1") * mask if both else torch.zeros_like(mask)  # [B, R]
+    kl = ppo_math.kl_estimate(old_logp, ref_logp, "k1") * mask if both else torch.zeros_like(mask)  # [B, R]
     kl_beta = repro.at_kl_coef(cfg.inject, kl_beta)  # INJECT kl_sign
     token_rewards = token_scores - kl_beta * kl if cfg.kl_in_reward else token_scores.clone()  # [B, R]
     seq_score = token_rewards.sum(-1)  # [B] veRL: an outcome estimator's score is the sum of token rewards
     if cfg.adv_estimator == "gae":
-        adv, returns = gae(token_rewards, values, mask, cfg.gamma, cfg.lam)
+        adv, returns = ppo_math.gae(token_rewards, values, mask, cfg.gamma, cfg.lam)
         adv = masked_whiten(adv, mask, global_=True) * mask  # detail 2: global statistics
     elif cfg.adv_estimator == "reinforce_plus_plus":  # offpolicy.py 4: whitened returns-to-go (global statistics)
-        adv, returns = offpolicy.reinforce_pp_advantages(token_rewards, mask, cfg.gamma)
+        adv, returns = ppo_math.reinforce_pp_advantages(token_rewards, mask, cfg.gamma)
     elif cfg.adv_estimator == "reinforce_plus_plus_baseline":
-        adv = returns = offpolicy.reinforce_pp_baseline_advantages(seq_score, group_ids, mask)
+        adv = returns = ppo_math.reinforce_pp_baseline_advantages(seq_score, group_ids, mask)
     else:
         if cfg.adv_estimator == "grpo":
-            seq_adv = group_advantages(seq_score, group_ids, norm_std=cfg.grpo_norm_std)
+            seq_adv = ppo_math.group_advantages(seq_score, group_ids, norm_std=cfg.grpo_norm_std)
         else:
-            seq_adv = rloo_advantages(seq_score, group_ids)
+            seq_adv = ppo_math.rloo_advantages(seq_score, group_ids)
         adv = returns = seq_adv[:, None] * mask  # [B, R] broadcast over valid tokens
     adv = repro.at_advantages(cfg.inject, adv)  # INJECT adv_sign
     mean = lambda x: float(masked_mean(x, mask, global_=True))  # noqa: E731  (token statistics of all ranks)
@@ -529,10 +390,11 @@ def policy_step(cfg: Config, policy_train, opt, mb: Batch, world, autocast, upda
     step's losses and gradient norm, and the minibatch's logprobs [b, R] (detached; None unless the batch has no
     anchor: then they are its anchor)."""
     mask, plan = mb.loss_mask, plan or micro_batches_of(cfg, mb)
-    denom = agg_denominator(mask, cfg.loss_agg, scale=cfg.loss_scale_factor)  # every kept token, pg_mask or not
+    # every kept token, pg_mask or not
+    denom = ppo_math.agg_denominator(mask, cfg.loss_agg, scale=cfg.loss_scale_factor)
     agg = {"mode": cfg.loss_agg, "denom": denom, "world": world}
     pg_agg = offpolicy.policy_agg(cfg.loss_mode, cfg.loss_agg)  # sapo, geo_mean: per sequence (veRL)
-    pg_denom = denom if pg_agg == cfg.loss_agg else agg_denominator(mask, pg_agg)
+    pg_denom = denom if pg_agg == cfg.loss_agg else ppo_math.agg_denominator(mask, pg_agg)
     clip = {"kind": cfg.loss_mode, "clip_low": cfg.clip_low, "clip_high": cfg.clip_high, "dual_clip": cfg.dual_clip}
     clip.update({"tau_pos": cfg.sapo_tau_pos, "tau_neg": cfg.sapo_tau_neg, "agg": cfg.loss_agg})
     losses, rows, logps = {}, [], None if mb.old_logprobs is not None else torch.zeros_like(mask)
@@ -547,11 +409,15 @@ def policy_step(cfg: Config, policy_train, opt, mb: Batch, world, autocast, upda
             old = logp.detach() if mi.old_logprobs is None else mi.old_logprobs  # (reuse_old_logprobs)
             anchor = old if mi.clip_anchor is None else mi.clip_anchor
             shaping = {"token_weights": mi.token_weights, "pg_mask": mi.pg_mask.float(), "is_weights": mi.is_weights}
-            pg, m = policy_loss(logp, anchor, mi.advantages, mmask, **clip, **shaping, denom=pg_denom, world=world)
-            ent_loss = aggregate(ent * mi.ent_mask.float(), mmask, **agg)  # I^H_t H_t: AsyPPO's entropy filter
+            pg, m = offpolicy.policy_loss(
+                logp, anchor, mi.advantages, mmask, **clip, **shaping, denom=pg_denom, world=world
+            )
+            ent_loss = ppo_math.aggregate(ent * mi.ent_mask.float(), mmask, **agg)  # I^H_t H_t: AsyPPO's entropy filter
             terms = {"loss/policy": pg, "loss/entropy": ent_loss}
             if mi.ref_logprobs is not None:  # an iteration with the reference pass (needs_reference)
-                terms["loss/kl"] = aggregate(kl_estimate(logp, mi.ref_logprobs, cfg.kl_loss_type), mmask, **agg)
+                terms["loss/kl"] = ppo_math.aggregate(
+                    ppo_math.kl_estimate(logp, mi.ref_logprobs, cfg.kl_loss_type), mmask, **agg
+                )
             loss = pg + (cfg.kl_loss_coef * terms["loss/kl"] if cfg.kl_loss else 0.0)
             if cfg.ent_coef > 0:  # the entropy term joins the graph only when it is used
                 loss = loss - repro.at_ent_coef(cfg.inject, cfg.ent_coef) * ent_loss  # INJECT ent_sign
@@ -587,7 +453,8 @@ def critic_update(cfg: Config, critics: Critics, mb: Batch, world: int, autocast
     clipped = torch.zeros(2, dtype=torch.float64, device=dev)  # [clipped, valid] tokens
     for k, (model, opt) in enumerate(zip(critics.train_models, critics.opts)):
         mask = mb.response_mask.float() * mb.shares[:, k, None]  # [b, R] critic k's rows only
-        denom = agg_denominator(mask, cfg.loss_agg, scale=cfg.loss_scale_factor)  # critic k's tokens, all ranks
+        # critic k's tokens, all ranks
+        denom = ppo_math.agg_denominator(mask, cfg.loss_agg, scale=cfg.loss_scale_factor)
         loss_args, losses = {"clip": cfg.value_clip, "agg": cfg.loss_agg, "denom": denom, "world": world}, []
         for idx, lo, r in plan:
             mi = mb.part(idx, lo, r)
@@ -595,7 +462,7 @@ def critic_update(cfg: Config, critics: Critics, mb: Batch, world: int, autocast
             with autocast():
                 values, old = model(mi.input_ids, mi.attention_mask, r), mi.old_values[:, k]  # [b, r]
             target = repro.at_value_target(cfg.inject, mi.critic_returns[:, k], old, values)  # INJECT
-            loss, m = value_loss(values, old, target, mmask, **loss_args)
+            loss, m = ppo_math.value_loss(values, old, target, mmask, **loss_args)
             common.collective(loss.backward)  # (DDP: as in policy_step)
             losses.append(loss.detach())
             n = mmask.sum().double()
@@ -610,9 +477,11 @@ def set_learning_rates(cfg: Config, step: int, opt, critics) -> bool:
     """Set this iteration's lr of policy and critics; whether the actor updates (not in the critic-only warm-up)."""
     sched = (cfg.warmup_steps, cfg.lr_schedule, cfg.min_lr_ratio)
     for group in opt.param_groups:
-        group["lr"] = cfg.lr * lr_factor(step - cfg.critic_warmup_steps, cfg.steps - cfg.critic_warmup_steps, *sched)
+        group["lr"] = cfg.lr * ppo_math.lr_factor(
+            step - cfg.critic_warmup_steps, cfg.steps - cfg.critic_warmup_steps, *sched
+        )
     for group in [g for o in (critics.opts if critics else []) for g in o.param_groups]:
-        group["lr"] = cfg.critic_lr * lr_factor(step, cfg.steps, *sched)
+        group["lr"] = cfg.critic_lr * ppo_math.lr_factor(step, cfg.steps, *sched)
     return step >= cfg.critic_warmup_steps
 
 
@@ -689,7 +558,7 @@ def critic_targets(cfg: Config, token_rewards, all_values, mask, returns):
     """Each critic's value target R^(m) = GAE(V_m) + V_m [B, M, R]; for M = 1 that is `returns` already."""
     if len(all_values) == 1:
         return returns[:, None]  # [B, 1, R]
-    return torch.stack([gae(token_rewards, v * mask, mask, cfg.gamma, cfg.lam)[1] for v in all_values], 1)
+    return torch.stack([ppo_math.gae(token_rewards, v * mask, mask, cfg.gamma, cfg.lam)[1] for v in all_values], 1)
 
 
 def build_models(cfg: Config, device, world: int):
@@ -756,7 +625,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     anchor = repro.stale_anchor(cfg.inject, policy)  # computes old_logprobs: the policy; INJECT stale_old_logprobs
     engine = repro.at_engine(cfg.inject, offpolicy.inference_copy(policy, cfg.rollout_dtype), policy)  # INJECT
     task = None if multi_turn(cfg) else load_task(cfg, tokenizer, device)  # a procedural task, or --data's rows
-    kl_beta = cfg.kl_coef  # beta of KL in the reward (kl_controller)
+    kl_beta = cfg.kl_coef  # beta of KL in the reward (ppo_math.kl_controller)
     rng = np.random.default_rng(cfg.seed + rank)  # tasks and env seeds: seed + rank
     sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + rank)  # the sampler: seed + rank
     shuffle_gen = torch.Generator().manual_seed(cfg.seed)  # minibatches: the same on every rank
@@ -850,7 +719,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
             upd = ppo_update(**update_args)
         if cfg.kl_in_reward:  # adaptive controller: batch mean of per-sequence mean KL, n = sequences
             seq_kl = common.reduce_metrics({"kl": (kl.sum(-1) / mask.sum(-1).clamp(min=1)).mean().item()}, device)
-            kl_beta = kl_controller(kl_beta, seq_kl["kl"], n_local * world, cfg.kl_ctrl)
+            kl_beta = ppo_math.kl_controller(kl_beta, seq_kl["kl"], n_local * world, cfg.kl_ctrl)
         t3 = time.perf_counter()
 
         # --- 6. metrics (reduced over ranks), eval, live diagnosis, hooks, checkpoint
@@ -858,7 +727,9 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         m.update({**footprint, **rollout_metrics(rollout, episodes, eos_ids, cfg.max_new_tokens)})
         old_logprobs = batch.old_logprobs  # (reuse: the update's first forward filled it)
         if ref_logprobs is not None:
-            m["stats/kl"] = float(masked_mean(kl_estimate(old_logprobs, ref_logprobs) * mask, mask, global_=True))
+            m["stats/kl"] = float(
+                masked_mean(ppo_math.kl_estimate(old_logprobs, ref_logprobs) * mask, mask, global_=True)
+            )
         first = first_action_mask(episodes, response_mask) if multi_turn(cfg) else None  # [B, R] the first turn's
         m.update(offpolicy.gap_stats(old_logprobs, behav, mask, rollout.policy_version, step, cfg.reports_gap(), first))
         m.update({"stats/kl_coef": kl_beta, "stats/lr": opt.param_groups[0]["lr"], "time/rollout": t1 - t0})

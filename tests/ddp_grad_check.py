@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from batches import full_batch  # noqa: E402
 
+import ppo_math  # noqa: E402
 import ppo_minimal as pm  # noqa: E402
 from common import setup_dist, shard_or_replicate  # noqa: E402
 from critics import Critics, make_value_model  # noqa: E402
@@ -157,7 +158,7 @@ def no_grad_passes(rank: int, world: int, fsdp: bool = False) -> dict[str, torch
 
 def main(out: str, fsdp: bool = False) -> None:
     rank, _, world, _ = setup_dist(timeout_s=60, device="cpu")
-    result = {mode: update_deltas(mode, rank, world, fsdp=fsdp) for mode in pm.AGG_MODES}
+    result = {mode: update_deltas(mode, rank, world, fsdp=fsdp) for mode in ppo_math.AGG_MODES}
     for lengths in LENGTHS:  # packed under a token budget: the same gradient, ranks with unequal needs
         for mode in ("token-mean", "seq-mean-token-mean"):
             result[f"{lengths}/{mode}/tokens"] = update_deltas(mode, rank, world, BUDGET, lengths, fsdp=fsdp)

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import async_loop
-from offpolicy import off_policy_weights
-from ppo_minimal import policy_loss, replay
+from offpolicy import off_policy_weights, policy_loss
+from ppo_minimal import replay
 from rollout import Rollout
 from tasks import make_tiny_model, make_tokenizer
 

@@ -17,6 +17,8 @@ from batches import full_batch
 from calibrated import REVERSE_T1
 
 import critics
+import offpolicy
+import ppo_math
 import ppo_minimal as pm
 from rollout import sequence_logprobs
 from runlog import read_jsonl
@@ -46,8 +48,8 @@ def test_gae_of_mean_value_is_mean_of_gae(gamma, lam):
     rewards = torch.randn(B, R, generator=g, dtype=F64)
     mask = ragged_mask(B, R, 2)
     mask[2, 3] = 0.0  # a hole in the middle (an observation token) passes values through
-    adv_bar, ret_bar = pm.gae(rewards, values.mean(0), mask, gamma, lam)
-    per = [pm.gae(rewards, v, mask, gamma, lam) for v in values]
+    adv_bar, ret_bar = ppo_math.gae(rewards, values.mean(0), mask, gamma, lam)
+    per = [ppo_math.gae(rewards, v, mask, gamma, lam) for v in values]
     assert torch.allclose(adv_bar, torch.stack([a for a, _ in per]).mean(0), atol=1e-12)
     assert torch.allclose(ret_bar, torch.stack([r for _, r in per]).mean(0), atol=1e-12)
 
@@ -216,9 +218,9 @@ def test_critic_trains_in_the_precision_of_its_old_values(monkeypatch):
     with autocast():
         old = crit.values(ids, attention_mask, R, micro_batch=B)  # [1, B, R]
     seen = []
-    real = pm.value_loss
+    real = ppo_math.value_loss
     monkeypatch.setattr(
-        pm, "value_loss", lambda v, o, *a, **k: (seen.append((v - o).abs().max()), real(v, o, *a, **k))[1]
+        ppo_math, "value_loss", lambda v, o, *a, **k: (seen.append((v - o).abs().max()), real(v, o, *a, **k))[1]
     )
     mask = torch.ones(B, R)
     batch = full_batch(input_ids=ids, attention_mask=attention_mask, response_mask=mask, old_logprobs=torch.zeros(B, R),
@@ -277,8 +279,8 @@ def test_policy_loss_pg_mask_keeps_the_valid_token_denominator():
     mask = torch.tensor([[1.0, 1, 1, 0], [1, 1, 0, 0]], dtype=F64)
     pg_mask = torch.tensor([[1.0, 0, 1, 0], [0, 1, 0, 0]], dtype=F64)
     logp = torch.zeros(2, 4, dtype=F64)
-    tok, _ = pm.policy_loss(logp[:1], logp[:1], adv[:1], mask[:1], pg_mask=pg_mask[:1], agg="token-mean")
-    seq, _ = pm.policy_loss(logp, logp, adv, mask, pg_mask=pg_mask, agg="seq-mean-token-mean")
+    tok, _ = offpolicy.policy_loss(logp[:1], logp[:1], adv[:1], mask[:1], pg_mask=pg_mask[:1], agg="token-mean")
+    seq, _ = offpolicy.policy_loss(logp, logp, adv, mask, pg_mask=pg_mask, agg="seq-mean-token-mean")
     assert float(tok) == pytest.approx(-4 / 3)
     assert float(seq) == pytest.approx(-23 / 12)
 
@@ -329,7 +331,7 @@ def logit_grads(batch: pm.Batch, ent_coef: float, loss_agg: str = "token-mean") 
     return (before - policy.table.detach())[:, P - 1 : P + R - 1]  # logits at P + t - 1 predict token t
 
 
-@pytest.mark.parametrize("loss_agg", pm.AGG_MODES)
+@pytest.mark.parametrize("loss_agg", ppo_math.AGG_MODES)
 def test_gradient_isolation(loss_agg):
     batch = toy_batch()
     full = logit_grads(batch, 0.3, loss_agg)

@@ -197,6 +197,7 @@ def test_dead_rank_is_named(tmp_path, fate):
 def metric_rows(rank: int, world: int) -> dict:
     """The trainer's batch metrics (stanza 4 and 6) of this rank's rows of one fixed ragged batch, reduced."""
     import common
+    import ppo_math
     import ppo_minimal as pm
     from evaluation import eos_mask_errors
     from offpolicy import OffPolicyArgs, corrections, gap_stats, off_policy_weights
@@ -224,7 +225,7 @@ def metric_rows(rank: int, world: int) -> dict:
                          old[rows], behav[rows], mask[rows])[2]  # fmt: skip
     m.update({f"seq/{k}": v for k, v in seq_is.items()})
     m["stats/kl"] = float(
-        common.masked_mean(pm.kl_estimate(old[rows], ref[rows]) * mask[rows], mask[rows], global_=True)
+        common.masked_mean(ppo_math.kl_estimate(old[rows], ref[rows]) * mask[rows], mask[rows], global_=True)
     )
     m["stats/eos_mask_err_frac"] = eos_mask_errors(ids[rows], mask[rows].long(), [3], R, global_=True)
     return common.reduce_metrics(m)

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+import offpolicy
+import ppo_math
 import ppo_minimal as pm
 import tasks
 from envs import CalcError, CalculatorEnv, TaskEnv, make_env, safe_calc
@@ -218,7 +220,7 @@ def test_the_loss_gradient_is_exactly_zero_on_observation_tokens(multi, tiny):
     logp, _ = sequence_logprobs(model, rollout.input_ids, rollout.attention_mask, R)
     logp.retain_grad()
     adv = torch.randn(logp.shape)
-    loss, _ = pm.policy_loss(
+    loss, _ = offpolicy.policy_loss(
         logp, rollout.rollout_logprobs, adv, rollout.response_mask.float(), clip_low=0.2, clip_high=0.2
     )
     loss.backward()
@@ -230,7 +232,7 @@ def test_gae_passes_values_through_observation_tokens():
     mask = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0]])  # action, observation (2 tokens), action
     rewards = torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0]])
     values = torch.tensor([[0.1, 0.2, 9.0, 9.0, 0.5]])
-    adv, ret = pm.gae(rewards, values, mask, gamma=1.0, lam=1.0)
+    adv, ret = ppo_math.gae(rewards, values, mask, gamma=1.0, lam=1.0)
     assert adv[0, [0, 1, 4]].tolist() == pytest.approx([0.9, 0.8, 0.5])  # R - V_t, the 9s never enter
     assert adv[0, 2:4].tolist() == [0.0, 0.0]
 

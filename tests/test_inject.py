@@ -13,6 +13,7 @@ import pytest
 import torch
 from calibrated import REVERSE_T1
 
+import offpolicy
 import ppo_minimal as pm
 import repro
 from diagnose import LiveDiagnoser
@@ -172,15 +173,15 @@ def test_a_crashing_update_is_dumped_with_its_error_and_replays_to_the_same_erro
         loss, m = policy_loss(*args, **kwargs)
         return loss * float("nan"), m
 
-    policy_loss = pm.policy_loss
-    monkeypatch.setattr(pm, "policy_loss", nan_loss)
+    policy_loss = offpolicy.policy_loss
+    monkeypatch.setattr(offpolicy, "policy_loss", nan_loss)
     cfg = pm.Config(model=str(sft_path), steps=2, dump_batch=1, out_dir=str(tmp_path), **SMALL)
     with pytest.raises(FloatingPointError, match="gradient norm is nan"):
         pm.train(cfg)
     saved = torch.load(tmp_path / "batch-1.pt", weights_only=True)
     assert saved["error"].startswith("FloatingPointError") and saved["metrics"] is None
     assert pm.replay(str(tmp_path / "batch-1.pt")) == (None, True)  # the bug is still there: same error
-    monkeypatch.setattr(pm, "policy_loss", policy_loss)
+    monkeypatch.setattr(offpolicy, "policy_loss", policy_loss)
     assert pm.replay(str(tmp_path / "batch-1.pt"))[1] is False  # fixed: the update now runs through
 
 

@@ -13,6 +13,8 @@ import torch
 
 import common
 import critics
+import offpolicy
+import ppo_math
 import ppo_minimal as pm
 import runlog
 
@@ -38,7 +40,7 @@ def test_gae_gamma_lam_one_terminal_reward():
     # gamma = lam = 1, reward R = 1 on the last token: A_t = R - V_t, returns_t = R.
     # V = [0.1, 0.4, -0.2] -> A = [0.9, 0.6, 1.2], returns = [1, 1, 1]
     r, v, m = t([[0.0, 0.0, 1.0]]), t([[0.1, 0.4, -0.2]]), t([[1.0, 1.0, 1.0]])
-    adv, ret = pm.gae(r, v, m, gamma=1.0, lam=1.0)
+    adv, ret = ppo_math.gae(r, v, m, gamma=1.0, lam=1.0)
     close(adv, [[0.9, 0.6, 1.2]])
     close(ret, [[1.0, 1.0, 1.0]])
 
@@ -48,7 +50,7 @@ def test_gae_lam_zero_is_one_step_td():
     # A_0 = 0 + 0.9*0.2 - 0.5 = -0.32 ; A_1 = 0 + 0.9*0.4 - 0.2 = 0.16 ; A_2 = 1 + 0 - 0.4 = 0.6
     # returns = A + V = [0.18, 0.36, 1.0]
     r, v, m = t([[0.0, 0.0, 1.0]]), t([[0.5, 0.2, 0.4]]), t([[1.0, 1.0, 1.0]])
-    adv, ret = pm.gae(r, v, m, gamma=0.9, lam=0.0)
+    adv, ret = ppo_math.gae(r, v, m, gamma=0.9, lam=0.0)
     close(adv, [[-0.32, 0.16, 0.6]])
     close(ret, [[0.18, 0.36, 1.0]])
 
@@ -57,7 +59,7 @@ def test_gae_general_gamma_lam():
     # gamma = 0.9, lam = 0.5 (gamma*lam = 0.45), deltas from the test above: [-0.32, 0.16, 0.6]
     # A_2 = 0.6 ; A_1 = 0.16 + 0.45*0.6 = 0.43 ; A_0 = -0.32 + 0.45*0.43 = -0.1265
     r, v, m = t([[0.0, 0.0, 1.0]]), t([[0.5, 0.2, 0.4]]), t([[1.0, 1.0, 1.0]])
-    adv, ret = pm.gae(r, v, m, gamma=0.9, lam=0.5)
+    adv, ret = ppo_math.gae(r, v, m, gamma=0.9, lam=0.5)
     close(adv, [[-0.1265, 0.43, 0.6]])
     close(ret, [[0.3735, 0.63, 1.0]])
 
@@ -68,7 +70,7 @@ def test_gae_masked_middle_position_is_deleted():
     # gamma 0.9, lam 0.5 -> [-0.1265, 0.43, 0.6] (test above). Junk reward/value at position 2 are ignored;
     # advantages and returns are written as 0 there (implementation detail 7).
     r, v, m = t([[0.0, 0.0, 5.0, 1.0]]), t([[0.5, 0.2, 9.0, 0.4]]), t([[1.0, 1.0, 0.0, 1.0]])
-    adv, ret = pm.gae(r, v, m, gamma=0.9, lam=0.5)
+    adv, ret = ppo_math.gae(r, v, m, gamma=0.9, lam=0.5)
     close(adv, [[-0.1265, 0.43, 0.0, 0.6]])
     close(ret, [[0.3735, 0.63, 0.0, 1.0]])
 
@@ -79,7 +81,7 @@ def test_gae_trailing_padding_and_rows_independent():
     r = t([[0.0, 2.0, 7.0], [0.5, 3.0, 3.0]])
     v = t([[1.0, 3.0, 4.0], [0.25, 8.0, 8.0]])
     m = t([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    adv, ret = pm.gae(r, v, m, gamma=1.0, lam=1.0)
+    adv, ret = ppo_math.gae(r, v, m, gamma=1.0, lam=1.0)
     close(adv, [[1.0, -1.0, 0.0], [0.25, 0.0, 0.0]])
     close(ret, [[2.0, 2.0, 0.0], [0.5, 0.0, 0.0]])
 
@@ -95,7 +97,7 @@ def test_gae_gamma_lam_one_is_reward_to_go_minus_value_random(seed):
     m = (torch.rand(B, R, generator=g) < 0.7).to(F64)
     m[0] = 0.0  # a fully masked row
     m[1] = 1.0  # a full row
-    adv, ret = pm.gae(r, v, m, gamma=1.0, lam=1.0)
+    adv, ret = ppo_math.gae(r, v, m, gamma=1.0, lam=1.0)
     rtg = torch.zeros(B, R, dtype=F64)
     for b in range(B):  # explicit double loop: the reference definition
         for s in range(R):
@@ -117,7 +119,7 @@ def test_group_advantages_known_answers():
     # group 9: [0.2, 0.4, 0.9]: mean 0.5, std = sqrt((0.09 + 0.01 + 0.16) / 2) = sqrt(0.13) = 0.3605551
     scores = t([1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.7, 0.2, 0.4, 0.9])
     gids = torch.tensor([7, 3, 7, 7, 7, 3, 5, 9, 9, 9])
-    adv = pm.group_advantages(scores, gids)
+    adv = ppo_math.group_advantages(scores, gids)
     a4 = 0.5 / (math.sqrt(1 / 3) + 1e-6)
     s9 = math.sqrt(0.13) + 1e-6
     want = [a4, 0.0, -a4, -a4, a4, 0.0, 0.7 / (1 + 1e-6), -0.3 / s9, -0.1 / s9, 0.4 / s9]
@@ -130,7 +132,7 @@ def test_group_advantages_dr_grpo_no_std():
     # singleton 0.7 -> 0.7 (mean 0)
     scores = t([1.0, 0.0, 0.0, 1.0, 0.2, 0.4, 0.9, 0.7])
     gids = torch.tensor([0, 0, 0, 0, 1, 1, 1, 2])
-    adv = pm.group_advantages(scores, gids, norm_std=False)
+    adv = ppo_math.group_advantages(scores, gids, norm_std=False)
     close(adv, [0.5, -0.5, -0.5, 0.5, -0.3, -0.1, 0.4, 0.7], 1e-12)
 
 
@@ -140,7 +142,7 @@ def test_rloo_known_answers():
     # [0.5, 0.2]: 0.5 - 0.2 = 0.3, 0.2 - 0.5 = -0.3 ; singleton 0.7 -> 0.7 (no baseline)
     scores = t([1.0, 0.0, 0.0, 1.0, 0.5, 0.2, 0.7])
     gids = torch.tensor([4, 4, 4, 4, 1, 1, 0])
-    adv = pm.rloo_advantages(scores, gids)
+    adv = ppo_math.rloo_advantages(scores, gids)
     close(adv, [2 / 3, -2 / 3, -2 / 3, 2 / 3, 0.3, -0.3, 0.7], 1e-12)
 
 
@@ -150,7 +152,7 @@ def test_group_advantages_invariant_to_sample_order():
     scores = torch.rand(24, generator=g, dtype=F64)
     gids = torch.arange(24) // 4
     perm = torch.randperm(24, generator=g)
-    for fn in (pm.group_advantages, pm.rloo_advantages):
+    for fn in (ppo_math.group_advantages, ppo_math.rloo_advantages):
         close(fn(scores[perm], gids[perm]), fn(scores, gids)[perm], 1e-12)
 
 
@@ -163,19 +165,19 @@ def test_kl_estimates_known_answers():
     # k1 = x ; k2 = x^2 / 2 = [0, 0.5, 0.5, 0.125]
     # k3 = exp(-x) + x - 1 = [0, e^-1 = 0.36787944, e - 2 = 0.71828183, e^-0.5 - 0.5 = 0.10653066]
     logp, ref = t([0.0, 1.0, -1.0, 0.25]), t([0.0, 0.0, 0.0, -0.25])
-    close(pm.kl_estimate(logp, ref, "k1"), [0.0, 1.0, -1.0, 0.5])
-    close(pm.kl_estimate(logp, ref, "k2"), [0.0, 0.5, 0.5, 0.125])
-    close(pm.kl_estimate(logp, ref, "k3"), [0.0, 0.36787944117, 0.71828182846, 0.10653065971], 1e-10)
+    close(ppo_math.kl_estimate(logp, ref, "k1"), [0.0, 1.0, -1.0, 0.5])
+    close(ppo_math.kl_estimate(logp, ref, "k2"), [0.0, 0.5, 0.5, 0.125])
+    close(ppo_math.kl_estimate(logp, ref, "k3"), [0.0, 0.36787944117, 0.71828182846, 0.10653065971], 1e-10)
 
 
 def test_k3_nonnegative_zero_at_zero_and_quadratic_near_zero():
     x = torch.linspace(-8, 8, 1001, dtype=F64)
-    k3 = pm.kl_estimate(x, torch.zeros_like(x), "k3")
+    k3 = ppo_math.kl_estimate(x, torch.zeros_like(x), "k3")
     assert (k3 >= 0).all(), "k3 = exp(-x) + x - 1 is >= 0 for every x"
-    assert pm.kl_estimate(t([0.3]), t([0.3]), "k3").item() == 0.0
+    assert ppo_math.kl_estimate(t([0.3]), t([0.3]), "k3").item() == 0.0
     # exp(-x) + x - 1 = x^2/2 - x^3/6 + O(x^4): for x = 1e-3 the relative gap to x^2/2 is about x/3
     small = t([1e-3, -1e-3])
-    ratio = pm.kl_estimate(small, torch.zeros(2, dtype=F64), "k3") / (small**2 / 2)
+    ratio = ppo_math.kl_estimate(small, torch.zeros(2, dtype=F64), "k3") / (small**2 / 2)
     close(ratio, [1 - 1e-3 / 3, 1 + 1e-3 / 3], 1e-6)
 
 
@@ -184,13 +186,13 @@ def test_k3_clamps():
     # x = 30: -x clamped to -20 -> e^-20 + 20 - 1 = 19.000000002 -> result clamped to 10
     # x = -30: -x clamped to 20 -> e^20 - 21 (huge) -> clamped to 10 ; never inf or NaN
     x = t([5.0, 30.0, -30.0, -1000.0])
-    k3 = pm.kl_estimate(x, torch.zeros(4, dtype=F64), "k3")
+    k3 = ppo_math.kl_estimate(x, torch.zeros(4, dtype=F64), "k3")
     close(k3, [4.006737947, 10.0, 10.0, 10.0], 1e-8)
 
 
 def test_kl_unknown_kind_raises():
     with pytest.raises(ValueError, match="k4"):
-        pm.kl_estimate(t([0.0]), t([0.0]), "k4")
+        ppo_math.kl_estimate(t([0.0]), t([0.0]), "k4")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -199,7 +201,7 @@ def test_kl_unknown_kind_raises():
 
 def one_token_pg(ratio: float, adv: float, **kw):
     logp = t([[math.log(ratio)]])
-    loss, m = pm.policy_loss(logp, t([[0.0]]), t([[adv]]), t([[1.0]]), **kw)
+    loss, m = offpolicy.policy_loss(logp, t([[0.0]]), t([[adv]]), t([[1.0]]), **kw)
     # metrics are masked means, sum / (n + 1e-8) like veRL: round them to 6 digits
     return loss.item(), {k: round(float(v), 6) for k, v in m.items()}
 
@@ -265,7 +267,7 @@ def test_policy_loss_batch_metrics_and_token_weights():
     logp = t([[math.log(1.5), 0.0], [math.log(0.5), 3.0]])
     mask = t([[1.0, 1.0], [1.0, 0.0]])
     adv = t([[1.0, 1.0], [-1.0, 5.0]])
-    loss, m = pm.policy_loss(logp, torch.zeros(2, 2, dtype=F64), adv, mask)
+    loss, m = offpolicy.policy_loss(logp, torch.zeros(2, 2, dtype=F64), adv, mask)
     assert loss.item() == pytest.approx(-1.4 / 3, abs=1e-12)
     assert float(m["clipfrac"]) == pytest.approx(2 / 3, abs=1e-7)
     assert float(m["ratio_mean"]) == pytest.approx(1.0, abs=1e-7)
@@ -274,7 +276,7 @@ def test_policy_loss_batch_metrics_and_token_weights():
     # token_weights multiply the advantage: weights [[2, 0], [1, 1]] -> A' = [[2, 0], [-1, 5]]
     # per-token: max(-3, -2.4) = -2.4 ; 0 ; 0.8 -> (-2.4 + 0 + 0.8) / 3 = -1.6 / 3
     w = t([[2.0, 0.0], [1.0, 1.0]])
-    loss_w, _ = pm.policy_loss(logp, torch.zeros(2, 2, dtype=F64), adv, mask, token_weights=w)
+    loss_w, _ = offpolicy.policy_loss(logp, torch.zeros(2, 2, dtype=F64), adv, mask, token_weights=w)
     assert loss_w.item() == pytest.approx(-1.6 / 3, abs=1e-12)
 
 
@@ -282,14 +284,14 @@ def test_policy_loss_pg_mask_keeps_the_full_normaliser():
     # r = 1, A = [3, 6, -9]: per-token loss -A = [-3, -6, 9]. pg_mask [1, 0, 1] drops token 1's term, but the
     # token-mean still divides by the 3 valid tokens of `mask`: (-3 + 9) / 3 = 2 (not 6 / 2 = 3)
     z = torch.zeros(1, 3, dtype=F64)
-    loss, _ = pm.policy_loss(z, z, t([[3.0, 6.0, -9.0]]), t([[1.0, 1.0, 1.0]]), pg_mask=t([[1.0, 0.0, 1.0]]))
+    loss, _ = offpolicy.policy_loss(z, z, t([[3.0, 6.0, -9.0]]), t([[1.0, 1.0, 1.0]]), pg_mask=t([[1.0, 0.0, 1.0]]))
     assert loss.item() == pytest.approx(2.0, abs=1e-12)
 
 
 def test_policy_loss_gradient_at_ratio_one_is_minus_advantage():
     # At r = 1 (logp = old) d L / d logp_t = -A_t / n_tokens (token-mean): A = [2, -1, 4 (masked)]
     logp = torch.zeros(1, 3, dtype=F64, requires_grad=True)
-    loss, _ = pm.policy_loss(logp, torch.zeros(1, 3, dtype=F64), t([[2.0, -1.0, 4.0]]), t([[1.0, 1.0, 0.0]]))
+    loss, _ = offpolicy.policy_loss(logp, torch.zeros(1, 3, dtype=F64), t([[2.0, -1.0, 4.0]]), t([[1.0, 1.0, 0.0]]))
     loss.backward()
     close(logp.grad, [[-1.0, 0.5, 0.0]], 1e-12)
 
@@ -301,16 +303,16 @@ def test_value_loss_clipped_and_unclipped_branches():
     # token c: R = 0.8, V = 0.3 (inside the clip range): V_clip = V -> (0.3 - 0.8)^2 = 0.25, no clip
     # loss = 0.5 * token-mean = 0.5 * (1 + 2.25 + 0.25) / 3 = 0.5833333 ; vf_clipfrac = 1/3
     v = t([[1.0, 1.0, 0.3]])
-    loss, m = pm.value_loss(v, torch.zeros(1, 3, dtype=F64), t([[0.0, 2.0, 0.8]]), t([[1.0, 1.0, 1.0]]))
+    loss, m = ppo_math.value_loss(v, torch.zeros(1, 3, dtype=F64), t([[0.0, 2.0, 0.8]]), t([[1.0, 1.0, 1.0]]))
     assert loss.item() == pytest.approx(0.5 * 3.5 / 3, abs=1e-12)
     assert float(m["vf_clipfrac"]) == pytest.approx(1 / 3, abs=1e-7)
     # one token alone in each branch
-    loss_a, _ = pm.value_loss(t([[1.0]]), t([[0.0]]), t([[0.0]]), t([[1.0]]))
-    loss_b, m_b = pm.value_loss(t([[1.0]]), t([[0.0]]), t([[2.0]]), t([[1.0]]))
+    loss_a, _ = ppo_math.value_loss(t([[1.0]]), t([[0.0]]), t([[0.0]]), t([[1.0]]))
+    loss_b, m_b = ppo_math.value_loss(t([[1.0]]), t([[0.0]]), t([[2.0]]), t([[1.0]]))
     assert loss_a.item() == pytest.approx(0.5, abs=1e-12)
     assert loss_b.item() == pytest.approx(1.125, abs=1e-7) and float(m_b["vf_clipfrac"]) == pytest.approx(1.0, abs=1e-7)
     # clip = 2 puts token b inside the range: loss = 0.5 * (1 - 2)^2 = 0.5
-    loss_b2, _ = pm.value_loss(t([[1.0]]), t([[0.0]]), t([[2.0]]), t([[1.0]]), clip=2.0)
+    loss_b2, _ = ppo_math.value_loss(t([[1.0]]), t([[0.0]]), t([[2.0]]), t([[1.0]]), clip=2.0)
     assert loss_b2.item() == pytest.approx(0.5, abs=1e-12)
 
 
@@ -327,17 +329,19 @@ def test_aggregate_modes_2x3_by_hand():
     # token-mean = (1 + 2 + 4) / 3 = 7/3
     # seq-mean-token-mean = mean(1.5, 4) = 2.75 ; seq-mean-token-sum = mean(3, 4) = 3.5
     L, M = t(L23), t(M23)
-    assert pm.aggregate(L, M, "token-mean").item() == pytest.approx(7 / 3, abs=1e-12)
-    assert pm.aggregate(L, M, "seq-mean-token-mean").item() == pytest.approx(2.75, abs=1e-7)
-    assert pm.aggregate(L, M, "seq-mean-token-sum").item() == pytest.approx(3.5, abs=1e-12)
+    assert ppo_math.aggregate(L, M, "token-mean").item() == pytest.approx(7 / 3, abs=1e-12)
+    assert ppo_math.aggregate(L, M, "seq-mean-token-mean").item() == pytest.approx(2.75, abs=1e-7)
+    assert ppo_math.aggregate(L, M, "seq-mean-token-sum").item() == pytest.approx(3.5, abs=1e-12)
 
 
 def test_seq_mean_token_sum_norm_divides_by_a_constant():
     # Dr. GRPO: (3 + 4) / (2 sequences x C); C defaults to the padded width R = 3 (veRL), else the given constant
     L, M = t(L23), t(M23)
-    assert pm.aggregate(L, M, "seq-mean-token-sum-norm").item() == pytest.approx(7 / 6, abs=1e-12)
-    denom = pm.agg_denominator(M, "seq-mean-token-sum-norm", global_=False, scale=10)
-    assert denom.item() == 20 and pm.aggregate(L, M, "seq-mean-token-sum-norm", denom).item() == pytest.approx(0.35)
+    assert ppo_math.aggregate(L, M, "seq-mean-token-sum-norm").item() == pytest.approx(7 / 6, abs=1e-12)
+    denom = ppo_math.agg_denominator(M, "seq-mean-token-sum-norm", global_=False, scale=10)
+    assert denom.item() == 20 and ppo_math.aggregate(L, M, "seq-mean-token-sum-norm", denom).item() == pytest.approx(
+        0.35
+    )
     cfg = pm.Config(adv_estimator="grpo", grpo_norm_std=False, loss_agg="seq-mean-token-sum-norm", max_new_tokens=24)
     assert cfg.loss_scale_factor == 24  # derived: the generation budget, the same for every batch
 
@@ -353,9 +357,9 @@ def test_critic_vf_clipfrac_averages_every_micro_batch_of_every_critic(monkeypat
     tok = make_tokenizer()
     vms = [critics.make_value_model(make_tiny_model(tok).eval()) for _ in range(2)]
     crit = critics.Critics(vms, lr=1e-3, adam_eps=1e-8)
-    fracs, real = iter([0.1, 0.2, 0.3, 0.4]), pm.value_loss
+    fracs, real = iter([0.1, 0.2, 0.3, 0.4]), ppo_math.value_loss
     clip = lambda: torch.tensor(next(fracs))  # noqa: E731  (value_loss's metric is a 0-d tensor)
-    monkeypatch.setattr(pm, "value_loss", lambda *a, **k: (real(*a, **k)[0], {"vf_clipfrac": clip()}))
+    monkeypatch.setattr(ppo_math, "value_loss", lambda *a, **k: (real(*a, **k)[0], {"vf_clipfrac": clip()}))
     B, R = 4, 3
     ids = torch.randint(4, len(tok), (B, 5 + R))
     z = torch.zeros(B, R)
@@ -370,19 +374,19 @@ def test_aggregate_seq_mean_token_mean_differs_from_token_mean():
     # one sequence with 1 valid token (loss 4), one with 3 (loss 1 each)
     # token-mean = (4 + 3) / 4 = 1.75 ; seq-mean-token-mean = (4 + 1) / 2 = 2.5
     L, M = t([[4.0, 0.0, 0.0], [1.0, 1.0, 1.0]]), t([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
-    tm = pm.aggregate(L, M, "token-mean").item()
-    sm = pm.aggregate(L, M, "seq-mean-token-mean").item()  # per-row means divide by n_t + 1e-8 (veRL)
+    tm = ppo_math.aggregate(L, M, "token-mean").item()
+    sm = ppo_math.aggregate(L, M, "seq-mean-token-mean").item()  # per-row means divide by n_t + 1e-8 (veRL)
     assert tm == pytest.approx(1.75, abs=1e-12) and sm == pytest.approx(2.5, abs=1e-7)
 
 
 def test_aggregate_excludes_fully_masked_rows():
     # a third, fully masked row (loss 9) must not count as a sequence: still 2.75 and 3.5 (not / 3)
     L, M = t(L23 + [[9.0, 9.0, 9.0]]), t(M23 + [[0.0, 0.0, 0.0]])
-    assert pm.aggregate(L, M, "token-mean").item() == pytest.approx(7 / 3, abs=1e-12)
-    assert pm.aggregate(L, M, "seq-mean-token-mean").item() == pytest.approx(2.75, abs=1e-7)
-    assert pm.aggregate(L, M, "seq-mean-token-sum").item() == pytest.approx(3.5, abs=1e-12)
-    assert pm.agg_denominator(M, "seq-mean-token-mean", global_=False).item() == 2
-    assert pm.agg_denominator(M, "token-mean", global_=False).item() == 3
+    assert ppo_math.aggregate(L, M, "token-mean").item() == pytest.approx(7 / 3, abs=1e-12)
+    assert ppo_math.aggregate(L, M, "seq-mean-token-mean").item() == pytest.approx(2.75, abs=1e-7)
+    assert ppo_math.aggregate(L, M, "seq-mean-token-sum").item() == pytest.approx(3.5, abs=1e-12)
+    assert ppo_math.agg_denominator(M, "seq-mean-token-mean", global_=False).item() == 2
+    assert ppo_math.agg_denominator(M, "token-mean", global_=False).item() == 3
 
 
 def test_aggregate_global_denominator_and_world_scaling():
@@ -391,16 +395,16 @@ def test_aggregate_global_denominator_and_world_scaling():
     # seq-mean-token-mean, denom 4 sequences: (1.5 + 4) / 4 * 2 = 2.75
     # seq-mean-token-sum, denom 4: (3 + 4) / 4 * 2 = 3.5
     L, M = t(L23), t(M23)
-    assert pm.aggregate(L, M, "token-mean", denom=t(6.0), world=2).item() == pytest.approx(7 / 3, abs=1e-12)
-    assert pm.aggregate(L, M, "seq-mean-token-mean", denom=t(4.0), world=2).item() == pytest.approx(2.75)
-    assert pm.aggregate(L, M, "seq-mean-token-sum", denom=t(4.0), world=2).item() == pytest.approx(3.5)
+    assert ppo_math.aggregate(L, M, "token-mean", denom=t(6.0), world=2).item() == pytest.approx(7 / 3, abs=1e-12)
+    assert ppo_math.aggregate(L, M, "seq-mean-token-mean", denom=t(4.0), world=2).item() == pytest.approx(2.75)
+    assert ppo_math.aggregate(L, M, "seq-mean-token-sum", denom=t(4.0), world=2).item() == pytest.approx(3.5)
     # the local share, without world scaling: 7 / 6
-    assert pm.aggregate(L, M, "token-mean", denom=t(6.0)).item() == pytest.approx(7 / 6, abs=1e-12)
+    assert ppo_math.aggregate(L, M, "token-mean", denom=t(6.0)).item() == pytest.approx(7 / 6, abs=1e-12)
 
 
 def test_aggregate_all_masked_is_zero_not_nan():
-    for mode in pm.AGG_MODES:
-        out = pm.aggregate(t(L23), torch.zeros(2, 3, dtype=F64), mode)
+    for mode in ppo_math.AGG_MODES:
+        out = ppo_math.aggregate(t(L23), torch.zeros(2, 3, dtype=F64), mode)
         assert out.item() == 0.0, mode
 
 
@@ -495,21 +499,21 @@ def test_masked_ranks_select_round_frac_n(frac, n_valid, want):
 
 def test_lr_factor_warmup_constant_and_cosine_by_hand():
     # warm-up 4 of 10 iterations: (step + 1) / 4 for steps 0..3
-    assert [pm.lr_factor(s, 10, 4) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
-    assert pm.lr_factor(9, 10, 4, "constant") == 1.0
+    assert [ppo_math.lr_factor(s, 10, 4) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert ppo_math.lr_factor(9, 10, 4, "constant") == 1.0
     # cosine after the warm-up: progress p = (step - 4) / (10 - 4); factor 0.1 + 0.9 * (1 + cos(pi p)) / 2
     # step 4: p = 0 -> 1 ; step 6: p = 1/3, cos = 0.5 -> 0.1 + 0.9 * 0.75 = 0.775 ; step 8: p = 2/3, cos = -0.5 ->
     # 0.1 + 0.9 * 0.25 = 0.325 ; step 9 (the last): p = 5/6, cos = -sqrt(3)/2 -> 0.1 + 0.45 * (1 - sqrt(3)/2) ;
     # step 10 (one past the last): p = 1 -> the floor 0.1
-    assert pm.lr_factor(4, 10, 4, "cosine", 0.1) == pytest.approx(1.0, abs=1e-12)
-    assert pm.lr_factor(6, 10, 4, "cosine", 0.1) == pytest.approx(0.775, abs=1e-12)
-    assert pm.lr_factor(8, 10, 4, "cosine", 0.1) == pytest.approx(0.325, abs=1e-12)
-    assert pm.lr_factor(9, 10, 4, "cosine", 0.1) == pytest.approx(0.1 + 0.45 * (1 - math.sqrt(3) / 2), abs=1e-12)
-    assert pm.lr_factor(10, 10, 4, "cosine", 0.1) == pytest.approx(0.1, abs=1e-12)
+    assert ppo_math.lr_factor(4, 10, 4, "cosine", 0.1) == pytest.approx(1.0, abs=1e-12)
+    assert ppo_math.lr_factor(6, 10, 4, "cosine", 0.1) == pytest.approx(0.775, abs=1e-12)
+    assert ppo_math.lr_factor(8, 10, 4, "cosine", 0.1) == pytest.approx(0.325, abs=1e-12)
+    assert ppo_math.lr_factor(9, 10, 4, "cosine", 0.1) == pytest.approx(0.1 + 0.45 * (1 - math.sqrt(3) / 2), abs=1e-12)
+    assert ppo_math.lr_factor(10, 10, 4, "cosine", 0.1) == pytest.approx(0.1, abs=1e-12)
     # no warm-up: full lr at step 0, and the last step still trains (progress 4/5: (1 + cos(0.8 pi)) / 2 > 0)
-    assert pm.lr_factor(0, 5, 0, "cosine") == 1.0 and pm.lr_factor(4, 5, 0, "cosine") > 0.09
+    assert ppo_math.lr_factor(0, 5, 0, "cosine") == 1.0 and ppo_math.lr_factor(4, 5, 0, "cosine") > 0.09
     # negative steps (critic-only iterations before the actor's first): 0, with or without a warm-up
-    assert pm.lr_factor(-1, 10, 4) == pm.lr_factor(-2, 10, 4) == pm.lr_factor(-1, 10, 0) == 0.0
+    assert ppo_math.lr_factor(-1, 10, 4) == ppo_math.lr_factor(-2, 10, 4) == ppo_math.lr_factor(-1, 10, 0) == 0.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -519,14 +523,14 @@ def test_lr_factor_warmup_constant_and_cosine_by_hand():
 def test_kl_controller_adaptive_by_hand():
     # e = clip(kl / target - 1, -0.2, 0.2); beta *= 1 + e * n / horizon
     # kl 0.15, target 0.1: e = 0.5 -> 0.2 ; n = 256, horizon 10000: beta = 0.1 * (1 + 0.2 * 0.0256) = 0.100512
-    beta = pm.kl_controller(0.1, 0.15, 256, "adaptive", 0.1, 10000)
+    beta = ppo_math.kl_controller(0.1, 0.15, 256, "adaptive", 0.1, 10000)
     assert beta == pytest.approx(0.100512, abs=1e-12)
     # kl 0.09: e = -0.1 ; n = 100: beta = 0.100512 * (1 - 0.1 * 0.01) = 0.100512 * 0.999 = 0.100411488
-    beta = pm.kl_controller(beta, 0.09, 100, "adaptive")
+    beta = ppo_math.kl_controller(beta, 0.09, 100, "adaptive")
     assert beta == pytest.approx(0.100411488, abs=1e-12)
     # kl 0: e = -1 -> -0.2 ; n = 10000: beta * 0.8
-    assert pm.kl_controller(beta, 0.0, 10000, "adaptive") == pytest.approx(0.100411488 * 0.8, abs=1e-12)
-    assert pm.kl_controller(0.1, 5.0, 256, "fixed") == 0.1
+    assert ppo_math.kl_controller(beta, 0.0, 10000, "adaptive") == pytest.approx(0.100411488 * 0.8, abs=1e-12)
+    assert ppo_math.kl_controller(0.1, 5.0, 256, "fixed") == 0.1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -552,10 +556,10 @@ def random_batch(seed: int, B: int = 5, R: int = 7):
 def all_losses(b, mode: str) -> list[float]:
     # the trainer's denominator: seq-mean-token-sum-norm divides by a constant (loss_scale_factor), not by the
     # padded width (veRL's default, which padding changes by design)
-    d = pm.agg_denominator(b["mask"], mode, global_=False, scale=8)
-    pg, pm_ = pm.policy_loss(b["logp"], b["old"], b["adv"], b["mask"], agg=mode, denom=d)
-    vl, vm = pm.value_loss(b["v"], b["old_v"], b["ret"], b["mask"], agg=mode, denom=d)
-    kl = pm.aggregate(pm.kl_estimate(b["logp"], b["ref"], "k3"), b["mask"], mode, d)
+    d = ppo_math.agg_denominator(b["mask"], mode, global_=False, scale=8)
+    pg, pm_ = offpolicy.policy_loss(b["logp"], b["old"], b["adv"], b["mask"], agg=mode, denom=d)
+    vl, vm = ppo_math.value_loss(b["v"], b["old_v"], b["ret"], b["mask"], agg=mode, denom=d)
+    kl = ppo_math.aggregate(ppo_math.kl_estimate(b["logp"], b["ref"], "k3"), b["mask"], mode, d)
     return [
         pg.item(),
         vl.item(),
@@ -565,7 +569,7 @@ def all_losses(b, mode: str) -> list[float]:
     ]
 
 
-@pytest.mark.parametrize("mode", pm.AGG_MODES)
+@pytest.mark.parametrize("mode", ppo_math.AGG_MODES)
 def test_padding_columns_and_rows_change_no_loss(mode):
     b = random_batch(0)
     base = all_losses(b, mode)
@@ -588,10 +592,10 @@ def test_padding_columns_and_rows_change_no_loss(mode):
 
 def test_padding_invariance_of_gae_and_whitening():
     b = random_batch(3)
-    adv, ret = pm.gae(b["adv"], b["v"], b["mask"], gamma=0.95, lam=0.9)
+    adv, ret = ppo_math.gae(b["adv"], b["v"], b["mask"], gamma=0.95, lam=0.9)
     junk = torch.full((5, 3), 13.0, dtype=F64)
     m2 = torch.cat([b["mask"], torch.zeros(5, 3, dtype=F64)], 1)
-    adv2, ret2 = pm.gae(torch.cat([b["adv"], junk], 1), torch.cat([b["v"], junk], 1), m2, gamma=0.95, lam=0.9)
+    adv2, ret2 = ppo_math.gae(torch.cat([b["adv"], junk], 1), torch.cat([b["v"], junk], 1), m2, gamma=0.95, lam=0.9)
     close(adv2[:, :7], adv, 1e-12)
     close(ret2[:, :7], ret, 1e-12)
     w = common.masked_whiten(adv, b["mask"])

@@ -9,6 +9,7 @@ import torch
 from batches import full_batch
 
 import offpolicy as op
+import ppo_math
 import ppo_minimal as pm
 from evaluation import first_action_mask
 from tasks import make_tiny_model, make_tokenizer
@@ -81,7 +82,7 @@ def test_every_family_is_the_policy_gradient_on_policy(kind):
     grads = {}
     for k, lp0 in (("vanilla", old), (kind, old), ("off", old + 0.3 * torch.randn(5, 6, generator=g, dtype=F64))):
         lp = lp0.clone().requires_grad_(True)
-        loss, _ = pm.policy_loss(lp, old, adv, mask, kind=kind if k == "off" else k, agg="seq-mean-token-mean")
+        loss, _ = op.policy_loss(lp, old, adv, mask, kind=kind if k == "off" else k, agg="seq-mean-token-mean")
         grads[k] = torch.autograd.grad(loss, lp)[0]
     assert torch.allclose(grads[kind], grads["vanilla"], atol=1e-12), kind
     assert not torch.allclose(grads["off"], grads["vanilla"], atol=1e-6), f"{kind}: off-policy equals on-policy"
@@ -91,13 +92,13 @@ def test_every_family_is_the_policy_gradient_on_policy(kind):
 def test_reinforce_pp_known_answers():
     r = torch.tensor([[0.0, 0.5, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]], dtype=F64)
     mask = torch.tensor([[1, 0, 1, 0], [1, 1, 0, 0]], dtype=F64)  # row 0: an observation token at position 1
-    adv, ret = op.reinforce_pp_advantages(r, mask, gamma=0.5)
+    adv, ret = ppo_math.reinforce_pp_advantages(r, mask, gamma=0.5)
     # row 0: G_2 = 1; the observation token carries G unchanged (its own reward 0.5 is not an action's): G_0 = 0.5
     assert ret.tolist() == [[0.5, 0.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
     valid = torch.tensor([0.5, 1.0, 1.0, 0.0], dtype=F64)
     z = (valid - valid.mean()) / valid.std()
     assert adv[mask.bool()].tolist() == pytest.approx(z.tolist(), abs=1e-6)
-    base = op.reinforce_pp_baseline_advantages(torch.tensor([1.0, 0.0, 2.0], dtype=F64), torch.tensor([0, 0, 5]),
+    base = ppo_math.reinforce_pp_baseline_advantages(torch.tensor([1.0, 0.0, 2.0], dtype=F64), torch.tensor([0, 0, 5]),
                                                torch.ones(3, 2, dtype=F64))  # fmt: skip
     centred = torch.tensor([0.5, -0.5, 2.0], dtype=F64).repeat_interleave(2)  # a singleton keeps its score
     assert base.flatten().tolist() == pytest.approx(((centred - centred.mean()) / centred.std()).tolist(), abs=1e-6)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from batches import full_batch
 
+import offpolicy
 import ppo_minimal as pm
 import tasks
 from rollout import (
@@ -445,7 +446,7 @@ def test_ratio_is_one_before_first_step(model, tok, temperature):
     assert logp.requires_grad
     ratio = torch.exp(logp.detach() - old)
     assert (ratio - 1)[mask.bool()].abs().max().item() < TOL
-    loss, m = pm.policy_loss(logp, old, torch.randn(B, R), mask)
+    loss, m = offpolicy.policy_loss(logp, old, torch.randn(B, R), mask)
     assert float(m["clipfrac"]) == 0.0 and abs(float(m["ratio_mean"]) - 1) < TOL
     # and ppo_update reports it (stats/first_mb_*) on its first minibatch
     cfg = pm.Config(adv_estimator="grpo", temperature=temperature, micro_batch=4, minibatches=2, group_size=2)

@@ -22,7 +22,7 @@ veRL -> minrl correspondence:
   compute_policy_loss_{gspo,cispo,sapo,geo_mean,dppo_tv,dppo_kl} -> policy_loss(kind=...): values, metrics and
     gradients w.r.t. log_prob (geo_mean: veRL takes torch.mean over every row, minrl the seq-mean-token-mean over
     non-empty rows: compared as ours * n_nonempty / B)
-  compute_reinforce_plus_plus[_baseline]_outcome_advantage -> offpolicy.reinforce_pp[_baseline]_advantages
+  compute_reinforce_plus_plus[_baseline]_outcome_advantage -> ppo_math.reinforce_pp[_baseline]_advantages
 """
 
 import json
@@ -35,7 +35,7 @@ import torch
 
 import common
 import offpolicy
-import ppo_minimal as pm
+import ppo_math
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "verl_core_algos.json").read_text())
 ATOL = 1e-6
@@ -133,7 +133,7 @@ def test_masked_stats(case, _s, _k):
 def test_gae_matches_verl(case, setting, _k):
     inp = case["inputs"]
     r, v, mask = t64(inp["token_rewards"]), t64(inp["values"]), t64(inp["mask"])
-    adv, ret = pm.gae(r, v, mask, setting["gamma"], setting["lam"])
+    adv, ret = ppo_math.gae(r, v, mask, setting["gamma"], setting["lam"])
     what = f"{case['name']} gamma={setting['gamma']} lam={setting['lam']}"
     close_at_valid(ret, t64(setting["returns"]), mask, f"gae returns {what}")
     # veRL 0.9.1 whitens inside compute_gae_advantage_return; minrl's gae is raw
@@ -144,7 +144,7 @@ def test_gae_matches_verl(case, setting, _k):
 def test_group_advantages_match_verl(case, _s, _k):
     inp = case["inputs"]
     rewards, ids, mask = t64(inp["rewards"]), torch.tensor(inp["group_ids"]), t64(inp["mask"])
-    ours = pm.group_advantages(rewards, ids, norm_std=case["norm_std"], eps=case["epsilon"])  # [B]
+    ours = ppo_math.group_advantages(rewards, ids, norm_std=case["norm_std"], eps=case["epsilon"])  # [B]
     assert ours.shape == rewards.shape
     what = f"grpo {case['name']} norm_std={case['norm_std']}"
     close_at_valid(ours[:, None].expand_as(mask), t64(case["advantages"]), mask, what)
@@ -154,7 +154,7 @@ def test_group_advantages_match_verl(case, _s, _k):
 def test_rloo_advantages_match_verl(case, _s, _k):
     inp = case["inputs"]
     rewards, ids, mask = t64(inp["rewards"]), torch.tensor(inp["group_ids"]), t64(inp["mask"])
-    ours = pm.rloo_advantages(rewards, ids)  # [B]
+    ours = ppo_math.rloo_advantages(rewards, ids)  # [B]
     assert ours.shape == rewards.shape
     close_at_valid(ours[:, None].expand_as(mask), t64(case["advantages"]), mask, f"rloo {case['name']}")
 
@@ -169,7 +169,7 @@ AGG_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mea
 @pytest.mark.parametrize("case,setting,mode", cases("policy_loss", "settings", AGG_MODES))
 def test_policy_loss_matches_verl(case, setting, mode):
     inp = {k: t64(v) for k, v in case["inputs"].items()}
-    loss, metrics = pm.policy_loss(
+    loss, metrics = offpolicy.policy_loss(
         inp["logprobs"],
         inp["old_logprobs"],
         inp["advantages"],
@@ -190,7 +190,7 @@ def test_policy_loss_matches_verl(case, setting, mode):
 @pytest.mark.parametrize("case,setting,mode", cases("value_loss", "settings", AGG_MODES))
 def test_value_loss_matches_verl(case, setting, mode):
     inp = {k: t64(v) for k, v in case["inputs"].items()}
-    loss, metrics = pm.value_loss(
+    loss, metrics = ppo_math.value_loss(
         inp["values"], inp["old_values"], inp["returns"], inp["mask"], clip=setting["clip"], agg=mode
     )
     out = setting["outputs"][mode]
@@ -203,7 +203,7 @@ def test_value_loss_matches_verl(case, setting, mode):
 def test_kl_estimate_matches_verl(kind):
     case = GOLDEN["kl_penalty"][0]
     logp, ref = t64(case["inputs"]["logprobs"]), t64(case["inputs"]["ref_logprobs"])
-    ours = pm.kl_estimate(logp, ref, kind)
+    ours = ppo_math.kl_estimate(logp, ref, kind)
     what = f"kl_estimate {kind} (veRL {case['verl_names'][kind]})"
     close_at_valid(ours, t64(case["outputs"][kind]), torch.ones_like(logp), what)
 
@@ -211,7 +211,7 @@ def test_kl_estimate_matches_verl(kind):
 @pytest.mark.parametrize("case,_s,mode", cases("agg_loss", None, AGG_MODES))
 def test_aggregate_matches_verl(case, _s, mode):
     loss_mat, mask = t64(case["inputs"]["loss_mat"]), t64(case["inputs"]["mask"])
-    close_scalar(pm.aggregate(loss_mat, mask, mode), case["outputs"][mode], f"aggregate {case['name']} {mode}")
+    close_scalar(ppo_math.aggregate(loss_mat, mask, mode), case["outputs"][mode], f"aggregate {case['name']} {mode}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -299,7 +299,7 @@ def test_loss_families_match_verl_values_and_gradients(case, setting):
     inp = {k: t64(v) for k, v in case["inputs"].items()}
     mask, kind = inp["mask"], setting["kind"]
     lp = inp["logprobs"].clone().requires_grad_(True)
-    loss, m = pm.policy_loss(
+    loss, m = offpolicy.policy_loss(
         lp, inp["old_logprobs"], inp["advantages"], mask, kind=kind, clip_low=setting["clip_low"],
         clip_high=setting["clip_high"], dual_clip=3.0, tau_pos=1.0, tau_neg=1.05, agg=setting["agg"],
         is_weights=inp["is_weights"] if setting["weighted"] else None,
@@ -321,7 +321,7 @@ def test_loss_families_match_verl_values_and_gradients(case, setting):
 @pytest.mark.parametrize("case,setting,_k", cases("reinforce_pp", "settings"))
 def test_reinforce_pp_matches_verl(case, setting, _k):
     r, mask = t64(case["inputs"]["token_rewards"]), t64(case["inputs"]["mask"])
-    adv, ret = offpolicy.reinforce_pp_advantages(r, mask, setting["gamma"])
+    adv, ret = ppo_math.reinforce_pp_advantages(r, mask, setting["gamma"])
     what = f"reinforce++ {case['name']} gamma={setting['gamma']}"
     close_at_valid(ret, t64(setting["returns"]), mask, f"{what} returns")
     close_at_valid(adv, t64(setting["advantages"]), mask, f"{what} advantages")
@@ -331,7 +331,7 @@ def test_reinforce_pp_matches_verl(case, setting, _k):
 def test_reinforce_pp_baseline_matches_verl(case, _s, _k):
     inp = case["inputs"]
     rewards, ids, mask = t64(inp["rewards"]), torch.tensor(inp["group_ids"]), t64(inp["mask"])
-    adv = offpolicy.reinforce_pp_baseline_advantages(rewards, ids, mask)
+    adv = ppo_math.reinforce_pp_baseline_advantages(rewards, ids, mask)
     close_at_valid(adv, t64(case["advantages"]), mask, f"reinforce++ baseline {case['name']}")
 
 
