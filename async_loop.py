@@ -4,7 +4,7 @@
     python async_loop.py --async-ratio 0 --rollout-workers 1    # the synchronous baseline on the async processes
     torchrun --standalone --nproc_per_node=3 async_loop.py      # rank 0 trains, ranks 1-2 roll out (same code)
 
-Roles. Rank 0 runs `ppo_minimal.train` with its sampler (`AsyncSampler`): a dispatcher thread sends requests and
+Roles. Rank 0 runs `trainer.train` with its sampler (`AsyncSampler`): a dispatcher thread sends requests and
 weights to the rollout ranks and buffers their samples, also during updates. Each other rank (`rollout_worker`, a
 torch.multiprocessing process without torchrun) runs one request at a time, loading weights only between requests.
 Transport: weights (a flat fp32 vector) and samples (one fp64 matrix per request) go point to point over gloo,
@@ -57,10 +57,10 @@ from common import dist_store, make_autocast, setup_dist, train_alone
 from data import load_task
 from env_service import env_maker
 from envs import TaskEnv, env_overrides, multi_turn, rollout_kw
-from ppo_minimal import Config, train
 from rollout import Rollout, cat_rollouts, rollout_env
 from runlog import format_table, read_jsonl
 from tasks import load_policy, stop_token_ids
+from trainer import Config, train
 from warm_start import sft_config_for, sft_warm_start
 
 
@@ -106,7 +106,7 @@ class AsyncConfig(Config):
         if self.resume and self.rollout_workers:
             raise ValueError("config field 'resume' is not supported with rollout workers (the buffer is not saved)")
         if self.fsdp or self.lora_rank or self.rollout_dtype != "float32":  # the workers load whole fp32 state dicts
-            raise ValueError("config fields 'fsdp', 'lora_rank' and 'rollout_dtype' are ppo_minimal.py's: the async "
+            raise ValueError("config fields 'fsdp', 'lora_rank' and 'rollout_dtype' are trainer.py's: the async "
                              "trainer is one rank, its workers sample in fp32")  # fmt: skip
 
 
@@ -252,7 +252,7 @@ def rollout_worker(cfg: AsyncConfig, rank: int, group, store, source: str) -> No
 
 
 class AsyncSampler:
-    """`sampler(step, policy)` for ppo_minimal.train. A dispatcher thread does all the talking to the rollout ranks
+    """`sampler(step, policy)` for trainer.train. A dispatcher thread does all the talking to the rollout ranks
     (weights out, requests out, samples in, expiry), so dispatch goes on while the trainer updates; the call hands
     it the weights of version `step` and waits until N complete groups usable at `step` are buffered."""
 
@@ -435,7 +435,7 @@ def _rank_main(cfg_dict: dict, rank: int, world: int, init_method: str, ready) -
 def run(cfg: AsyncConfig, init_method: str | None = None) -> dict:
     """The async run of `cfg` on every rank; returns the trainer's last metrics (train()'s) on rank 0, {} elsewhere."""
     if "WORLD_SIZE" not in os.environ and cfg.rollout_workers == 0:
-        return train(cfg)  # async ratio 0 in one process: ppo_minimal's synchronous loop itself
+        return train(cfg)  # async ratio 0 in one process: trainer's synchronous loop itself
     procs, sampler, stop = {}, None, threading.Event()
     try:
         if "WORLD_SIZE" not in os.environ:  # not under torchrun: this process is rank 0, it starts the others

@@ -2,7 +2,7 @@
 
     python attention_credit.py           # quick: GRPO vs coupled credit, 1 seed, a few steps + the token figure
     python attention_credit.py --full    # GRPO vs each strategy (local, global, coupled), 5 seeds: tables + PNGs
-    python ppo_minimal.py --adv-estimator grpo --credit attention --credit-mode coupled   # inside any run
+    python trainer.py --adv-estimator grpo --credit attention --credit-mode coupled   # inside any run
 
 "Attention Illuminates LLM Reasoning: the preplan-and-anchor rhythm enables fine-grained policy optimization"
 (Li et al., arXiv 2510.13554; papers.md 2, DESIGN.md 7.3). After the rollout, the trainer's no-grad recompute of
@@ -41,7 +41,7 @@ Implementation details ("our choice" where the paper is silent; DESIGN.md 7.3 fi
    an anchor t is dominated if WAAD_t <= tau_waad and max Delta over the valid tokens t-k..t-1 >= tau_Delta;
    its introducer is that argmax (our choice: ties go to the token nearest the anchor). Terms add up, an
    introducer counts once: gamma <= 1 + b + alpha b (1.75 at the defaults); gamma = 1 on padding.
-6. Signed advantages by default (revised paper); ppo_minimal's `--credit-nonneg-only` keeps gamma = 1 where
+6. Signed advantages by default (revised paper); trainer's `--credit-nonneg-only` keeps gamma = 1 where
    A < 0 (v1). The maps come from the policy that sampled (before the update), like old_logprobs.
 7. Metrics: stats/credit_amplified_frac (valid tokens with gamma > 1), stats/credit_gamma_mean,
    stats/fai_pos_frac (valid tokens with FAI > 0), stats/credit_dominated_frac (of the anchors),
@@ -110,7 +110,7 @@ class CreditArgs:
 
 @dataclass
 class Config:
-    """`python attention_credit.py`: the experiment (each run is `python ppo_minimal.py ...`)."""
+    """`python attention_credit.py`: the experiment (each run is `python trainer.py ...`)."""
 
     full: bool = False
     """Full comparison: all four methods, 5 seeds, the trainer's default iterations (else a quick run)."""
@@ -121,7 +121,7 @@ class Config:
     steps: int | None = None
     """RL iterations per run (None: 8 quick, the trainer's default with --full)."""
     train_args: str = ""
-    """Extra ppo_minimal flags for every run, e.g. "--lr 1e-4 --prompts-per-step 16" (they win over the recipe)."""
+    """Extra trainer flags for every run, e.g. "--lr 1e-4 --prompts-per-step 16" (they win over the recipe)."""
     target_acc: float = 0.5
     """Eval accuracy whose first crossing is reported as steps-to-target."""
     eval_every: int = 10
@@ -557,7 +557,7 @@ def main(argv=None):
     # the start model: held-out accuracy, and one sampled batch for the token figure (coupled credit)
     policy, tok = load_policy(model_path, device)
     task = make_task("chain")
-    eval_set = task.sample(cfg.eval_n, "eval", np.random.default_rng(12345))  # ppo_minimal's held-out set
+    eval_set = task.sample(cfg.eval_n, "eval", np.random.default_rng(12345))  # trainer's held-out set
     acc0 = greedy_accuracy(policy, tok, [TaskEnv(task, p) for p in eval_set], [None] * len(eval_set), max_new_tokens=48)
     ids, attn = tokenize_prompts(tok, [format_prompt(tok, p["prompt"]) for p in eval_set[:16]], 64)
     gen = dict(max_new_tokens=48, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)

@@ -1,8 +1,8 @@
 """Checkpoints that are never half-written and never resumed into another run.
 
-    python ppo_minimal.py --steps 40 --save-every 10 --out-dir runs/a
-    python ppo_minimal.py --steps 40 --resume runs/a/ckpt-20                # continues bit for bit on CPU
-    python ppo_minimal.py --steps 60 --resume runs/a --resume-allow steps   # the newest complete ckpt-N of runs/a
+    python trainer.py --steps 40 --save-every 10 --out-dir runs/a
+    python trainer.py --steps 40 --resume runs/a/ckpt-20                # continues bit for bit on CPU
+    python trainer.py --steps 60 --resume runs/a --resume-allow steps   # the newest complete ckpt-N of runs/a
     python checkpoint.py runs/a/ckpt-20                                     # is it complete? what run is it of?
 
 A checkpoint folder `ckpt-N/` holds

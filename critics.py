@@ -2,11 +2,11 @@
 
     python critics.py          # quick side by side (20 iterations, 8 prompts): PPO (actor-sized critic) vs AsyPPO
     python critics.py --full   # GRPO, PPO (actor-sized / mini critic), AsyPPO (2 mini) x 5 seeds: table, bootstrap, PNG
-    torchrun --standalone --nproc_per_node=2 ppo_minimal.py --critic asyppo  # each critic data-parallel
+    torchrun --standalone --nproc_per_node=2 trainer.py --critic asyppo  # each critic data-parallel
 
 A critic is a causal-LM backbone (Hugging Face `AutoModel`) with a scalar head; `V(s_t)`, the value BEFORE
 token t, reads the hidden state at position P + t - 1. Interface (DESIGN.md 5): `Critics.values(...)` ->
-[M, B, R] under no_grad; the trainer's `critic_update` (ppo_minimal.py) steps critic m on the rows of its share
+[M, B, R] under no_grad; the trainer's `critic_update` (trainer.py) steps critic m on the rows of its share
 with the clipped value loss. `CriticArgs` holds the knobs (the trainer's Config inherits them).
 
 AsyPPO (Liu et al. 2025; papers.md section 1), one iteration in the trainer's order:
@@ -21,7 +21,7 @@ Implementation details (our choices where the paper is silent)
 2. Critic: the actor's first round(critic_depth * L) decoder layers, copied (tokenizer and warm-start come
    along); critic_depth 1.0 for plain PPO, 0.5 for AsyPPO ("mini"). `--critic-model PATH` loads another
    model whose tokenizer must equal the actor's (vocabularies compared; papers.md 1e pitfall 8).
-3. Value loss: the clipped loss of DESIGN.md 7.1 per critic (ppo_minimal.value_loss, in critic_update).
+3. Value loss: the clipped loss of DESIGN.md 7.1 per critic (trainer.value_loss, in critic_update).
 4. Partition (1a): per prompt group, a seeded shuffle split into M equal shares, with its own generator
    (seed + rank), so M = 1 draws nothing; G % M != 0 is a config error (pitfall 3).
 5. sigma is the population std over critics (correction 0: M = 1 gives 0, not NaN), detached (pitfall 5), of
@@ -88,7 +88,7 @@ class CriticArgs:
 
 @dataclass
 class Config:
-    """`python critics.py`: the side-by-side experiment (each run is `python ppo_minimal.py ...`)."""
+    """`python critics.py`: the side-by-side experiment (each run is `python trainer.py ...`)."""
 
     full: bool = False
     """Run the full comparison (GRPO, PPO actor-sized critic, PPO mini critic, AsyPPO) over `seeds` seeds."""
@@ -99,7 +99,7 @@ class Config:
     target_acc: float = 0.5
     """Eval accuracy whose first crossing is reported as steps-to-target."""
     train_args: str = ""
-    """Extra ppo_minimal flags for every run, e.g. "--device cuda --eval-every 5 --critic-warmup-steps 5"."""
+    """Extra trainer flags for every run, e.g. "--device cuda --eval-every 5 --critic-warmup-steps 5"."""
     jobs: int = 1
     """Runs in parallel (trainer processes; each run is still single-process training)."""
     out_dir: str = "runs/critics"

@@ -269,7 +269,7 @@ class DataTask:
 
 def load_task(cfg, tokenizer=None, device="cpu"):
     """The trainer's single-turn task: cfg.task's procedural one, or the DataTask of cfg.data (cfg: a config with
-    DataArgs, RewardArgs and max_prompt_len fields, such as ppo_minimal.Config)."""
+    DataArgs, RewardArgs and max_prompt_len fields, such as trainer.Config)."""
     return make_task(cfg.task) if cfg.data is None else DataTask(cfg, cfg, tokenizer, cfg.max_prompt_len, device)
 
 

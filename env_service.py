@@ -2,7 +2,7 @@
 
     python env_service.py --port 0                          # a server on a free port, episodes of each env through it
     python env_service.py --serve --port 8100               # serve until Ctrl-C (127.0.0.1; --host 0.0.0.0 for others)
-    python ppo_minimal.py --task shell --env-url http://127.0.0.1:8100,http://127.0.0.1:8101   # train through two
+    python trainer.py --task shell --env-url http://127.0.0.1:8100,http://127.0.0.1:8101   # train through two
 
 Why (ROCK's pattern, minimal): environments, sandboxes above all, scale out on cheap CPU hosts while the GPUs stay
 with the trainer; a crashed or hung environment host costs its episodes, never the run.

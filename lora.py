@@ -1,8 +1,8 @@
 """LoRA: train low-rank adapters of the policy's linear layers, the base frozen; the reference is the base itself.
 
-    python ppo_minimal.py --lora-rank 8 --lr 2e-3                          # the embedded default, adapters only
+    python trainer.py --lora-rank 8 --lr 2e-3                          # the embedded default, adapters only
     python lora.py --lora-rank 8 --lora-targets q_proj v_proj             # which layers get adapters, how many weights
-    torchrun --nproc_per_node=8 ppo_minimal.py --model M --fsdp --lora-rank 64 --lora-targets q_proj v_proj
+    torchrun --nproc_per_node=8 trainer.py --model M --fsdp --lora-rank 64 --lora-targets q_proj v_proj
 
 LoRA (Hu et al. 2021, eq. 3): a target layer computes h = W0 x + (alpha / r) B A x, A [r, in] random, B [out, r]
 zero at the start (so the first policy is the base exactly), W0 frozen. peft's LoRA layers are put into the

@@ -1,7 +1,7 @@
 """The memory of one update, three ways to make it fit, and an estimate of the per-rank peak before a run.
 
     python memory.py                                     # the estimate for the embedded model at small sizes
-    python ppo_minimal.py --dry-run-memory --model PATH --max-new-tokens 1024 --micro-batch-tokens 16384
+    python trainer.py --dry-run-memory --model PATH --max-new-tokens 1024 --micro-batch-tokens 16384
     python bench/memory_bench.py                         # measured peaks on CPU: chunks, token budget, vs estimate
 
 The three ways (each a trainer flag):
@@ -10,7 +10,7 @@ The three ways (each a trainer flag):
 - `--micro-batch-tokens N` (veRL's dynamic batch size): `micro_batches` sorts a minibatch's sequences by length and
   fills micro-batches of at most N padded tokens each (b x (longest prompt + longest response) of the micro-batch;
   its all-padding columns are cut), so memory follows tokens, not sequence counts. The loss keeps its normaliser
-  (the minibatch's valid tokens over all ranks, ppo_minimal detail 2): the gradient does not depend on the packing.
+  (the minibatch's valid tokens over all ranks, trainer detail 2): the gradient does not depend on the packing.
 - `--grad-checkpointing`: every decoder layer of policy and critics keeps only its input and recomputes its
   activations in backward (`checkpoint_layers`).
 And two that change what is held: `--fsdp` (common.py) shards weights, gradients and AdamW state over the ranks;
@@ -267,7 +267,7 @@ def estimate(policy, critics, args: MemoryArgs, *, seqs: int, rows: int, prompt_
 
 
 def trainer_estimate(cfg, n_local: int, world: int) -> dict[str, float]:
-    """`--dry-run-memory`: the estimate for a trainer config (ppo_minimal.Config: its models, lengths, micro-batches,
+    """`--dry-run-memory`: the estimate for a trainer config (trainer.Config: its models, lengths, micro-batches,
     critics and dtype), n_local sequences per rank."""
     T = rollout_kw(cfg)["max_context"]  # a task's prompt + response, or an environment's whole context
     rows = largest_micro_batch(cfg.micro_batch, n_local // cfg.minibatches, cfg.micro_batch_tokens, T)

@@ -7,10 +7,10 @@ that makes their logprobs differ; a verdict per variation and correction thresho
 
 Run it before training (a pre-flight check): the trainer's PPO ratio assumes that the logprobs it recomputes are
 those the sampler drew from. The sampler is `rollout.generate` (KV cache, the sampling temperature); the trainer is
-`rollout.sequence_logprobs` as ppo_minimal.trainer_logprobs calls it. Against the baseline (both fp32, the sampler's
+`rollout.sequence_logprobs` as trainer.trainer_logprobs calls it. Against the baseline (both fp32, the sampler's
 batch and padding, the sampler with its KV cache against the trainer's one full forward) each variation changes one
 thing (VARIATIONS):
-  autocast_bf16        both under bf16 autocast, fp32 weights: what `ppo_minimal.py --dtype bfloat16` runs
+  autocast_bf16        both under bf16 autocast, fp32 weights: what `trainer.py --dtype bfloat16` runs
   sampler_bf16         the sampler holds the weights in bf16 (offpolicy.inference_copy, --rollout-dtype), trainer fp32
   trainer_bf16         an fp32 engine against a trainer under bf16 autocast
   both_bf16            bf16 sampler weights and a bf16-autocast trainer (not the same kernels: still a gap)

@@ -59,9 +59,9 @@ from cli import check_fields, parse_config
 from common import make_autocast
 from env_service import HTTPError, Server, ServiceArgs, request, start_server, stop_server
 from offpolicy import inference_copy
-from ppo_minimal import Config, train
 from rollout import Rollout, generate, left_pad, pack_tracks
 from tasks import load_policy, load_tokenizer, make_tiny_model, make_tokenizer, stop_token_ids
+from trainer import Config, train
 from warm_start import sft_config_for, sft_warm_start
 
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% if m['role'] == 'assistant' %}{{ eos_token }}"

@@ -2,9 +2,9 @@
 trained policy, with veRL 0.9.1's semantics (golden-tested against veRL itself: tests/test_verl_golden.py).
 
     python offpolicy.py                                                  # each correction on a hand-made gap
-    python ppo_minimal.py --rollout-dtype bfloat16 --rollout-is token    # a bf16 sampler, token-level TIS
-    python ppo_minimal.py --rollout-rs seq_mean_k1 --rollout-rs-threshold 0.99_1.01 --rollout-dtype bfloat16
-    python ppo_minimal.py --adv-estimator grpo --loss-mode gspo --loss-agg seq-mean-token-mean --clip-low 3e-4 \
+    python trainer.py --rollout-dtype bfloat16 --rollout-is token    # a bf16 sampler, token-level TIS
+    python trainer.py --rollout-rs seq_mean_k1 --rollout-rs-threshold 0.99_1.01 --rollout-dtype bfloat16
+    python trainer.py --adv-estimator grpo --loss-mode gspo --loss-agg seq-mean-token-mean --clip-low 3e-4 \
         --clip-high 4e-4
     python async_loop.py --async-ratio 2 --off-policy decoupled
 
@@ -439,7 +439,7 @@ def geo_mean_loss(logprobs, old_logprobs, advantages, mask, *, clip_low: float, 
     every token of the row (loss_agg seq-mean-token-mean then averages rows); IS weights enter as their geometric
     mean over the row (veRL). The log-ratio is not clamped at +-20 (veRL). Ours: seq-mean-token-mean averages
     over non-empty rows; veRL's torch.mean counts fully masked (or rejected) rows too (B / non-empty rows smaller).
-    Sequence-level advantages only (ppo_minimal.Config refuses the token-level ones: GMPO is defined per row)."""
+    Sequence-level advantages only (trainer.Config refuses the token-level ones: GMPO is defined per row)."""
     sign, raw = torch.sign(advantages), logprobs - old_logprobs
     clamped = raw.clamp(-clip_low, clip_high)
     picked = sign * torch.minimum(sign * raw, sign * clamped)  # [B, R]

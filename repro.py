@@ -2,9 +2,9 @@
 
     python repro.py                                            # the injections: bug, planted by, config, diagnosis
     python repro.py runs/ppo/batch-7.pt                        # what a --dump-batch file holds
-    python ppo_minimal.py --inject reward_scale --steps 40     # plant one; the live diagnosis must name it
-    python ppo_minimal.py --dump-batch 7 --steps 7             # save everything update 7 needs (batch-7.pt)
-    python ppo_minimal.py --replay runs/ppo/batch-7.pt         # re-run exactly that update, bit for bit
+    python trainer.py --inject reward_scale --steps 40     # plant one; the live diagnosis must name it
+    python trainer.py --dump-batch 7 --steps 7             # save everything update 7 needs (batch-7.pt)
+    python trainer.py --replay runs/ppo/batch-7.pt         # re-run exactly that update, bit for bit
 
 Injections (their regression suite is tests/test_inject.py)
 1. Each bug is planted by the function named for its point of the loop (`at_stop_ids`, `at_engine` /
@@ -18,10 +18,10 @@ Injections (their regression suite is tests/test_inject.py)
 Replay
 3. `dump_update` saves what one update reads (batch, model / optimizer states, shuffle and global RNG) in one
    weights_only file BEFORE it runs (a crashing update still leaves its inputs, then its error), then its metrics
-   and `state_digest` (sha256 of every weight and AdamW moment). World size 1. ppo_minimal.replay rebuilds the
+   and `state_digest` (sha256 of every weight and AdamW moment). World size 1. trainer.replay rebuilds the
    models and re-runs `ppo_update` (set a breakpoint there); `report_replay` prints both rows: the same metrics
    and digest (or error) on the same device, dtype and threads. Earlier versions' dumps replay too (batch_fields).
-4. A batch exported from another framework also replays: `python ppo_minimal.py --replay B.pt --model M [flags]`,
+4. A batch exported from another framework also replays: `python trainer.py --replay B.pt --model M [flags]`,
    with the model that produced it and this project's flags for the update (the estimator, clip, loss_agg, ...).
    B is a .pt (torch.save of a dict of tensors, read weights_only) or a .npz (numpy.savez), tensors named as in veRL's
    DataProto `batch.batch` (FOREIGN_BATCH); veRL's `uid` strings as integer group ids. From veRL, after
@@ -336,7 +336,7 @@ def dump_update(path, tokenizer, rollout, extra: dict, update, args: dict):
         raise
     record["state_after"] = state_digest(policy, opt, critics)
     torch.save(record, path)
-    print(f"[minrl] saved the update of this step to {path}; rerun it: python ppo_minimal.py --replay {path}")
+    print(f"[minrl] saved the update of this step to {path}; rerun it: python trainer.py --replay {path}")
     return record["metrics"]
 
 
@@ -497,7 +497,7 @@ def describe_dump(path) -> None:
 def main(argv=None) -> None:
     """`python repro.py [DUMP]`: the injection table, or what a --dump-batch file holds."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("dump", nargs="?", help="a file written by ppo_minimal.py --dump-batch (else: the injections)")
+    ap.add_argument("dump", nargs="?", help="a file written by trainer.py --dump-batch (else: the injections)")
     args = ap.parse_args(argv)
     if args.dump:
         return describe_dump(args.dump)

@@ -6,7 +6,7 @@
 - `MetricsLogger`: one row per step, printed as an aligned table (rank 0) and appended to `metrics.jsonl`.
 - `format_table`, `read_jsonl`, `plot_metrics`: the same rows read back, for experiments and notebooks.
 - `parallel_map`: independent runs (simulations) in spawned processes; `run_trainers`: trainer runs as
-  subprocesses (`python ppo_minimal.py ARGS --out-dir D`) for the concept files' experiments, which read back
+  subprocesses (`python trainer.py ARGS --out-dir D`) for the concept files' experiments, which read back
   what each run wrote (so that nothing below the trainer imports it).
 - `final_best`, `steps_to`, `mean_std`, `bootstrap_diff`, `differences`: the statistics of those experiments over seeds.
 - `RunArgs`: where a run writes and what it keeps (the checkpoints themselves: checkpoint.py).
@@ -232,13 +232,13 @@ def parallel_map(fn, calls: list[tuple], jobs: int = 1) -> list:
 
 
 def run_trainer(argv: list[str], out_dir, threads: int | None = None) -> tuple[dict, list[dict]]:
-    """`python ppo_minimal.py ARGV --out-dir OUT_DIR`, its output in OUT_DIR/log.txt. Returns (its result.json:
+    """`python trainer.py ARGV --out-dir OUT_DIR`, its output in OUT_DIR/log.txt. Returns (its result.json:
     the last metrics row, "eval_history" and "wall_s" of the whole command; its metrics rows). threads sets
     OMP_NUM_THREADS (None: inherited). No final policy folder unless ARGV asks (--save-final). A failed run raises."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
-    trainer = str(Path(__file__).resolve().parent / "ppo_minimal.py")
+    trainer = str(Path(__file__).resolve().parent / "trainer.py")
     cmd = [sys.executable, trainer, "--no-save-final", *argv, "--out-dir", str(out)]  # experiments read metrics
     t0 = time.perf_counter()
     with open(out / "log.txt", "w") as log:

@@ -5,7 +5,7 @@
                                                         # held out once, then tuned reward_decline's persistence)
     python bench/diagnose_bench.py --cases adv_sign --configs sort-grpo --seeds 0   # one look
 
-A labelled run is a short training run (`python ppo_minimal.py`, 40 iterations, 8 prompts x 8 samples, one thread,
+A labelled run is a short training run (`python trainer.py`, 40 iterations, 8 prompts x 8 samples, one thread,
 two runs at a time) in which one failure was caused on purpose: a bug planted with `--inject NAME` (repro.py, its
 stated config included), or a config that fails on its own (an entropy bonus of 1.0, a bf16 sampler without a
 correction, lr 0). Its label is the failure-mode id diagnose.py must report. Each case runs in two configs
@@ -152,10 +152,10 @@ def train_run(out: Path, seed: int, steps: int, settings: dict) -> Path:
             return out
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(ROOT / "ppo_minimal.py"), *cmd], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(ROOT / "trainer.py"), *cmd], capture_output=True, text=True,
                           env=env, cwd=ROOT)  # fmt: skip
     if proc.returncode != 0:
-        raise RuntimeError(f"python ppo_minimal.py {' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"python trainer.py {' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     (out / "bench_flags.json").write_text(json.dumps(cmd))
     return out
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from rollout_bench import PRESETS  # noqa: E402
 
 import memory  # noqa: E402
-import ppo_minimal as pm  # noqa: E402
+import trainer  # noqa: E402
 from cli import parse_config  # noqa: E402
 from rollout import generate, sequence_logprobs  # noqa: E402
 from tasks import make_tiny_model, make_tokenizer  # noqa: E402
@@ -132,7 +132,7 @@ def decode_rate(cfg: Config, model, device) -> dict:
 def trainer_run(cfg: Config, folder: Path, device, fsdp: bool) -> dict:
     """Figures 3 and 4: 2 GRPO iterations of the trainer (bf16 autocast; FSDP2's bf16 weights with fsdp), their
     seconds per iteration and peak memory, and the --dry-run-memory estimate of the same config."""
-    tc = pm.Config(model=str(folder), adv_estimator="grpo", steps=2, prompts_per_step=16, group_size=4,
+    tc = trainer.Config(model=str(folder), adv_estimator="grpo", steps=2, prompts_per_step=16, group_size=4,
                    max_new_tokens=cfg.train_len, micro_batch=16, eval_every=0, kl_metric_every=1, save_final=False,
                    dtype="bfloat16" if device.type == "cuda" else "float32", device=device.type, fsdp=fsdp,
                    out_dir=tempfile.mkdtemp(prefix="gpu_check_"), warmup_steps=0)  # fmt: skip
@@ -141,9 +141,9 @@ def trainer_run(cfg: Config, folder: Path, device, fsdp: bool) -> dict:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     rows, stamps = [], []
-    pm.train(tc, hooks=[lambda step, m: (rows.append(m), stamps.append(time.perf_counter()))])
+    trainer.train(tc, hooks=[lambda step, m: (rows.append(m), stamps.append(time.perf_counter()))])
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
-    est = memory.trainer_estimate(tc, pm.sequences_per_rank(tc, 1), 1)["peak"]
+    est = memory.trainer_estimate(tc, trainer.sequences_per_rank(tc, 1), 1)["peak"]
     iteration = stamps[-1] - stamps[-2]  # the second iteration, hook to hook
     return {
         "iteration_s": iteration,
@@ -160,7 +160,7 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         folder = model_folder(cfg, Path(tmp) / "model")
-        model = pm.load_policy(str(folder), device)[0]
+        model = trainer.load_policy(str(folder), device)[0]
         out["params"] = sum(p.numel() for p in model.parameters())
         out.update(update_mfu(cfg, model, device))
         out.update(decode_rate(cfg, model, device))

@@ -12,7 +12,7 @@ reproducibility promises of the trainer on the same runs:
     `--replay` must reproduce it, and the digest must equal the reference's;
   - resume: a run resumed from its step-3 checkpoint must write the same rows as the uninterrupted run.
 The reference is machine-specific (CPU kernels): record it on the machine that checks. The configs run through
-the command line (`python ppo_minimal.py ...`), so flag names are part of what is checked.
+the command line (`python trainer.py ...`), so flag names are part of what is checked.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ TIME_FIELDS = ("time/", "perf/tokens_per_s", "perf/credit_overhead", "async/wait
 SHORT = ["--steps", "6", "--eval-every", "3", "--eval-n", "100"]
 INJECT = ["--steps", "3", "--eval-every", "0"]
 # name: (script, flags). Each covers a concept whose code the restructure moves.
-TRAINER = "ppo_minimal.py"  # the full trainer's script: the one name a move of the trainer edits here
+TRAINER = "trainer.py"  # the full trainer's script: the one name a move of the trainer edits here
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 # name: (command after `python`, flags). Each covers a concept whose code the restructure moves. ENV_URL in flags:
 # the address of an env_service server started for that run.

@@ -4,7 +4,7 @@
     python bench/memory_bench.py --only chunk budget     # the two small ones (under a minute)
 
 Each case runs in a fresh process (so no earlier allocation lingers): it builds the model and AdamW, runs one
-update (ppo_minimal.ppo_update, GRPO-shaped: no critic, no reference pass) to create the AdamW state, resets the
+update (trainer.ppo_update, GRPO-shaped: no critic, no reference pass) to create the AdamW state, resets the
 kernel's peak-RSS mark (/proc/self/clear_refs), runs a second update on the same batch and reads the peak (VmHWM).
 The figure is that peak minus the process's RSS before the model was built (the Python and torch runtime), which is
 what memory.estimate counts ("peak: update", here without the reference model, which the cases do not hold). The
@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from rollout_bench import PRESETS  # noqa: E402
 
 import memory  # noqa: E402
-import ppo_minimal as pm  # noqa: E402
+import trainer  # noqa: E402
 from cli import parse_config  # noqa: E402
 
 SMALL = dict(PRESETS["2.5m"], vocab_size=32_000)  # V = 32k: the logits dominate a small model's update
@@ -72,7 +72,7 @@ def rss_bytes(field: str) -> int:
     return int(line.split()[1]) * 1024
 
 
-def make_batch(vocab: int, B: int, P: int, R: int, ragged: bool) -> pm.Batch:
+def make_batch(vocab: int, B: int, P: int, R: int, ragged: bool) -> trainer.Batch:
     """A GRPO-shaped batch (section 3 tensors, no critic fields): full prompts, responses of R tokens or 1..R."""
     g = torch.Generator().manual_seed(0)
     resp_len = torch.randint(1, R + 1, (B,), generator=g) if ragged else torch.full((B,), R)  # [B]
@@ -82,7 +82,8 @@ def make_batch(vocab: int, B: int, P: int, R: int, ragged: bool) -> pm.Batch:
     mask = response_mask.float()
     old = -torch.rand(B, R, generator=g) * 5 * mask
     none = dict(ref_logprobs=None, old_values=None, critic_returns=None, shares=None)
-    return pm.Batch(input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask, loss_mask=mask,
+    return trainer.Batch(input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask,
+                    loss_mask=mask,
                     old_logprobs=old, clip_anchor=old, advantages=torch.randn(B, R, generator=g) * mask,
                     token_weights=torch.ones(B, R), pg_mask=response_mask, ent_mask=response_mask,
                     is_weights=None, **none)  # fmt: skip
@@ -104,14 +105,14 @@ def run_case(name: str) -> dict:
     policy = make_model(overrides)
     if mem.get("grad_checkpointing"):
         memory.checkpoint_layers(policy)
-    cfg = pm.Config(ppo_epochs=1, minibatches=1, micro_batch=micro, kl_metric_every=0, **mem)
+    cfg = trainer.Config(ppo_epochs=1, minibatches=1, micro_batch=micro, kl_metric_every=0, **mem)
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-6, weight_decay=0.0)
     batch = make_batch(policy.config.vocab_size, B, P, R, ragged)
     gen = torch.Generator().manual_seed(0)
     for i in range(2):  # the first creates the AdamW moments; the second is measured
         if i == 1:
             Path("/proc/self/clear_refs").write_text("5")  # reset the peak-RSS mark to the current RSS
-        pm.ppo_update(cfg, policy, opt, None, batch, 1, gen, pm.make_autocast("float32", torch.device("cpu")))
+        trainer.ppo_update(cfg, policy, opt, None, batch, 1, gen, trainer.make_autocast("float32", torch.device("cpu")))
     peak = rss_bytes("VmHWM") - base
     rows = memory.largest_micro_batch(micro, B, cfg.micro_batch_tokens, P + R)
     est = memory.estimate(policy, [], cfg, seqs=B, rows=rows, prompt_len=P, response_len=R, reference=False)

@@ -1,10 +1,10 @@
 """The sampler-trainer gap and its corrections: the default recipe sampled by a bf16 copy of the policy.
 
-    python bench/mismatch_experiment.py               # 6 arms x 3 seeds of `python ppo_minimal.py` (~20 min, 2 cores)
+    python bench/mismatch_experiment.py               # 6 arms x 3 seeds of `python trainer.py` (~20 min, 2 cores)
     python bench/mismatch_experiment.py --seeds 1 --steps 10   # a quick look
     python bench/mismatch_experiment.py --arms "bf16, none" "bf16, IcePop"   # some arms only
 
-Every arm is the default run (`python ppo_minimal.py`: PPO with a critic on the embedded task, 90 iterations)
+Every arm is the default run (`python trainer.py`: PPO with a critic on the embedded task, 90 iterations)
 with `--seed S`; all but the first sample with `--rollout-dtype bfloat16` (offpolicy.inference_copy: the policy's
 weights rounded to bf16 and a bf16 forward, as an inference engine holds them; the trainer stays fp32):
   fp32 sampler      the reference: the sampler is the trained policy (gap ~ 0)
@@ -74,7 +74,7 @@ class Args:
 
 def run(arm: str, seed: int, steps: int, out: Path) -> dict:
     """One run of the arm; its final accuracy, gain and the per-iteration means of SERIES."""
-    cmd = [sys.executable, str(ROOT / "ppo_minimal.py"), "--seed", str(seed), "--steps", str(steps)]
+    cmd = [sys.executable, str(ROOT / "trainer.py"), "--seed", str(seed), "--steps", str(steps)]
     cmd += ["--out-dir", str(out), *ARMS[arm]]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)

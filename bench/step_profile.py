@@ -1,4 +1,4 @@
-"""Where one RL step's time goes: `ppo_minimal.train` as it runs, with a timer around each piece it calls.
+"""Where one RL step's time goes: `trainer.train` as it runs, with a timer around each piece it calls.
 
     python bench/step_profile.py                       # tiny and 2.5M configs on CPU, GRPO, 8 prompts x 8
     python bench/step_profile.py --adv-estimator gae   # with a critic
@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rollout_bench import BenchArgs, make_model, run_presets, sync  # noqa: E402
 
-import ppo_minimal as pm  # noqa: E402
 import rollout  # noqa: E402
+import trainer  # noqa: E402
 from cli import check_fields, parse_config  # noqa: E402
 from tasks import DigitTask, make_tokenizer  # noqa: E402
 
@@ -62,7 +62,7 @@ class Config(BenchArgs):
     warmup: int = 2
     """Untimed steps first (>= 1)."""
     extra: str = ""
-    """More ppo_minimal flags, one string (e.g. "--credit attention --ppo-epochs 2")."""
+    """More trainer flags, one string (e.g. "--credit attention --ppo-epochs 2")."""
 
     def __post_init__(self):
         BenchArgs.__post_init__(self)
@@ -131,10 +131,10 @@ def install(timers: Timers, patch) -> None:
         return "reference" if not next(model.parameters()).requires_grad else "recompute"
 
     patch(rollout, "generate", timers.wrap(rollout.generate, gen_phase))
-    patch(pm, "trainer_logprobs", timers.wrap(pm.trainer_logprobs, logprob_phase))
-    patch(pm, "critic_update", timers.wrap(pm.critic_update, lambda *a, **k: "critic"))
-    patch(pm, "credit_weights", timers.wrap(pm.credit_weights, lambda *a, **k: "credit"))
-    patch(pm.Critics, "values", timers.wrap(pm.Critics.values, lambda *a, **k: "critic"))
+    patch(trainer, "trainer_logprobs", timers.wrap(trainer.trainer_logprobs, logprob_phase))
+    patch(trainer, "critic_update", timers.wrap(trainer.critic_update, lambda *a, **k: "critic"))
+    patch(trainer, "credit_weights", timers.wrap(trainer.credit_weights, lambda *a, **k: "credit"))
+    patch(trainer.Critics, "values", timers.wrap(trainer.Critics.values, lambda *a, **k: "critic"))
     patch(torch.autograd, "backward", timers.wrap(torch.autograd.backward, lambda *a, **k: "backward"))
     patch(torch.optim.AdamW, "step", timers.wrap(torch.optim.AdamW.step, lambda *a, **k: "optimizer"))
     from transformers import Qwen2ForCausalLM
@@ -158,7 +158,7 @@ def profile_one(preset: str, cfg: Config) -> dict:
         argv += ["--ppo-epochs", "1", "--minibatches", "1", "--warmup-steps", "0", "--eval-every", "0"]
         argv += ["--device", cfg.device, "--dtype", cfg.dtype, "--seed", str(cfg.seed), "--out-dir", tmp + "/run"]
         argv += ["--no-save-final", *cfg.extra.split()]
-        run_cfg = parse_config(pm.Config, argv)
+        run_cfg = parse_config(trainer.Config, argv)
         timers, rows = Timers(device), []
         last = {"t": None, "snap": None}
 
@@ -172,7 +172,7 @@ def profile_one(preset: str, cfg: Config) -> dict:
 
         install(timers, patch)
         try:
-            pm.train(run_cfg, hooks=[hook])
+            trainer.train(run_cfg, hooks=[hook])
         finally:
             for owner, name, old in reversed(saved):
                 setattr(owner, name, old)

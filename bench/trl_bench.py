@@ -138,12 +138,13 @@ MINRL_SCRIPT = r"""
 import json, sys, time
 import torch
 sys.path.insert(0, sys.argv[1])
-import ppo_minimal as pm
+import trainer
 from cli import parse_config
 torch.set_num_threads(int(sys.argv[2]))
 ends, lengths = [], []
-cfg = parse_config(pm.Config, sys.argv[3:])
-pm.train(cfg, hooks=[lambda step, m: (ends.append(time.perf_counter()), lengths.append(m["rollout/response_len"]))])
+cfg = parse_config(trainer.Config, sys.argv[3:])
+record = lambda step, m: (ends.append(time.perf_counter()), lengths.append(m["rollout/response_len"]))  # noqa: E731
+trainer.train(cfg, hooks=[record])
 print("RESULT " + json.dumps({"ends": ends, "lengths": lengths}))
 """
 

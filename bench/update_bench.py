@@ -1,4 +1,4 @@
-"""Update overhead: ppo_minimal.ppo_update vs a bare training loop doing the same passes over the same tokens.
+"""Update overhead: trainer.ppo_update vs a bare training loop doing the same passes over the same tokens.
 
     python bench/update_bench.py                                   # tiny and 2.5M configs on CPU
     python bench/update_bench.py --preset 0.5b --device cuda --dtype bfloat16
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rollout_bench import BenchArgs, make_model, run_presets, spread, sync  # noqa: E402
 
-import ppo_minimal as pm  # noqa: E402
+import trainer  # noqa: E402
 from cli import check_fields, parse_config  # noqa: E402
 from common import make_autocast  # noqa: E402
 from critics import Critics, make_value_model  # noqa: E402
@@ -60,7 +60,7 @@ class Config(BenchArgs):
             raise ValueError(f"config field 'batch' = {self.batch} must divide by minibatches = {self.minibatches}")
 
 
-def make_batch(vocab: int, cfg: Config, device) -> pm.Batch:
+def make_batch(vocab: int, cfg: Config, device) -> trainer.Batch:
     """A PPO batch (DESIGN.md section 3 tensors) with random tokens and ragged responses, one critic."""
     g = torch.Generator().manual_seed(cfg.seed)
     B, P, R = cfg.batch, cfg.prompt_len, cfg.response_len
@@ -70,7 +70,7 @@ def make_batch(vocab: int, cfg: Config, device) -> pm.Batch:
     input_ids = torch.randint(3, vocab, (B, P + R), generator=g) * attention_mask  # [B, P+R] pad id 0
     mask = response_mask.float()
     old_logprobs, returns = -torch.rand(B, R, generator=g) * 5 * mask, torch.randn(B, R, generator=g) * mask
-    batch = pm.Batch(
+    batch = trainer.Batch(
         input_ids=input_ids,
         attention_mask=attention_mask,
         response_mask=response_mask,
@@ -87,10 +87,10 @@ def make_batch(vocab: int, cfg: Config, device) -> pm.Batch:
         critic_returns=returns[:, None],  # [B, M=1, R]
         shares=torch.ones(B, 1, dtype=torch.bool),  # [B, M=1]
     )
-    return pm.Batch(**{k: v if v is None else v.to(device) for k, v in vars(batch).items()})
+    return trainer.Batch(**{k: v if v is None else v.to(device) for k, v in vars(batch).items()})
 
 
-def bare_update(policy, policy_opt, critic, critic_opt, batch: pm.Batch, cfg: Config, autocast) -> None:
+def bare_update(policy, policy_opt, critic, critic_opt, batch: trainer.Batch, cfg: Config, autocast) -> None:
     """The baseline: the same passes and optimizer steps with plain losses and nothing else."""
     R = cfg.response_len
     mb_size = cfg.batch // cfg.minibatches
@@ -123,7 +123,7 @@ def bench_one(preset: str, cfg: Config) -> dict:
     policy = make_model(preset, device).eval()
     critic = make_value_model(policy).to(device).eval()
     batch = make_batch(policy.config.vocab_size, cfg, device)
-    ppo_cfg = pm.Config(ppo_epochs=cfg.ppo_epochs, minibatches=cfg.minibatches, micro_batch=cfg.micro_batch)
+    ppo_cfg = trainer.Config(ppo_epochs=cfg.ppo_epochs, minibatches=cfg.minibatches, micro_batch=cfg.micro_batch)
     # each side has its own optimizers over the same parameters (separate AdamW states, same work)
     ppo_opt = torch.optim.AdamW(policy.parameters(), lr=1e-6, weight_decay=0.0)
     critics = Critics([critic], lr=1e-6, adam_eps=1e-8)
@@ -132,7 +132,7 @@ def bench_one(preset: str, cfg: Config) -> dict:
 
     def ours():
         """One ppo_update: ppo_epochs x minibatches steps of policy and critic."""
-        pm.ppo_update(ppo_cfg, policy, ppo_opt, critics, batch, 1, shuffle, autocast)
+        trainer.ppo_update(ppo_cfg, policy, ppo_opt, critics, batch, 1, shuffle, autocast)
 
     def bare():
         """The same passes and steps as plain losses."""

@@ -7,9 +7,9 @@ into the smallest reproduction of a bug seen in a large framework.
 The iteration: sample G responses per prompt at temperature T (HF generate), score them (`reward`: edit it),
 GRPO advantages A = (r - mean_g) / (std_g + 1e-6) (unbiased std, Shao et al. 2024 eq. 3 as veRL computes it), the
 anchor logprobs recomputed by the trainer, the clipped PPO loss with veRL's dual clip, token-mean over every
-valid response token, one AdamW step after clipping the gradient norm. The constants are ppo_minimal.py's
+valid response token, one AdamW step after clipping the gradient norm. The constants are trainer.py's
 defaults; the same iteration there is `--adv-estimator grpo --ppo-epochs 1 --minibatches 1 --lr-schedule constant
---warmup-steps 0`, and tests/test_repro_template.py checks that one update here and one of ppo_minimal.py on the
+--warmup-steps 0`, and tests/test_repro_template.py checks that one update here and one of trainer.py on the
 same batch give the same loss and gradient, so the copy cannot drift from the reference unseen.
 veRL's conventions: left-padded prompts; response_mask 1 up to and including the first EOS; logits at P + t - 1,
 over T, score response token t; position ids count a row's real tokens. Nothing here imports the project.
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-TEMPERATURE, CLIP_LOW, CLIP_HIGH, DUAL_CLIP, GRAD_CLIP, LR = 0.6, 0.2, 0.2, 3.0, 1.0, 2e-4  # ppo_minimal's defaults
+TEMPERATURE, CLIP_LOW, CLIP_HIGH, DUAL_CLIP, GRAD_CLIP, LR = 0.6, 0.2, 0.2, 3.0, 1.0, 2e-4  # trainer's defaults
 
 
 def tiny_model_and_tokenizer():
@@ -117,7 +117,7 @@ def update(model, opt, input_ids, attention_mask, response_mask, old_logp, advan
 
 def iteration(model, tok, opt, prompts: list[str], G: int = 4, max_new_tokens: int = 8, generator=None) -> dict:
     """Sample, score, advantages, anchor, one update: the iteration's numbers."""
-    model.eval()  # dropout off in sampling and in the update (as ppo_minimal)
+    model.eval()  # dropout off in sampling and in the update (as trainer)
     ids, attn, resp_mask, texts = sample(model, tok, prompts, G, max_new_tokens, generator)
     rewards = torch.tensor([reward(p, t) for p, t in zip([p for p in prompts for _ in range(G)], texts)])  # [B]
     adv = grpo_advantages(rewards, G)[:, None] * resp_mask  # [B, R] the sequence's advantage on its tokens

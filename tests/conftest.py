@@ -22,10 +22,10 @@ def sft_path() -> Path:
 def default_sft_path() -> Path:
     """The embedded default's warm start (the trainer's own key for its default task), built before the
     tests that start the trainer without --model in subprocesses, so they do not all build it at once."""
-    import ppo_minimal
+    import trainer
     import warm_start
 
-    return warm_start.sft_warm_start(warm_start.sft_config_for(ppo_minimal.Config().task))
+    return warm_start.sft_warm_start(warm_start.sft_config_for(trainer.Config().task))
 
 
 @pytest.fixture(scope="session")

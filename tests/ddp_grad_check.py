@@ -1,8 +1,8 @@
-"""DDP correctness check (DESIGN.md 7.1, detail 3 of ppo_minimal.py), driven by tests/test_distributed.py:
+"""DDP correctness check (DESIGN.md 7.1, detail 3 of trainer.py), driven by tests/test_distributed.py:
 
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 tests/ddp_grad_check.py OUT.pt [--fsdp]
 
-Every rank builds the same fixed global batch, keeps its half and runs one `ppo_minimal.ppo_update` with
+Every rank builds the same fixed global batch, keeps its half and runs one `trainer.ppo_update` with
 plain SGD at lr = 1 and a grad-norm clip too large to act, so each parameter's change is exactly minus its
 gradient (Adam would hide magnitude errors). The micro-batch is smaller than the per-rank batch, so
 gradient accumulation under `no_sync` is exercised, and the KL loss, the entropy bonus, separate pg/entropy
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from batches import full_batch  # noqa: E402
 
 import ppo_math  # noqa: E402
-import ppo_minimal as pm  # noqa: E402
+import trainer  # noqa: E402
 from common import setup_dist, shard_or_replicate  # noqa: E402
 from critics import Critics, make_value_model  # noqa: E402
 from memory import checkpoint_layers  # noqa: E402
@@ -59,7 +59,7 @@ BUDGET = 12  # micro_batch_tokens of the packed runs: rank 0's skewed rows one p
 
 
 @torch.no_grad()
-def make_batch(policy, vocab: int, seed: int = 0, lengths: str = "ragged") -> pm.Batch:
+def make_batch(policy, vocab: int, seed: int = 0, lengths: str = "ragged") -> trainer.Batch:
     """A fixed global batch with section-3 tensors: left-padded prompts, ragged (one empty) responses."""
     g = torch.Generator().manual_seed(seed)
     prompt_len, resp_len = map(torch.tensor, LENGTHS[lengths])  # [B] each
@@ -108,7 +108,7 @@ def update_deltas(loss_agg: str, rank: int, world: int, tokens: int = 0, lengths
         checkpoint_layers(model)
     half = B // world
     batch = batch.rows(torch.arange(rank * half, (rank + 1) * half))
-    cfg = pm.Config(
+    cfg = trainer.Config(
         loss_agg=loss_agg,
         micro_batch=MICRO,
         micro_batch_tokens=tokens,
@@ -129,7 +129,7 @@ def update_deltas(loss_agg: str, rank: int, world: int, tokens: int = 0, lengths
     critics = Critics(vms, lr=1.0, adam_eps=1e-8, wrap=wrap)
     opt = torch.optim.SGD(policy.parameters(), lr=1.0)  # after the wrap: FSDP2's parameters are new (shards)
     critics.opts = [torch.optim.SGD(vm.parameters(), lr=1.0) for vm in vms]  # plain SGD here too
-    pm.ppo_update(
+    trainer.ppo_update(
         cfg, policy_train, opt, critics, batch, world, torch.Generator().manual_seed(0), contextlib.nullcontext
     )
     after = {f"policy.{n}": p for n, p in policy.named_parameters()}
@@ -147,11 +147,11 @@ def no_grad_passes(rank: int, world: int, fsdp: bool = False) -> dict[str, torch
     wrap = partial(shard_or_replicate, world=world, fsdp=fsdp) if world > 1 or fsdp else None
     model = wrap(policy) if fsdp else policy  # DDP's no-grad passes run on the model itself
     critics = Critics(vms, lr=1.0, adam_eps=1e-8, wrap=wrap)
-    cfg = pm.Config(micro_batch=2, micro_batch_tokens=34, ppo_epochs=2, fsdp=fsdp, temperature=0.9)
+    cfg = trainer.Config(micro_batch=2, micro_batch_tokens=34, ppo_epochs=2, fsdp=fsdp, temperature=0.9)
     ids, attn, mask = batch.input_ids, batch.attention_mask, batch.response_mask
     with torch.no_grad():
-        old, ref, _, _ = pm.anchor_logprobs(cfg, model, model, ids, attn, mask, step=0)
-        values = pm.critic_values(cfg, critics, ids, attn, mask)
+        old, ref, _, _ = trainer.anchor_logprobs(cfg, model, model, ids, attn, mask, step=0)
+        values = trainer.critic_values(cfg, critics, ids, attn, mask)
     m = mask.float()  # valid tokens only: a cut padding column is 0 in one packing, a number in another
     return {"old": old * m, "ref": ref * m, "values": values.transpose(0, 1) * m[:, None]}  # [b, ...] rows first
 

@@ -16,9 +16,9 @@ import torch
 
 import async_loop
 from offpolicy import off_policy_weights, policy_loss
-from ppo_minimal import replay
 from rollout import Rollout
 from tasks import make_tiny_model, make_tokenizer
+from trainer import replay
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -197,11 +197,11 @@ def test_sampler_staleness_bound_whole_groups_and_bounded_buffer(
 
 
 def test_alpha0_one_process_is_the_synchronous_loop(tmp_path, default_sft_path):
-    """--async-ratio 0 runs ppo_minimal's loop in this process (no off-policy weights): same seed, same metrics."""
+    """--async-ratio 0 runs trainer's loop in this process (no off-policy weights): same seed, same metrics."""
     args = ["--steps", "2", *SMALL]
-    import ppo_minimal
+    import trainer
 
-    ppo_minimal.main([*args, "--out-dir", str(tmp_path / "sync")])
+    trainer.main([*args, "--out-dir", str(tmp_path / "sync")])
     async_loop.main([*args, "--out-dir", str(tmp_path / "async"), "--async-ratio", "0"])
     rows = [
         [json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in ("sync", "async")

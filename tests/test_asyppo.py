@@ -19,7 +19,7 @@ from calibrated import REVERSE_T1
 import critics
 import offpolicy
 import ppo_math
-import ppo_minimal as pm
+import trainer
 from rollout import sequence_logprobs
 from runlog import read_jsonl
 from tasks import make_tiny_model, make_tokenizer
@@ -84,7 +84,7 @@ def test_partition_group_size_not_divisible_is_an_error():
     with pytest.raises(ValueError, match="not divisible by 2"):
         critics.partition_shares(torch.tensor([0, 0, 0, 1, 1, 1]), 2, torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="group_size"):
-        pm.Config(critic="asyppo", n_critics=3, group_size=16)
+        trainer.Config(critic="asyppo", n_critics=3, group_size=16)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -226,7 +226,7 @@ def test_critic_trains_in_the_precision_of_its_old_values(monkeypatch):
     batch = full_batch(input_ids=ids, attention_mask=attention_mask, response_mask=mask, old_logprobs=torch.zeros(B, R),
                        ref_logprobs=torch.zeros(B, R), advantages=torch.zeros(B, R), old_values=old.transpose(0, 1),
                        critic_returns=old.transpose(0, 1) + 1.0, shares=torch.ones(B, 1, dtype=torch.bool))  # fmt: skip
-    pm.critic_update(pm.Config(micro_batch=B), crit, batch, 1, autocast)
+    trainer.critic_update(trainer.Config(micro_batch=B), crit, batch, 1, autocast)
     gap = float(seen[0].detach())
     assert gap < 1e-6, f"the critic's first forward is {gap:.2e} away from its old values"
 
@@ -267,7 +267,7 @@ def test_masks_under_ddp_equal_the_single_process_masks(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# The loss: normaliser and gradient isolation, through ppo_minimal.ppo_update
+# The loss: normaliser and gradient isolation, through trainer.ppo_update
 
 
 def test_policy_loss_pg_mask_keeps_the_valid_token_denominator():
@@ -299,7 +299,7 @@ class LogitTable(nn.Module):
 B, P, R, V = 6, 3, 5, 7
 
 
-def toy_batch(seed: int = 0) -> pm.Batch:
+def toy_batch(seed: int = 0) -> trainer.Batch:
     g = torch.Generator().manual_seed(seed)
     response_mask = ragged_mask(B, R, seed + 1).long()
     input_ids = torch.randint(0, V, (B, P + R), generator=g)  # [B, P+R]
@@ -320,14 +320,16 @@ def toy_batch(seed: int = 0) -> pm.Batch:
     )
 
 
-def logit_grads(batch: pm.Batch, ent_coef: float, loss_agg: str = "token-mean") -> torch.Tensor:
+def logit_grads(batch: trainer.Batch, ent_coef: float, loss_agg: str = "token-mean") -> torch.Tensor:
     """Gradient of the ppo_update loss w.r.t. the logits that predict each response token: [B, R, V]."""
     policy = LogitTable(B, P + R, V)
     before = policy.table.detach().clone()
     pinned = {k: REVERSE_T1[k] for k in ("temperature", "ppo_epochs", "minibatches")}  # T 1: toy old logprobs
-    cfg = pm.Config(ent_coef=ent_coef, loss_agg=loss_agg, micro_batch=4, grad_clip=1e9, **pinned)  # 2 micro-batches
+    cfg = trainer.Config(
+        ent_coef=ent_coef, loss_agg=loss_agg, micro_batch=4, grad_clip=1e9, **pinned
+    )  # 2 micro-batches
     opt = torch.optim.SGD(policy.parameters(), lr=1.0)  # one step: delta = -grad
-    pm.ppo_update(cfg, policy, opt, None, batch, 1, torch.Generator().manual_seed(0), contextlib.nullcontext)
+    trainer.ppo_update(cfg, policy, opt, None, batch, 1, torch.Generator().manual_seed(0), contextlib.nullcontext)
     return (before - policy.table.detach())[:, P - 1 : P + R - 1]  # logits at P + t - 1 predict token t
 
 
@@ -468,7 +470,7 @@ def comparable(row: dict) -> dict:
 
 
 def train_rows(sft_path, out, **overrides) -> list[dict]:
-    pm.train(pm.Config(model=str(sft_path), out_dir=str(out), **{**TINY, **overrides}))
+    trainer.train(trainer.Config(model=str(sft_path), out_dir=str(out), **{**TINY, **overrides}))
     return [comparable(r) for r in read_jsonl(out / "metrics.jsonl")]
 
 

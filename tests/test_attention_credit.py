@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import attention_credit as ac
-import ppo_minimal
 import tasks
+import trainer
 from cli import parse_config
 from rollout import sequence_logprobs
 
@@ -302,7 +302,7 @@ def test_maps_inside_the_recompute_equal_a_pass_of_their_own(tiny, monkeypatch):
     eager pass of their own within fp32 rounding (its earlier layers ran eager), gamma the same."""
     model, tok = tiny
     ids, attention_mask, rm = make_batch(tok, PROMPTS, RESPONSES)
-    R, cfg = rm.shape[1], ppo_minimal.Config(credit="attention", credit_mode="global")
+    R, cfg = rm.shape[1], trainer.Config(credit="attention", credit_mode="global")
     recompute = lambda: sequence_logprobs(model, ids, attention_mask, R, micro_batch=3)[0]  # noqa: E731
     with torch.no_grad():
         plain = recompute()
@@ -368,7 +368,7 @@ def test_pass_restores_attention_implementation_on_error(tiny):
 def loss_and_grads(model, ids, attention_mask, rm, adv, old, token_weights):
     model.zero_grad(set_to_none=True)
     logp, _ = sequence_logprobs(model, ids, attention_mask, rm.shape[1])
-    loss, _ = ppo_minimal.policy_loss(logp, old, adv, rm.float(), token_weights=token_weights)
+    loss, _ = trainer.policy_loss(logp, old, adv, rm.float(), token_weights=token_weights)
     loss.backward()
     return loss.detach(), [p.grad.clone() for p in model.parameters()]
 
@@ -410,10 +410,10 @@ def test_training_run_amplifies_and_fai_positive(tmp_path):
     model.save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
     rows = []
-    cfg = ppo_minimal.Config(model=str(tmp_path / "m"), task="chain", adv_estimator="grpo", credit="attention",
+    cfg = trainer.Config(model=str(tmp_path / "m"), task="chain", adv_estimator="grpo", credit="attention",
                              steps=3, prompts_per_step=4, group_size=4, max_new_tokens=48, eval_every=0,
                              warmup_steps=0, micro_batch=8, out_dir=str(tmp_path / "run"))  # fmt: skip
-    ppo_minimal.train(cfg, hooks=[lambda step, m: rows.append(m)])
+    trainer.train(cfg, hooks=[lambda step, m: rows.append(m)])
     assert len(rows) == 3
     for m in rows:
         assert 0.3 <= m["stats/credit_amplified_frac"] <= 0.5
@@ -457,16 +457,14 @@ def test_experiment_main_smoke(tmp_path, capsys):
 
 
 def test_full_runs_take_the_trainers_learning_recipe():
-    """--full: 4 methods x 5 seeds, each run the trainer's default recipe (what ppo_minimal parses from run_argv) on
+    """--full: 4 methods x 5 seeds, each run the trainer's default recipe (what trainer parses from run_argv) on
     chain with 48 new tokens; train_args win over it."""
     cfg = ac.Config(full=True)
     assert cfg.methods == list(ac.METHODS) and cfg.seeds == 5
-    run = parse_config(ppo_minimal.Config, ac.run_argv(cfg, "coupled", 3, "M"))
-    default = ppo_minimal.Config()
+    run = parse_config(trainer.Config, ac.run_argv(cfg, "coupled", 3, "M"))
+    default = trainer.Config()
     assert (run.task, run.max_new_tokens, run.seed, run.adv_estimator, run.model) == ("chain", 48, 3, "grpo", "M")
-    assert (run.credit, run.credit_mode) == ("attention", "coupled") and ppo_minimal.Config(
-        task="chain"
-    ).credit == "none"
+    assert (run.credit, run.credit_mode) == ("attention", "coupled") and trainer.Config(task="chain").credit == "none"
     for k in (
         "temperature",
         "lr",
@@ -479,7 +477,7 @@ def test_full_runs_take_the_trainers_learning_recipe():
     ):
         assert getattr(run, k) == getattr(default, k), k
     grpo = parse_config(
-        ppo_minimal.Config, ac.run_argv(ac.Config(full=True, train_args="--lr 1e-4 --steps 7"), "grpo", 0, "M")
+        trainer.Config, ac.run_argv(ac.Config(full=True, train_args="--lr 1e-4 --steps 7"), "grpo", 0, "M")
     )
     assert (grpo.lr, grpo.steps, grpo.credit) == (1e-4, 7, "none")
 

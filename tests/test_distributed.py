@@ -1,4 +1,4 @@
-"""Multi-process tests (DESIGN.md 9, 6): DDP and FSDP2 give the single-process gradient, a 2-rank ppo_minimal run
+"""Multi-process tests (DESIGN.md 9, 6): DDP and FSDP2 give the single-process gradient, a 2-rank trainer run
 works end to end (FSDP2's on two launchers, as two nodes, within 1e-5 of DDP's), and a dead or stuck rank makes the
 survivor fail with an error naming it.
 
@@ -122,12 +122,12 @@ def test_no_grad_passes_under_a_token_budget_equal_single_process(ddp_deltas):
 
 
 def test_torchrun_ppo_minimal_smoke(sft_path, tmp_path):
-    """`torchrun --nproc_per_node=2 ppo_minimal.py` runs 2 steps; only rank 0 writes the metrics rows. Its step-1
+    """`torchrun --nproc_per_node=2 trainer.py` runs 2 steps; only rank 0 writes the metrics rows. Its step-1
     checkpoint (atomic, with both ranks' streams) resumes on 2 ranks into the same step 2, and is refused on 1."""
     out = tmp_path / "run"
     flags = ["--model", str(sft_path), "--task", "reverse", "--steps", "2", "--prompts-per-step", "4"]
     flags += ["--group-size", "4", "--eval-every", "2", "--eval-n", "16", "--dist-timeout", "60"]
-    proc = torchrun("ppo_minimal.py", *flags, "--out-dir", str(out), "--save-every", "1")
+    proc = torchrun("trainer.py", *flags, "--out-dir", str(out), "--save-every", "1")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "world 2" in proc.stdout
     from runlog import read_jsonl
@@ -136,15 +136,15 @@ def test_torchrun_ppo_minimal_smoke(sft_path, tmp_path):
     assert [r["step"] for r in rows] == [1, 2]  # two ranks writing would duplicate them
     assert {"rank0.pt", "rank1.pt", "checkpoint.json"} <= {p.name for p in (out / "ckpt-1").iterdir()}
     assert not list(out.glob("*.tmp")) and not list(out.glob("*.old"))
-    proc = torchrun("ppo_minimal.py", *flags, "--out-dir", str(tmp_path / "resumed"), "--resume", str(out / "ckpt-1"))
+    proc = torchrun("trainer.py", *flags, "--out-dir", str(tmp_path / "resumed"), "--resume", str(out / "ckpt-1"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     resumed = read_jsonl(tmp_path / "resumed" / "metrics.jsonl")
     same = lambda row: {k: v for k, v in row.items() if not k.startswith(("time/", "perf/"))}
     assert [same(r) for r in resumed] == [same(rows[1])]  # bit for bit, each rank on its own streams
-    import ppo_minimal as pm  # one process, this one: rank 1's streams would be lost
+    import trainer  # one process, this one: rank 1's streams would be lost
 
     with pytest.raises(ValueError, match="world_size: 2 in the checkpoint, 1 now"):
-        pm.main([*flags, "--out-dir", str(tmp_path / "one"), "--resume", str(out)])
+        trainer.main([*flags, "--out-dir", str(tmp_path / "one"), "--resume", str(out)])
     assert 0.0 <= rows[-1]["eval/acc"] <= 1.0 and "critic/explained_var" in rows[-1]
 
 
@@ -198,7 +198,7 @@ def metric_rows(rank: int, world: int) -> dict:
     """The trainer's batch metrics (stanza 4 and 6) of this rank's rows of one fixed ragged batch, reduced."""
     import common
     import ppo_math
-    import ppo_minimal as pm
+    import trainer
     from evaluation import eos_mask_errors
     from offpolicy import OffPolicyArgs, corrections, gap_stats, off_policy_weights
 
@@ -212,9 +212,9 @@ def metric_rows(rank: int, world: int) -> dict:
     group_ids = torch.arange(B) // 2
     ids = torch.randint(4, 20, (B, R), generator=g)
     rows = slice(rank * B // world, (rank + 1) * B // world)
-    cfg = pm.Config(kl_in_reward=True, kl_coef=0.1)
-    m = pm.score_stats(scores[rows], group_ids[rows])
-    m.update(pm.compute_advantages(cfg, scores[rows], mask[rows], old[rows], ref[rows], 0.1, group_ids[rows],
+    cfg = trainer.Config(kl_in_reward=True, kl_coef=0.1)
+    m = trainer.score_stats(scores[rows], group_ids[rows])
+    m.update(trainer.compute_advantages(cfg, scores[rows], mask[rows], old[rows], ref[rows], 0.1, group_ids[rows],
                                    values[rows])[-1])  # fmt: skip
     m.update(off_policy_weights(old[rows], behav[rows], mask[rows], "tis")[1])
     m.update(gap_stats(old[rows], behav[rows], mask[rows], verl=True))  # + veRL's rollout_corr/ gap metrics
@@ -269,14 +269,14 @@ def test_metrics_under_ddp_pool_every_sample_and_token(tmp_path):
 def _strict_worker(rank: int, world: int, port: int, model: str, out_dir: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # train() rendezvous as under torchrun
-    import ppo_minimal as pm
+    import trainer
 
     torch.set_num_threads(1)
     flags = dict(prompts_per_step=4, group_size=2, minibatches=1, eval_every=0, steps=6, dist_timeout=60)
-    cfg = pm.Config(model=model, task="reverse", inject="logprob_shift", strict=True, out_dir=out_dir, **flags)
+    cfg = trainer.Config(model=model, task="reverse", inject="logprob_shift", strict=True, out_dir=out_dir, **flags)
     t0 = time.perf_counter()
     try:  # the shifted recompute trips logprob_mismatch on the second step; the rows are reduced over ranks
-        pm.train(cfg)
+        trainer.train(cfg)
         Path(out_dir, f"rank{rank}.txt").write_text("went on")
     except RuntimeError as e:
         Path(out_dir, f"rank{rank}.txt").write_text(f"{time.perf_counter() - t0:.3f}\n{e}")
@@ -302,20 +302,20 @@ def _fsdp_rank_worker(rank: int, world: int, init_file: str, out_dir: str) -> No
     then rank 1 dies before the second."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     import common
-    import ppo_minimal as pm
+    import trainer
     from tasks import make_tiny_model, make_tokenizer
 
     common.setup_dist(timeout_s=COLLECTIVE_TIMEOUT, device="cpu", init_method=f"file://{init_file}")
     torch.manual_seed(0)
     policy = common.shard_or_replicate(make_tiny_model(make_tokenizer()).eval(), world, fsdp=True)
-    cfg, ids = pm.Config(fsdp=True), torch.randint(4, 20, (2, 6))
+    cfg, ids = trainer.Config(fsdp=True), torch.randint(4, 20, (2, 6))
     with torch.no_grad():
-        pm.trainer_logprobs(cfg, policy, ids, torch.ones_like(ids), 3)  # everyone alive: this one succeeds
+        trainer.trainer_logprobs(cfg, policy, ids, torch.ones_like(ids), 3)  # everyone alive: this one succeeds
         if rank == 1:
             os._exit(3)
         t0 = time.perf_counter()
         try:
-            pm.trainer_logprobs(cfg, policy, ids, torch.ones_like(ids), 3)
+            trainer.trainer_logprobs(cfg, policy, ids, torch.ones_like(ids), 3)
         except RuntimeError as e:
             Path(out_dir, f"rank{rank}.txt").write_text(f"{time.perf_counter() - t0:.3f}\n{e}")
             raise
@@ -356,7 +356,7 @@ def test_fsdp_on_two_nodes_equals_ddp_and_resumes_bit_exact(sft_path, tmp_path):
     from runlog import read_jsonl
     from tasks import load_policy
 
-    flags = ["ppo_minimal.py", "--model", str(sft_path), "--task", "reverse", "--steps", "3", "--prompts-per-step"]
+    flags = ["trainer.py", "--model", str(sft_path), "--task", "reverse", "--steps", "3", "--prompts-per-step"]
     flags += ["4", "--group-size", "4", "--eval-every", "3", "--eval-n", "16", "--dist-timeout", "60"]
     proc = torchrun(*flags, "--out-dir", str(tmp_path / "ddp"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -401,7 +401,7 @@ def test_fsdp_token_budget_critic_warmup_and_early_checkpoint_equal_ddp(sft_path
     and 3 bit for bit."""
     from runlog import read_jsonl
 
-    flags = ["ppo_minimal.py", "--model", str(sft_path), "--task", "reverse", "--steps", "3", "--prompts-per-step", "4"]
+    flags = ["trainer.py", "--model", str(sft_path), "--task", "reverse", "--steps", "3", "--prompts-per-step", "4"]
     flags += ["--group-size", "4", "--eval-every", "0", "--dist-timeout", "60", "--micro-batch", "3"]
     flags += ["--micro-batch-tokens", "60", "--critic-warmup-steps", "2", "--save-every", "1"]
     resume = ["--fsdp", "--resume", str(tmp_path / "fsdp" / "ckpt-1")]

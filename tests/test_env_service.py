@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import envs
-import ppo_minimal as pm
 import sandbox
 import tasks
+import trainer
 from env_service import RemoteEnv, Servers, ServiceArgs, request, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,10 +231,10 @@ def test_the_trainer_goes_on_when_a_server_dies_mid_run(tiny_model_dir, tmp_path
     a.service.step = dying_step
     rows = []
     try:
-        cfg = pm.Config(model=str(tiny_model_dir), task="calc", adv_estimator="grpo", steps=4, prompts_per_step=4,
+        cfg = trainer.Config(model=str(tiny_model_dir), task="calc", adv_estimator="grpo", steps=4, prompts_per_step=4,
                         group_size=4, eval_every=0, out_dir=str(tmp_path), env_url=f"{a.url},{b.url}",
                         env_timeout=5.0, kl_metric_every=0)  # fmt: skip
-        pm.train(cfg, hooks=[lambda step, m: (rows.append(m), dead.set())])  # dies during the 2nd iteration
+        trainer.train(cfg, hooks=[lambda step, m: (rows.append(m), dead.set())])  # dies during the 2nd iteration
     finally:
         stop_server(b)
     errors = [r["rollout/env_error_frac"] for r in rows]
@@ -253,10 +253,10 @@ def test_the_trainer_runs_shell_tasks_through_the_server(tmp_path):
     workspaces = lambda: set(os.listdir("/tmp/minrl-shell")) if os.path.isdir("/tmp/minrl-shell") else set()
     s, rows, before = start_server(ServiceArgs(port=0)), [], workspaces()
     try:
-        cfg = pm.Config(model=str(model_dir), task="shell", env_url=s.url, max_new_tokens=40, adv_estimator="grpo",
+        cfg = trainer.Config(model=str(model_dir), task="shell", env_url=s.url, max_new_tokens=40, adv_estimator="grpo",
                         steps=2, prompts_per_step=4, group_size=4, eval_every=2, eval_n=16, kl_metric_every=0,
                         out_dir=str(tmp_path / "run"))  # fmt: skip
-        out = pm.train(cfg, hooks=[lambda step, m: rows.append(m)])
+        out = trainer.train(cfg, hooks=[lambda step, m: rows.append(m)])
         health = s.service.health()
     finally:
         stop_server(s)

@@ -9,8 +9,8 @@ import torch
 
 import offpolicy
 import ppo_math
-import ppo_minimal as pm
 import tasks
+import trainer
 from envs import CalcError, CalculatorEnv, TaskEnv, make_env, safe_calc
 from rollout import generate, rollout_env, sequence_logprobs
 from tasks import tokenize_prompts
@@ -350,21 +350,21 @@ def model_dir(tmp_path_factory):
 
 def test_ppo_with_a_critic_runs_on_an_environment(model_dir, tmp_path):
     """GAE over multi-turn sequences: values pass through observation tokens; the critic trains."""
-    cfg = pm.Config(model=str(model_dir), task="guess", steps=2, prompts_per_step=2, group_size=2, eval_every=0,
+    cfg = trainer.Config(model=str(model_dir), task="guess", steps=2, prompts_per_step=2, group_size=2, eval_every=0,
                     max_new_tokens=8, out_dir=str(tmp_path))  # fmt: skip
-    out = pm.train(cfg)
+    out = trainer.train(cfg)
     assert out["rollout/turns"] > 1 and out["critic/grad_norm_0"] > 0 and np.isfinite(out["loss/value"])
 
 
 def test_gem_task_without_a_model_is_refused():
     with pytest.raises(ValueError, match="needs --model"):
-        pm.Config(task="gem:game:GuessTheNumber-v0-easy")
+        trainer.Config(task="gem:game:GuessTheNumber-v0-easy")
 
 
 def test_trainer_runs_on_an_environment_with_groups_sharing_a_seed(model_dir, tmp_path):
-    cfg = pm.Config(model=str(model_dir), task="calc", adv_estimator="grpo", steps=1, prompts_per_step=3,
+    cfg = trainer.Config(model=str(model_dir), task="calc", adv_estimator="grpo", steps=1, prompts_per_step=3,
                     group_size=4, eval_every=1, eval_n=6, dump_batch=1, out_dir=str(tmp_path / "run"))  # fmt: skip
-    out = pm.train(cfg)
+    out = trainer.train(cfg)
     assert 0.0 <= out["eval/acc"] <= 1.0 and out["rollout/turns"] > 1
     prompts = torch.load(tmp_path / "run" / "batch-1.pt", weights_only=True)["prompts"]
     groups = [prompts[i : i + 4] for i in range(0, 12, 4)]

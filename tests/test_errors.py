@@ -19,8 +19,8 @@ import cli
 import common
 import critics
 import data
-import ppo_minimal as pm
 import tasks
+import trainer
 from rewards import RewardArgs, math_exact_score
 from rollout import generate
 from tasks import tokenize_prompts
@@ -69,7 +69,7 @@ ROOT = Path(__file__).resolve().parents[1]
 )
 def test_config_range_errors_name_field_and_range(field, value, allowed):
     with pytest.raises(ValueError) as e:
-        pm.Config(**{field: value})
+        trainer.Config(**{field: value})
     msg = str(e.value)
     assert f"'{field}'" in msg and allowed in msg, msg
 
@@ -92,23 +92,25 @@ def test_experiment_configs_check_their_fields():
 )
 def test_config_choice_errors_list_the_choices(field, value):
     with pytest.raises(ValueError) as e:
-        pm.Config(**{field: value})
+        trainer.Config(**{field: value})
     msg = str(e.value)
     assert f"'{field}'" in msg and repr(value) in msg and "must be one of" in msg, msg
 
 
 def test_config_min_lr_ratio_needs_the_cosine_schedule_and_sft_target_is_derived():
     with pytest.raises(ValueError, match="'min_lr_ratio' = 0.1 needs lr_schedule 'cosine'"):
-        pm.Config(lr_schedule="constant", min_lr_ratio=0.1)
-    assert pm.Config(task="sort").sft_target == 0.15 and pm.Config(task="reverse").sft_target == 0.30  # recorded
-    assert pm.Config(task="sort", sft_target=0.4).sft_target == 0.4
+        trainer.Config(lr_schedule="constant", min_lr_ratio=0.1)
+    assert (
+        trainer.Config(task="sort").sft_target == 0.15 and trainer.Config(task="reverse").sft_target == 0.30
+    )  # recorded
+    assert trainer.Config(task="sort", sft_target=0.4).sft_target == 0.4
 
 
 def test_config_group_estimators_need_groups():
     for est in ("grpo", "rloo"):
         with pytest.raises(ValueError, match=rf"'group_size' = 1: {est} needs >= 2"):
-            pm.Config(adv_estimator=est, group_size=1)
-    pm.Config(adv_estimator="gae", group_size=1)  # PPO with a critic is fine with one sample per prompt
+            trainer.Config(adv_estimator=est, group_size=1)
+    trainer.Config(adv_estimator="gae", group_size=1)  # PPO with a critic is fine with one sample per prompt
 
 
 def test_flags_that_would_do_nothing_are_errors():
@@ -119,16 +121,16 @@ def test_flags_that_would_do_nothing_are_errors():
         (dict(kl_ctrl="adaptive"), r"'kl_ctrl' = 'adaptive' needs --kl-in-reward"),
     ]:
         with pytest.raises(ValueError, match=msg):
-            pm.Config(**kw)
-    pm.Config(critic="asyppo", critic_warmup_steps=4, steps=5, kl_ctrl="adaptive", kl_in_reward=True)  # all used
+            trainer.Config(**kw)
+    trainer.Config(critic="asyppo", critic_warmup_steps=4, steps=5, kl_ctrl="adaptive", kl_in_reward=True)  # all used
 
 
 def test_config_errors_from_the_command_line():
     with pytest.raises(ValueError, match=r"'lr' = -1.0 is out of range"):
-        cli.parse_config(pm.Config, ["--lr", "-1"])
+        cli.parse_config(trainer.Config, ["--lr", "-1"])
     with pytest.raises(SystemExit):  # argparse rejects a choice outside the Literal
-        cli.parse_config(pm.Config, ["--adv-estimator", "ppo"])
-    cfg = cli.parse_config(pm.Config, ["--clip-high", "0.28", "--dual_clip", "none", "--no-grpo-norm-std"])
+        cli.parse_config(trainer.Config, ["--adv-estimator", "ppo"])
+    cfg = cli.parse_config(trainer.Config, ["--clip-high", "0.28", "--dual_clip", "none", "--no-grpo-norm-std"])
     assert (cfg.clip_high, cfg.dual_clip, cfg.grpo_norm_std) == (0.28, None, False)
 
 
@@ -145,19 +147,19 @@ def test_check_helpers():
 def test_help_lists_every_field_with_default_and_meaning():
     env = {**os.environ, "COLUMNS": "1000", "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
-        [sys.executable, "ppo_minimal.py", "--help"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "trainer.py", "--help"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr
     # one block per option: "  --flag METAVAR, --alias METAVAR   help text (default: X)"; the help text
     # follows the option strings after a run of >= 2 spaces or a newline
-    blocks = {}  # the group headers ("Config (ppo_minimal.py):") and their descriptions are left out
+    blocks = {}  # the group headers ("Config (trainer.py):") and their descriptions are left out
     options_text = "\n".join(
         line for line in out.stdout.split("options:")[1].splitlines() if line.startswith(("  -", "    "))
     )
     for block in re.split(r"\n  (?=-)", options_text):
         options, _, help_text = block.strip().partition("  ")
         blocks[options.split()[0].rstrip(",")] = (options, " ".join(help_text.split()))
-    for f in dataclasses.fields(pm.Config):
+    for f in dataclasses.fields(trainer.Config):
         flag = "--" + f.name.replace("_", "-")
         assert flag in blocks, f"--help does not list {flag}"
         options, text = blocks[flag]
@@ -165,19 +167,19 @@ def test_help_lists_every_field_with_default_and_meaning():
         assert text.endswith(f"(default: {default})"), f"{flag}: no default in {text!r}"
         meaning = text[: -len(f"(default: {default})")].strip()
         assert len(meaning) > 10, f"{flag}: no meaning in {text!r} (options {options!r})"
-    assert blocks["--steps"][1] == f"Number of RL iterations. (default: {pm.Config.steps})"
+    assert blocks["--steps"][1] == f"Number of RL iterations. (default: {trainer.Config.steps})"
     assert blocks["--adv-estimator"][1].endswith("(default: gae)")
     flags = re.findall(r"(?<![\w-])--[a-z][\w-]*", options_text)
     assert not [f for f in flags if "_" in f], "--help spells a flag with underscores"
-    assert len(blocks) == len(dataclasses.fields(pm.Config)) + 1, "one block per field, plus --help"
+    assert len(blocks) == len(dataclasses.fields(trainer.Config)) + 1, "one block per field, plus --help"
     for options, _ in blocks.values():  # each flag once: no alias in the option strings
         assert len([o for o in options.split() if o.startswith("--")]) <= 2, options  # --x / --no-x for a bool
 
 
 def test_flags_spelled_with_underscores_still_parse():
-    cfg = cli.parse_config(pm.Config, ["--max_new_tokens", "8", "--no-kl_loss", "--out_dir=runs/x", "--seed", "3"])
+    cfg = cli.parse_config(trainer.Config, ["--max_new_tokens", "8", "--no-kl_loss", "--out_dir=runs/x", "--seed", "3"])
     assert (cfg.max_new_tokens, cfg.kl_loss, cfg.out_dir, cfg.seed) == (8, False, "runs/x", 3)
-    cfg = cli.parse_config(pm.Config, ["--off-policy", "none", "--model", "my_dir/with_under_scores"])
+    cfg = cli.parse_config(trainer.Config, ["--off-policy", "none", "--model", "my_dir/with_under_scores"])
     assert cfg.off_policy == "none" and cfg.model == "my_dir/with_under_scores"  # values are left as they are
 
 
@@ -235,11 +237,11 @@ def test_prompt_longer_than_max_prompt_len():
 
 def test_prompt_too_long_stops_training(sft_path, tmp_path):
     # the embedded default's prompt "<bos>123456>" has 8 tokens
-    cfg = pm.Config(
+    cfg = trainer.Config(
         model=str(sft_path), task="reverse", max_prompt_len=5, steps=1, eval_every=0, out_dir=str(tmp_path / "run")
     )
     with pytest.raises(ValueError, match=r"tokens > max_prompt_len=5"):
-        pm.train(cfg)
+        trainer.train(cfg)
 
 
 def save_tiny(tmp_path, tok) -> str:
@@ -319,10 +321,10 @@ def test_replay_of_a_file_that_is_not_a_dump(tmp_path):
     (tmp_path / "random.pt").write_bytes(os.urandom(4096))
     torch.save({"step": 3, "config": "{}"}, tmp_path / "state.pt")  # a checkpoint's state.pt, say
     with pytest.raises(ValueError, match=r"random.pt: not a readable --dump-batch file \(\w+\)") as e:
-        pm.replay(str(tmp_path / "random.pt"))
+        trainer.replay(str(tmp_path / "random.pt"))
     assert "weights_only" not in str(e.value)  # never the advice to unpickle it
     with pytest.raises(ValueError, match=r"state.pt: not a --dump-batch file \(it has no \['batch', 'policy'\]\)"):
-        pm.replay(str(tmp_path / "state.pt"))
+        trainer.replay(str(tmp_path / "state.pt"))
 
 
 def test_device_cuda_without_cuda_names_the_field(monkeypatch):
@@ -432,9 +434,11 @@ def test_a_data_prompt_too_long_stops_the_run_before_its_first_step(sft_path, tm
     rows = [{"prompt": f"{a}{a + 1}>", "ground_truth": f"{a + 1}{a}"} for a in range(40)] + [{"prompt": "12" * 40}]
     rows[-1]["ground_truth"] = "1"
     path = write(tmp_path, "".join(json.dumps(r) + "\n" for r in rows))
-    cfg = pm.Config(model=str(sft_path), data=path, reward="exact", steps=2, eval_every=0, out_dir=str(tmp_path / "r"))
+    cfg = trainer.Config(
+        model=str(sft_path), data=path, reward="exact", steps=2, eval_every=0, out_dir=str(tmp_path / "r")
+    )
     with pytest.raises(ValueError, match=r"data.jsonl:41 \(81 tokens\)"):
-        pm.train(cfg)
+        trainer.train(cfg)
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
 
 
@@ -464,7 +468,7 @@ def test_unknown_task():
     msg = str(e.value)
     assert "'task'" in msg and "'reverse-words'" in msg and "reverse" in msg and "--data" in msg, msg
     with pytest.raises(ValueError, match=r"'task' = 'reverse-words'"):
-        pm.Config(task="reverse-words")
+        trainer.Config(task="reverse-words")
 
 
 def test_bad_reward_name(tmp_path):
@@ -474,4 +478,4 @@ def test_bad_reward_name(tmp_path):
     msg = str(e.value)
     assert "'reward'" in msg and "'fuzzy'" in msg and "math_exact" in msg and "FILE.py[:FN]" in msg, msg
     with pytest.raises(ValueError, match=r"'reward' = 'fuzzy'"):
-        pm.Config(data=path, reward="fuzzy")
+        trainer.Config(data=path, reward="fuzzy")

@@ -14,8 +14,8 @@ import torch
 from calibrated import REVERSE_T1
 
 import offpolicy
-import ppo_minimal as pm
 import repro
+import trainer
 from diagnose import LiveDiagnoser
 from evaluation import eos_mask_errors
 from repro import INJECTIONS
@@ -67,9 +67,9 @@ def run(sft_path, tmp_path, steps: int, stop_at: str | None = None, **overrides)
         pinned = {"prompts_per_step": 8, "group_size": 8, "eval_every": 0, **OWN_CONFIG[overrides["inject"]]}
     else:
         pinned["model"] = str(sft_path)
-    cfg = pm.Config(steps=steps, out_dir=str(tmp_path), save_final=False, **{**pinned, **overrides})
+    cfg = trainer.Config(steps=steps, out_dir=str(tmp_path), save_final=False, **{**pinned, **overrides})
     try:
-        pm.train(cfg, hooks=[hook])
+        trainer.train(cfg, hooks=[hook])
     except Found:
         pass
     return findings
@@ -139,31 +139,31 @@ def test_the_sampler_and_stop_injections_plant_what_they_say():
 
 
 def test_injection_config_applies_to_defaults_only_and_names_are_checked():
-    cfg = pm.Config(inject="no_temperature")
+    cfg = trainer.Config(inject="no_temperature")
     assert cfg.temperature == 0.7
-    assert pm.Config(inject="no_temperature", temperature=0.9).temperature == 0.9  # a non-default value wins
+    assert trainer.Config(inject="no_temperature", temperature=0.9).temperature == 0.9  # a non-default value wins
     with pytest.raises(ValueError, match="needs adv_estimator 'gae'"):
-        pm.Config(inject="value_not_detached", adv_estimator="grpo")  # no critic: the bug could not act
+        trainer.Config(inject="value_not_detached", adv_estimator="grpo")  # no critic: the bug could not act
     with pytest.raises(ValueError, match="inject"):
-        pm.Config(inject="off_by_two")
+        trainer.Config(inject="off_by_two")
     with pytest.raises(ValueError, match="needs a multi-turn task"):
-        pm.Config(inject="retokenized_history", task="reverse")
+        trainer.Config(inject="retokenized_history", task="reverse")
     with pytest.raises(ValueError, match="dump_batch"):
-        pm.Config(steps=3, dump_batch=4)
+        trainer.Config(steps=3, dump_batch=4)
 
 
 @pytest.mark.parametrize("adv, extra", [("gae", {}), ("grpo", {"minibatches": 2, "ppo_epochs": 2})])
 def test_replay_reproduces_the_dumped_update_bit_for_bit(sft_path, tmp_path, adv, extra, capsys):
-    cfg = pm.Config(
+    cfg = trainer.Config(
         model=str(sft_path), adv_estimator=adv, steps=3, dump_batch=2, out_dir=str(tmp_path), **{**SMALL, **extra}
     )
-    pm.train(cfg)
+    trainer.train(cfg)
     path = tmp_path / "batch-2.pt"
     saved = torch.load(path, weights_only=True)  # the documented contract: a weights_only file
     assert json.loads(saved["config"])["adv_estimator"] == adv
     logged = read_jsonl(tmp_path / "metrics.jsonl")[1]
     assert logged["step"] == 2
-    metrics, same = pm.replay(str(path))
+    metrics, same = trainer.replay(str(path))
     assert same, capsys.readouterr().out
     assert metrics == {k: logged[k] for k in metrics}  # the row the run logged for step 2
 
@@ -175,14 +175,14 @@ def test_a_crashing_update_is_dumped_with_its_error_and_replays_to_the_same_erro
 
     policy_loss = offpolicy.policy_loss
     monkeypatch.setattr(offpolicy, "policy_loss", nan_loss)
-    cfg = pm.Config(model=str(sft_path), steps=2, dump_batch=1, out_dir=str(tmp_path), **SMALL)
+    cfg = trainer.Config(model=str(sft_path), steps=2, dump_batch=1, out_dir=str(tmp_path), **SMALL)
     with pytest.raises(FloatingPointError, match="gradient norm is nan"):
-        pm.train(cfg)
+        trainer.train(cfg)
     saved = torch.load(tmp_path / "batch-1.pt", weights_only=True)
     assert saved["error"].startswith("FloatingPointError") and saved["metrics"] is None
-    assert pm.replay(str(tmp_path / "batch-1.pt")) == (None, True)  # the bug is still there: same error
+    assert trainer.replay(str(tmp_path / "batch-1.pt")) == (None, True)  # the bug is still there: same error
     monkeypatch.setattr(offpolicy, "policy_loss", policy_loss)
-    assert pm.replay(str(tmp_path / "batch-1.pt"))[1] is False  # fixed: the update now runs through
+    assert trainer.replay(str(tmp_path / "batch-1.pt"))[1] is False  # fixed: the update now runs through
 
 
 def test_eos_mask_errors_known_answers():
@@ -202,21 +202,23 @@ def test_eos_mask_errors_known_answers():
 
 
 def test_replay_detects_a_different_update(sft_path, tmp_path):
-    cfg = pm.Config(model=str(sft_path), steps=1, dump_batch=1, out_dir=str(tmp_path), **SMALL)
-    pm.train(cfg)
+    cfg = trainer.Config(model=str(sft_path), steps=1, dump_batch=1, out_dir=str(tmp_path), **SMALL)
+    trainer.train(cfg)
     path = tmp_path / "batch-1.pt"
     saved = torch.load(path, weights_only=True)
     saved["batch"]["advantages"] = -saved["batch"]["advantages"]  # another update than the one recorded
     torch.save(saved, path)
-    assert pm.replay(str(path))[1] is False
+    assert trainer.replay(str(path))[1] is False
 
 
 def test_a_dump_in_the_earlier_dict_format_still_replays_bit_for_bit(sft_path, tmp_path, capsys):
-    """Dumps written before ppo_minimal.Batch hold a dict: None for a neutral anchor or weight, kl_beta,
+    """Dumps written before trainer.Batch hold a dict: None for a neutral anchor or weight, kl_beta,
     policy_version and returns inside, no critic keys without a critic. They replay to the same update."""
-    cfg = pm.Config(model=str(sft_path), adv_estimator="grpo", steps=1, dump_batch=1, out_dir=str(tmp_path), **SMALL)
+    cfg = trainer.Config(
+        model=str(sft_path), adv_estimator="grpo", steps=1, dump_batch=1, out_dir=str(tmp_path), **SMALL
+    )
     cfg.reuse_old_logprobs = False  # the earlier format always held the recomputed anchor
-    pm.train(cfg)
+    trainer.train(cfg)
     path = tmp_path / "batch-1.pt"
     saved = torch.load(path, weights_only=True)
     batch = saved["batch"]
@@ -224,10 +226,10 @@ def test_a_dump_in_the_earlier_dict_format_still_replays_bit_for_bit(sft_path, t
     legacy = {k: v for k, v in batch.items() if k not in ("old_values", "critic_returns", "shares")}
     legacy.update(clip_anchor=None, is_weights=None, token_weights=None, returns=batch["advantages"])
     torch.save({**saved, "batch": {**legacy, "kl_beta": 0.001, "policy_version": None}}, path)
-    assert pm.replay(str(path))[1], capsys.readouterr().out
+    assert trainer.replay(str(path))[1], capsys.readouterr().out
     torch.save({**saved, "batch": {**batch, "advantage": batch["advantages"]}}, path)  # a field no version has
     with pytest.raises(ValueError, match="'advantage'"):
-        pm.replay(str(path))
+        trainer.replay(str(path))
     torch.save({**saved, "batch": {k: v for k, v in batch.items() if k != "advantages"}}, path)  # one missing
     with pytest.raises(ValueError, match=r"lacks \['advantages'\]"):
-        pm.replay(str(path))
+        trainer.replay(str(path))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from calibrated import REVERSE_T1
 
-import ppo_minimal as pm
+import trainer
 
 STEPS = 60  # at 50 the GRPO margin over the control was 0.047-0.054 across --logit-chunk 0 / 256 / 1024 (rounding-level
 # perturbations of one trajectory), too close to 0.05 to be a test; at 60 it is 0.062-0.070 (RESULTS.md, memory)
@@ -15,8 +15,8 @@ STEPS = 60  # at 50 the GRPO margin over the control was 0.047-0.054 across --lo
 def run(tmp_path, sft_path, **kw):
     rows = []
     base = {**REVERSE_T1, "steps": STEPS, "group_size": 8, "lr": 3e-4, "warmup_steps": 0, "eval_every": 0, "seed": 0}
-    cfg = pm.Config(model=str(sft_path), out_dir=str(tmp_path), **{**base, **kw})
-    pm.train(cfg, hooks=[lambda step, m: rows.append(m)])
+    cfg = trainer.Config(model=str(sft_path), out_dir=str(tmp_path), **{**base, **kw})
+    trainer.train(cfg, hooks=[lambda step, m: rows.append(m)])
     reward = np.array([r["rollout/reward_mean"] for r in rows])
     return reward[:8].mean(), reward[-8:].mean(), rows
 
@@ -50,13 +50,13 @@ def test_loss_families_and_reinforce_pp_learn_against_lr0_control(tmp_path, sft_
 
 
 def test_embedded_default_raises_held_out_greedy_accuracy(tmp_path, default_sft_path):
-    """The embedded default as `python ppo_minimal.py --adv-estimator grpo` runs it (sort, its SFT warm start,
+    """The embedded default as `python trainer.py --adv-estimator grpo` runs it (sort, its SFT warm start,
     90 iterations; README "Learning": +52 points on 500 prompts for seed 0): greedy exact match on 200 held-out
     prompts rises by at least 30 points. An lr = 0 run would stay at the start exactly (greedy decoding of
     unchanged weights), so the start is the control here. Without the reference's pass for stats/kl (no KL term:
     the same training, tests/test_speed.py)."""
-    cfg = pm.Config(adv_estimator="grpo", eval_every=30, eval_n=200, out_dir=str(tmp_path), kl_metric_every=0)
-    history = pm.train(cfg)["eval_history"]
+    cfg = trainer.Config(adv_estimator="grpo", eval_every=30, eval_n=200, out_dir=str(tmp_path), kl_metric_every=0)
+    history = trainer.train(cfg)["eval_history"]
     (_, start), *_, (step, end) = history
     assert step == cfg.steps and end - start >= 0.30, history
 
@@ -72,13 +72,13 @@ def test_calc_environment_greedy_success_rises_against_lr0_control(tmp_path):
 
     def run(name, lr, steps=40, prompts=16):
         rows = []
-        cfg = pm.Config(
+        cfg = trainer.Config(
             model=str(sft), task="calc", adv_estimator="grpo", temperature=0.6, lr=lr, warmup_steps=5, steps=steps,
             prompts_per_step=prompts, group_size=8, eval_every=steps, eval_n=200, out_dir=str(tmp_path / name),
             lr_schedule="constant", ppo_epochs=1, minibatches=1,  # RESULTS.md's calc recipe, shorter
             kl_metric_every=0,  # no KL term: the reference's forward only for a metric this test does not read
         )  # fmt: skip
-        out = pm.train(cfg, hooks=[lambda step, m: rows.append(m)])
+        out = trainer.train(cfg, hooks=[lambda step, m: rows.append(m)])
         (_, start), (_, end) = out["eval_history"]  # before the first update, after the last
         return start, end, rows
 
@@ -102,13 +102,13 @@ def test_shell_tasks_through_the_server_raise_held_out_success(tmp_path):
     sft = warm_start.sft_warm_start(warm_start.sft_config_for("shell"), verbose=False)
     server, rows = start_server(ServiceArgs(port=0)), []
     try:
-        cfg = pm.Config(
+        cfg = trainer.Config(
             model=str(sft), task="shell", env_url=server.url, max_new_tokens=40, max_turns=1, adv_estimator="grpo",
             temperature=0.6, lr=1e-4, warmup_steps=3, lr_schedule="constant", steps=10, prompts_per_step=16,
             group_size=8, ppo_epochs=1, minibatches=1, eval_every=10, eval_n=100, kl_metric_every=0,
             out_dir=str(tmp_path),
         )  # fmt: skip
-        history = pm.train(cfg, hooks=[lambda step, m: rows.append(m)])["eval_history"]
+        history = trainer.train(cfg, hooks=[lambda step, m: rows.append(m)])["eval_history"]
         served = server.service.health()["steps"]
     finally:
         stop_server(server)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import lora
-import ppo_minimal as pm
+import trainer
 from rollout import sequence_logprobs
 from runlog import read_jsonl
 from tasks import load_policy
@@ -22,8 +22,8 @@ GRAD_CHECK = ROOT / "tests" / "ddp_grad_check.py"
 
 
 def lora_models(sft_path, **kw):
-    cfg = pm.Config(model=str(sft_path), task="reverse", adv_estimator="grpo", lora_rank=4, lr=1e-2, **kw)
-    policy, policy_train, opt, ref, tokenizer, *_ = pm.build_models(cfg, torch.device("cpu"), 1)
+    cfg = trainer.Config(model=str(sft_path), task="reverse", adv_estimator="grpo", lora_rank=4, lr=1e-2, **kw)
+    policy, policy_train, opt, ref, tokenizer, *_ = trainer.build_models(cfg, torch.device("cpu"), 1)
     return cfg, policy, opt, ref, tokenizer
 
 
@@ -48,7 +48,7 @@ def test_only_adapters_train_and_the_reference_is_the_base(sft_path):
     assert adapters and all(".lora_" in n for n in adapters)
     assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == sum(before[n].numel() for n in adapters)
     for _ in range(3):
-        pm.ppo_update(cfg, policy, opt, None, batch, 1, torch.Generator().manual_seed(0), contextlib.nullcontext)
+        trainer.ppo_update(cfg, policy, opt, None, batch, 1, torch.Generator().manual_seed(0), contextlib.nullcontext)
     for n, p in policy.named_parameters():
         if n in adapters:
             assert ".lora_A" in n or (p - before[n]).abs().max() > 1e-4, f"adapter {n} did not move"
@@ -98,10 +98,10 @@ def test_lora_resume_is_bit_exact(sft_path, tmp_path):
     """A LoRA checkpoint holds the adapters alone (and AdamW's state of them): resumed, step 2 is the same bits."""
     kw = dict(model=str(sft_path), task="reverse", lora_rank=4, lr=1e-2, steps=2, prompts_per_step=4, group_size=4,
               eval_every=0, save_every=1)  # fmt: skip
-    pm.train(pm.Config(**kw, out_dir=str(tmp_path / "a")))
+    trainer.train(trainer.Config(**kw, out_dir=str(tmp_path / "a")))
     assert (tmp_path / "a/ckpt-1/policy" / lora.ADAPTER_FILE).is_file()
     assert not (tmp_path / "a/ckpt-1/policy/model.safetensors").exists()
-    pm.train(pm.Config(**kw, out_dir=str(tmp_path / "b"), resume=str(tmp_path / "a/ckpt-1")))
+    trainer.train(trainer.Config(**kw, out_dir=str(tmp_path / "b"), resume=str(tmp_path / "a/ckpt-1")))
     same = lambda row: {k: v for k, v in row.items() if not k.startswith(("time/", "perf/"))}  # noqa: E731
     assert [same(r) for r in read_jsonl(tmp_path / "b/metrics.jsonl")] == [
         same(read_jsonl(tmp_path / "a/metrics.jsonl")[1])
@@ -111,7 +111,7 @@ def test_lora_resume_is_bit_exact(sft_path, tmp_path):
 def test_lora_under_ddp_and_fsdp_is_the_same_run(sft_path, tmp_path):
     """LoRA on 2 ranks through DDP and through FSDP2 (the adapters sharded with their frozen base): the same 2
     iterations within 1e-5, and the same saved adapters."""
-    flags = ["ppo_minimal.py", "--model", str(sft_path), "--task", "reverse", "--steps", "2", "--prompts-per-step"]
+    flags = ["trainer.py", "--model", str(sft_path), "--task", "reverse", "--steps", "2", "--prompts-per-step"]
     flags += ["4", "--group-size", "4", "--eval-every", "0", "--lora-rank", "4", "--lr", "1e-2", "--dist-timeout", "60"]
     runs = {}
     for name, extra in (("ddp", []), ("fsdp", ["--fsdp"])):
@@ -132,13 +132,13 @@ def test_lora_under_ddp_and_fsdp_is_the_same_run(sft_path, tmp_path):
 
 
 def test_embedded_default_learns_with_lora(tmp_path, default_sft_path):
-    """`python ppo_minimal.py --adv-estimator grpo --lora-rank 8 --lr 2e-3`: rank-8 adapters on every linear layer
+    """`python trainer.py --adv-estimator grpo --lora-rank 8 --lr 2e-3`: rank-8 adapters on every linear layer
     (RESULTS.md: 0.200 -> 0.675 greedy on 200 held-out prompts for seed 0, the full model's +52 points within 5)
     raise held-out greedy accuracy by at least 30 points; as in test_learning, an lr = 0 run stays at the start
     exactly (greedy decoding of unchanged weights), so the start is the control."""
-    cfg = pm.Config(adv_estimator="grpo", lora_rank=8, lr=2e-3, eval_every=90, eval_n=200, out_dir=str(tmp_path),
+    cfg = trainer.Config(adv_estimator="grpo", lora_rank=8, lr=2e-3, eval_every=90, eval_n=200, out_dir=str(tmp_path),
                     kl_metric_every=0)  # fmt: skip
-    (_, start), (step, end) = pm.train(cfg)["eval_history"]
+    (_, start), (step, end) = trainer.train(cfg)["eval_history"]
     assert step == cfg.steps and end - start >= 0.30, (start, end)
 
 
@@ -157,7 +157,7 @@ def test_lora_and_fsdp_flags_fail_loudly(monkeypatch):
     ]
     for kw, field in refused:
         with pytest.raises(ValueError, match=field):
-            pm.Config(**kw)
+            trainer.Config(**kw)
     with pytest.raises(ValueError, match="async trainer is one rank"):
         async_loop.AsyncConfig(fsdp=True)
     model = make_tiny_model(make_tokenizer())

@@ -1,6 +1,6 @@
 """Every file's `python FILE.py` runs (the files whose main() other tests do not run already), at tiny flags.
 
-ppo_minimal, async_loop, attention_credit, diagnose and scheduler run their main() in their own test files; data.py
+trainer, async_loop, attention_credit, diagnose and scheduler run their main() in their own test files; data.py
 and rewards.py in test_user_data.py's guide journeys. The commands that read a run, start processes or time
 themselves run in a subprocess, as a user would; the self-contained demos call main() in this process (a fresh
 interpreter costs ~9 s of imports here, for nothing the test checks) and read what it printed.
@@ -136,7 +136,7 @@ def test_curves_plot_the_eval_history_from_step_0(tmp_path, monkeypatch):
 def test_repro_runlog_and_checkpoint_mains_read_a_run(tmp_path, tiny_model):
     run_dir = tmp_path / "run"
     flags = f"--model {tiny_model} --task reverse --steps 2 --prompts-per-step 2 --group-size 2 --eval-every 0"
-    run("ppo_minimal.py", *flags.split(), "--dump-batch", "1", "--save-every", "1", "--out-dir", str(run_dir))
+    run("trainer.py", *flags.split(), "--dump-batch", "1", "--save-every", "1", "--out-dir", str(run_dir))
     about = run("checkpoint.py", str(run_dir))  # the checkpoint --resume would take, and the run it is of
     assert f"{run_dir / 'ckpt-2'}: complete, step 2 of 2" in about and "tokenizer_sha256" in about, about
     table = run("repro.py")

@@ -1,4 +1,4 @@
-"""Known-answer and property tests for the math of ppo_minimal.py and the masked reductions of common.py.
+"""Known-answer and property tests for the math of trainer.py and the masked reductions of common.py.
 
 Every expected number is derived by hand in a comment next to it (never by calling the code under test).
 Everything runs in fp64 unless a test is about fp32 behaviour.
@@ -15,8 +15,8 @@ import common
 import critics
 import offpolicy
 import ppo_math
-import ppo_minimal as pm
 import runlog
+import trainer
 
 F64 = torch.float64
 
@@ -342,7 +342,9 @@ def test_seq_mean_token_sum_norm_divides_by_a_constant():
     assert denom.item() == 20 and ppo_math.aggregate(L, M, "seq-mean-token-sum-norm", denom).item() == pytest.approx(
         0.35
     )
-    cfg = pm.Config(adv_estimator="grpo", grpo_norm_std=False, loss_agg="seq-mean-token-sum-norm", max_new_tokens=24)
+    cfg = trainer.Config(
+        adv_estimator="grpo", grpo_norm_std=False, loss_agg="seq-mean-token-sum-norm", max_new_tokens=24
+    )
     assert cfg.loss_scale_factor == 24  # derived: the generation budget, the same for every batch
 
 
@@ -366,7 +368,7 @@ def test_critic_vf_clipfrac_averages_every_micro_batch_of_every_critic(monkeypat
     batch = full_batch(input_ids=ids, attention_mask=torch.ones_like(ids), response_mask=torch.ones(B, R),
                        old_logprobs=z, ref_logprobs=z, advantages=z, old_values=torch.zeros(B, 2, R),
                        critic_returns=torch.ones(B, 2, R), shares=torch.ones(B, 2, dtype=torch.bool))  # fmt: skip
-    out = pm.critic_update(pm.Config(micro_batch=2), crit, batch, 1, contextlib.nullcontext)
+    out = trainer.critic_update(trainer.Config(micro_batch=2), crit, batch, 1, contextlib.nullcontext)
     assert float(out["critic/vf_clipfrac"]) == pytest.approx(0.25)  # (0-d: ppo_update copies them to the host)
 
 
@@ -624,7 +626,7 @@ def test_token_mean_losses_invariant_to_row_and_token_permutation():
 def advantages(cfg, mask, scores, gids, values, old=None, ref=None):
     """compute_advantages on zero old / ref logprobs (unless given) with kl_beta 0.1."""
     zeros = torch.zeros(mask.shape)
-    return pm.compute_advantages(
+    return trainer.compute_advantages(
         cfg, scores, mask, zeros if old is None else old, zeros if ref is None else ref, 0.1, gids, values
     )
 
@@ -636,13 +638,13 @@ def test_an_episode_its_env_server_failed_joins_no_group(estimator):
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0], [1, 1, 1]], dtype=torch.float32)
     scores, gids = torch.tensor([1.0, 0.0, 0.0, 0.0]), torch.zeros(4, dtype=torch.long)
     episodes = [{"env_error": None}, {}, {"env_error": "server down"}, {"env_error": None}]
-    cfg = pm.Config(adv_estimator=estimator)
-    _, adv, _, _, _ = advantages(cfg, mask, scores, pm.ungroup_failed(gids, episodes), None)
+    cfg = trainer.Config(adv_estimator=estimator)
+    _, adv, _, _, _ = advantages(cfg, mask, scores, trainer.ungroup_failed(gids, episodes), None)
     keep = torch.tensor([0, 1, 3])
     _, without, _, _, _ = advantages(cfg, mask[keep], scores[keep], gids[keep], None)
     close(adv[keep], without, 0.0)
     assert adv[2].abs().sum() == 0 and adv[0, 0] > 0
-    assert pm.ungroup_failed(gids, episodes).tolist() == [0, 0, -3, 0]
+    assert trainer.ungroup_failed(gids, episodes).tolist() == [0, 0, -3, 0]
 
 
 def test_compute_advantages_whitens_gae_only():
@@ -651,19 +653,19 @@ def test_compute_advantages_whitens_gae_only():
     scores = torch.tensor([1.0, 0.0, 0.0, 1.0])
     gids = torch.zeros(4, dtype=torch.long)
     # GRPO: +-0.8660 on every valid token, NOT whitened (token mean would be (6 - 3) * 0.866 / 9 != 0)
-    tr, adv, ret, kl, _ = advantages(pm.Config(adv_estimator="grpo"), mask, scores, gids, None)
+    tr, adv, ret, kl, _ = advantages(trainer.Config(adv_estimator="grpo"), mask, scores, gids, None)
     a = 0.5 / (math.sqrt(1 / 3) + 1e-6)
     close(adv, torch.tensor([[a, a, a], [-a, 0, 0], [-a, -a, 0], [a, a, a]]), 1e-6)
     # token rewards: score on the last valid token only
     close(tr, mask.new_tensor([[0, 0, 1], [0, 0, 0], [0, 0, 0], [0, 0, 1]]), 0.0)
     # RLOO: 1 - 1/3 = 2/3, 0 - 2/3 = -2/3
-    _, adv_r, _, _, _ = advantages(pm.Config(adv_estimator="rloo"), mask, scores, gids, None)
+    _, adv_r, _, _, _ = advantages(trainer.Config(adv_estimator="rloo"), mask, scores, gids, None)
     close(adv_r, torch.tensor([[2, 2, 2], [-2, 0, 0], [-2, -2, 0], [2, 2, 2]]) / 3, 1e-6)
     # GAE, gamma = lam = 1, V = 0: raw A_t = score at every valid token, returns = score (not whitened);
     # advantages whitened over the 9 valid tokens: six 1s and three 0s -> mean 2/3, unbiased var = (6*(1/9) +
     # 3*(4/9)) / 8 = 2/8 = 0.25 -> whitened 1 -> (1/3) / 0.5 = 2/3, 0 -> -(2/3) / 0.5 = -4/3
     v = torch.zeros(4, 3)
-    _, adv_g, ret_g, _, stats = advantages(pm.Config(adv_estimator="gae"), mask, scores, gids, v)
+    _, adv_g, ret_g, _, stats = advantages(trainer.Config(adv_estimator="gae"), mask, scores, gids, v)
     close(ret_g, torch.tensor([[1, 1, 1], [0, 0, 0], [0, 0, 0], [1, 1, 1]]), 1e-6)
     close(adv_g, torch.tensor([[2, 2, 2], [-4, 0, 0], [-4, -4, 0], [2, 2, 2]]) / 3, 1e-5)
     assert float(common.masked_mean(adv_g, mask)) == pytest.approx(0.0, abs=1e-6)
@@ -678,7 +680,7 @@ def test_compute_advantages_kl_in_reward():
     # beta 0.1, old - ref = 0.5 everywhere: rewards row 0 = [-0.05, -0.05, 1 - 0.05] ; GRPO sums them: 0.85
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.float32)
     old, ref = torch.full((2, 3), -1.0), torch.full((2, 3), -1.5)
-    cfg = pm.Config(adv_estimator="grpo", kl_in_reward=True, grpo_norm_std=False)
+    cfg = trainer.Config(adv_estimator="grpo", kl_in_reward=True, grpo_norm_std=False)
     scores, gids = torch.tensor([1.0, 0.0]), torch.zeros(2, dtype=torch.long)
     tr, adv, _, kl, stats = advantages(cfg, mask, scores, gids, None, old, ref)
     assert stats["stats/token_reward_kl_abs"] == pytest.approx(0.05, abs=1e-7)  # |0.1 * 0.5| on every valid token

@@ -11,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import memory
-import ppo_minimal as pm
+import trainer
 from critics import saved_activation_bytes
 from memory import checkpoint_layers, micro_batches
 from rollout import lm_head, position_ids_from_mask, sequence_logprobs
@@ -218,7 +218,7 @@ def test_estimate_parts_and_dry_run(capsys):
     assert ckpt["activations (16 x 32 tokens)"] < est["activations (16 x 32 tokens)"]
     alone = memory.estimate(policy, [], memory.MemoryArgs(), rows=16, **sizes)
     assert alone["critic weights + AdamW"] == 0 and alone["peak: update"] < est["peak: update"]
-    pm.main(["--dry-run-memory", "--adv-estimator", "grpo", "--micro-batch-tokens", "256"])
+    trainer.main(["--dry-run-memory", "--adv-estimator", "grpo", "--micro-batch-tokens", "256"])
     out = capsys.readouterr().out
     assert "activations (3 x 80 tokens)" in out and "peak" in out and "[minrl]" not in out  # no run was started
 
@@ -276,9 +276,9 @@ def test_estimate_counts_the_bf16_sampler_copy():
 
 def test_memory_flags_validated():
     with pytest.raises(ValueError, match="micro_batch_tokens"):
-        pm.Config(micro_batch_tokens=-1)
+        trainer.Config(micro_batch_tokens=-1)
     with pytest.raises(ValueError, match="logit_chunk"):
-        pm.Config(logit_chunk=-5)
+        trainer.Config(logit_chunk=-5)
 
 
 @pytest.mark.parametrize("estimator", ["gae", "grpo"])
@@ -301,7 +301,7 @@ def test_trainer_memory_flags_change_no_number_that_matters(sft_path, tmp_path, 
     monkeypatch.setattr(memory, "micro_batches", recording)
     for name, extra in (("plain", {}), ("memory", {"micro_batch_tokens": 96, "grad_checkpointing": True})):
         out = tmp_path / name
-        pm.train(pm.Config(**base, **extra, out_dir=str(out)))
+        trainer.train(trainer.Config(**base, **extra, out_dir=str(out)))
         rows[name] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     # the update's minibatches (16 rows) and stanza 3's whole batch (32) were packed, into unequal micro-batches
     assert {sum(s) for s in sizes} == {16, 32} and all(len(set(s)) > 1 for s in sizes), sizes

@@ -10,7 +10,7 @@ from batches import full_batch
 
 import offpolicy as op
 import ppo_math
-import ppo_minimal as pm
+import trainer
 from evaluation import first_action_mask
 from tasks import make_tiny_model, make_tokenizer
 
@@ -129,7 +129,7 @@ def test_reinforce_pp_known_answers():
 )
 def test_flag_refusals_name_the_field_and_the_fix(kw, match):
     with pytest.raises(ValueError, match=match):
-        pm.Config(**kw)
+        trainer.Config(**kw)
 
 
 def test_inference_copy_is_a_bf16_snapshot_synced_on_demand():
@@ -161,8 +161,8 @@ def update_of(loss_mask, advantages, old, seed=0, **cfg):
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     grads = {}
     opt.step = lambda: grads.update({n: p.grad.clone() for n, p in model.named_parameters()})  # before zero_grad
-    cfg = pm.Config(grad_clip=1e9, **cfg)
-    _, step, _ = pm.policy_step(cfg, model, opt, batch, 1, contextlib.nullcontext, True, "test")
+    cfg = trainer.Config(grad_clip=1e9, **cfg)
+    _, step, _ = trainer.policy_step(cfg, model, opt, batch, 1, contextlib.nullcontext, True, "test")
     return float(step["loss/policy"]), grads
 
 
@@ -197,10 +197,10 @@ def test_trainer_with_a_bf16_sampler_reports_and_applies_the_corrections(tmp_pat
     """A bf16 sampler makes a gap; token IcePop zeroes some weights, a tight token mask rejects tokens, and the
     update still runs (rejected tokens leave the losses); with an fp32 sampler the gap is rounding only."""
     common = dict(SMALL, model=str(sft_path), out_dir=str(tmp_path / "a"))
-    fp32 = pm.train(pm.Config(**common, rollout_is="token"))
+    fp32 = trainer.train(trainer.Config(**common, rollout_is="token"))
     tight = dict(rollout_is="token", rollout_is_threshold="0.999_1.001")
     tight.update(rollout_rs="token_k1", rollout_rs_threshold="1.002")
-    bf16 = pm.train(pm.Config(**common, rollout_dtype="bfloat16", **tight))
+    bf16 = trainer.train(trainer.Config(**common, rollout_dtype="bfloat16", **tight))
     assert fp32["stats/rollout_vs_old_logp_diff"] < 1e-4 < bf16["stats/rollout_vs_old_logp_diff"]
     assert fp32["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(1.0, abs=1e-3)
     assert 0 < bf16["rollout_corr/rollout_is_oob_ratio"] < 1 and 0 < bf16["rollout_corr/rollout_rs_masked_fraction"] < 1
@@ -208,7 +208,7 @@ def test_trainer_with_a_bf16_sampler_reports_and_applies_the_corrections(tmp_pat
     rows = {}
     for name, kw in (("none", {}), ("tis", dict(rollout_is="token", rollout_is_threshold="1.0001")), ("rs", tight)):
         hook = lambda step, m, name=name: rows.setdefault(name, m)  # noqa: E731  the first iteration's row
-        pm.train(pm.Config(**{**common, "steps": 1}, rollout_dtype="bfloat16", **kw), hooks=[hook])
+        trainer.train(trainer.Config(**{**common, "steps": 1}, rollout_dtype="bfloat16", **kw), hooks=[hook])
     assert len({rows[k]["rollout/reward_mean"] for k in rows}) == 1  # the same samples (the same seed and weights)
     assert rows["none"]["rollout_corr/kl"] == rows["tis"]["rollout_corr/kl"]  # the same samples, the same gap
     for name in ("tis", "rs"):  # ... and a different update
@@ -218,10 +218,10 @@ def test_trainer_with_a_bf16_sampler_reports_and_applies_the_corrections(tmp_pat
 def test_a_bf16_sampler_with_the_first_forward_as_anchor(tmp_path, sft_path):
     """One epoch of one minibatch (reuse_old_logprobs): the anchor comes from the update's first forward, after
     stanza 4; the gap and veRL's gap metrics are taken from it then."""
-    cfg = pm.Config(**SMALL, ppo_epochs=1, minibatches=1, rollout_dtype="bfloat16", model=str(sft_path),
+    cfg = trainer.Config(**SMALL, ppo_epochs=1, minibatches=1, rollout_dtype="bfloat16", model=str(sft_path),
                     out_dir=str(tmp_path))  # fmt: skip
-    assert pm.reuses_anchor(cfg)
-    out = pm.train(cfg)
+    assert trainer.reuses_anchor(cfg)
+    out = trainer.train(cfg)
     assert 1e-4 < out["stats/rollout_vs_old_logp_diff"] < 0.05 and "rollout_corr/chi2_token" in out
 
 
@@ -230,7 +230,7 @@ def test_the_bf16_sampler_follows_the_policy(tmp_path, sft_path):
     yet the sampler-trainer gap stays at bf16's rounding (a copy left at the start would drift away)."""
     cfg = dict(SMALL, steps=4, lr=3e-3, warmup_steps=0, model=str(sft_path), out_dir=str(tmp_path))
     rows = []
-    pm.train(pm.Config(**cfg, rollout_dtype="bfloat16"), hooks=[lambda step, m: rows.append(m)])
+    trainer.train(trainer.Config(**cfg, rollout_dtype="bfloat16"), hooks=[lambda step, m: rows.append(m)])
     gaps = [r["stats/rollout_vs_old_logp_diff"] for r in rows]
     assert max(abs(r["stats/kl"]) for r in rows) > 0.05, "the policy did not move: the test shows nothing"
     assert max(gaps) < 3 * gaps[0], gaps
@@ -248,7 +248,7 @@ def test_the_bf16_sampler_follows_the_policy(tmp_path, sft_path):
     ids=lambda kw: f"{kw['adv_estimator']}-{kw['loss_mode']}",
 )
 def test_trainer_runs_each_estimator_and_family(kw, tmp_path, sft_path):
-    out = pm.train(pm.Config(**SMALL, **kw, model=str(sft_path), out_dir=str(tmp_path)))
+    out = trainer.train(trainer.Config(**SMALL, **kw, model=str(sft_path), out_dir=str(tmp_path)))
     assert math.isfinite(out["loss/policy"]) and out["stats/grad_norm"] > 0
     assert out["stats/adv_abs_mean"] > 0
 

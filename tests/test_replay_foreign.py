@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import ppo_minimal as pm
 import repro
+import trainer
 from rollout import generate, sequence_logprobs
 from tasks import format_prompt, make_task, make_tiny_model, make_tokenizer, tokenize_prompts
 
@@ -29,8 +29,9 @@ def model_dir(tmp_path_factory):
     return d
 
 
-def config(model_dir, estimator: str, **kw) -> pm.Config:
-    return pm.Config(model=str(model_dir), task="reverse", adv_estimator=estimator, prompts_per_step=4, group_size=G,
+def config(model_dir, estimator: str, **kw) -> trainer.Config:
+    return trainer.Config(model=str(model_dir), task="reverse", adv_estimator=estimator, prompts_per_step=4,
+                     group_size=G,
                      steps=1, ppo_epochs=2, minibatches=2, eval_every=0, temperature=1.0, **kw)  # fmt: skip
 
 
@@ -46,9 +47,9 @@ def verl_batch(model_dir, estimator: str) -> dict:
     R, rmask = s.response_ids.shape[1], s.response_mask.float()
     with torch.no_grad():
         old = sequence_logprobs(model, s.input_ids, s.attention_mask, R)[0]
-    scores = pm.last_valid(rmask).float() * torch.rand(len(ids), generator=g)[:, None]  # [B, R]
+    scores = trainer.last_valid(rmask).float() * torch.rand(len(ids), generator=g)[:, None]  # [B, R]
     uid, values = torch.arange(len(ids)) // G, torch.randn(len(ids), R, generator=g) * rmask
-    _, adv, returns, _, _ = pm.compute_advantages(cfg, scores, rmask, old, old, cfg.kl_coef, uid, values)
+    _, adv, returns, _, _ = trainer.compute_advantages(cfg, scores, rmask, old, old, cfg.kl_coef, uid, values)
     return {"input_ids": s.input_ids, "attention_mask": s.attention_mask, "responses": s.response_ids,
             "response_mask": s.response_mask, "old_log_probs": old, "ref_log_prob": old.clone(),
             "rollout_log_probs": s.rollout_logprobs, "values": values, "advantages": adv, "returns": returns,
@@ -70,22 +71,24 @@ def test_a_verl_batch_replays_with_matching_per_token_numbers_and_the_same_updat
     path = save(batch, tmp_path / f"b{suffix}")
     assert repro.is_foreign_batch(path)
     cfg = config(model_dir, estimator, replay=path)
-    metrics, rows = pm.replay_foreign(cfg)
+    metrics, rows = trainer.replay_foreign(cfg)
     diffs = {r["quantity"]: r["max_abs_diff"] for r in rows}
     assert set(diffs) == {"old_log_probs", "ref_log_prob", "rollout_log_probs (vs their old)", "advantages", "returns"}
     assert diffs["old_log_probs"] < 1e-5 and diffs["ref_log_prob"] < 1e-5  # the same weights, the same recompute
     assert diffs["rollout_log_probs (vs their old)"] < 1e-4  # our fp32 sampler vs its trainer
     assert diffs["advantages"] < 1e-6 and diffs["returns"] < 1e-6  # the same estimator on the same inputs
     # the update is ppo_update's on the same tensors, from the same weights
-    policy, _, opt, _, *_ = pm.build_models(cfg, torch.device("cpu"), 1)
+    policy, _, opt, _, *_ = trainer.build_models(cfg, torch.device("cpu"), 1)
     mask, old = batch["response_mask"].float(), batch["old_log_probs"]
     m = mask.long()
-    direct = pm.Batch(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], response_mask=m,
+    direct = trainer.Batch(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], response_mask=m,
                       loss_mask=mask, old_logprobs=old, clip_anchor=old, ref_logprobs=batch["ref_log_prob"],
                       advantages=batch["advantages"] * mask, token_weights=torch.ones_like(mask), pg_mask=m, ent_mask=m,
                       is_weights=None, old_values=None, critic_returns=None, shares=None)  # fmt: skip
     gen = torch.Generator().manual_seed(cfg.seed)
-    assert metrics == pm.ppo_update(cfg, policy, opt, None, direct, 1, gen, pm.make_autocast(cfg.dtype, "cpu"))
+    assert metrics == trainer.ppo_update(
+        cfg, policy, opt, None, direct, 1, gen, trainer.make_autocast(cfg.dtype, "cpu")
+    )
     assert metrics["stats/first_mb_ratio_dev"] < 1e-5  # the file's anchor is this model's logprobs
 
 
@@ -93,7 +96,7 @@ def test_a_planted_difference_shows_in_the_comparison(model_dir, tmp_path):
     batch = verl_batch(model_dir, "grpo")
     batch["old_log_probs"][0, 0] += 0.5  # their trainer scored one token differently
     batch["advantages"] = -batch["advantages"]  # and their estimator has the opposite sign
-    rows = pm.replay_foreign(config(model_dir, "grpo", replay=save(batch, tmp_path / "b.pt")))[1]
+    rows = trainer.replay_foreign(config(model_dir, "grpo", replay=save(batch, tmp_path / "b.pt")))[1]
     diffs = {r["quantity"]: r["max_abs_diff"] for r in rows}
     assert abs(diffs["old_log_probs"] - 0.5) < 1e-5
     assert diffs["advantages"] > 0.1
@@ -101,7 +104,7 @@ def test_a_planted_difference_shows_in_the_comparison(model_dir, tmp_path):
 
 def test_the_cli_replays_a_foreign_batch(model_dir, tmp_path, capsys):
     path = save(verl_batch(model_dir, "grpo"), tmp_path / "b.npz")
-    pm.main(["--replay", path, "--model", str(model_dir), "--task", "reverse", "--adv-estimator", "grpo",
+    trainer.main(["--replay", path, "--model", str(model_dir), "--task", "reverse", "--adv-estimator", "grpo",
              "--group-size", str(G), "--prompts-per-step", "4", "--temperature", "1.0"])  # fmt: skip
     out = capsys.readouterr().out
     assert "per-token |ours - theirs|" in out and "old_log_probs" in out and "actor/pg_loss" in out
@@ -129,15 +132,15 @@ def test_a_foreign_replay_needs_the_model_and_what_its_estimator_reads(model_dir
     batch = verl_batch(model_dir, "gae")
     path = save(batch, tmp_path / "b.pt")
     with pytest.raises(ValueError, match="needs --model"):
-        pm.replay_foreign(pm.Config(task="reverse", replay=path))
+        trainer.replay_foreign(trainer.Config(task="reverse", replay=path))
     for k in ("advantages", "values"):
         batch.pop(k)
     with pytest.raises(ValueError, match="'gae' needs 'values'"):
-        pm.replay_foreign(config(model_dir, "gae", replay=save(batch, tmp_path / "c.pt")))
+        trainer.replay_foreign(config(model_dir, "gae", replay=save(batch, tmp_path / "c.pt")))
     with pytest.raises(ValueError, match="needs the batch's 'rollout_log_probs'"):
         b = verl_batch(model_dir, "grpo")
         b.pop("rollout_log_probs")
-        pm.replay_foreign(config(model_dir, "grpo", replay=save(b, tmp_path / "d.pt"), rollout_is="token"))
+        trainer.replay_foreign(config(model_dir, "grpo", replay=save(b, tmp_path / "d.pt"), rollout_is="token"))
 
 
 def test_a_pt_with_numpy_arrays_is_refused_with_the_fix(tmp_path):
@@ -154,7 +157,7 @@ def test_grpo_advantages_from_the_files_scores_are_verls_by_hand(model_dir, tmp_
     s = batch["token_level_scores"].sum(-1)  # [B] one score per sample, pairs by uid
     d = s - s.view(-1, G).flip(1).reshape(-1)  # [B] minus its partner's score: mean +-d/2, unbiased std |d|/sqrt(2)
     batch["advantages"] = (d / 2 / (d.abs() / 2**0.5 + 1e-6))[:, None] * mask  # the hand answer
-    rows = pm.replay_foreign(config(model_dir, "grpo", replay=save(batch, tmp_path / "b.pt")))[1]
+    rows = trainer.replay_foreign(config(model_dir, "grpo", replay=save(batch, tmp_path / "b.pt")))[1]
     assert {r["quantity"]: r["max_abs_diff"] for r in rows}["advantages"] < 1e-5
 
 
@@ -162,11 +165,11 @@ def test_a_group_estimator_needs_uid_and_a_kl_term_needs_ref_log_prob(model_dir,
     batch = verl_batch(model_dir, "grpo")
     batch.pop("uid")
     with pytest.raises(ValueError, match="'grpo' needs the batch's 'uid'"):
-        pm.replay_foreign(config(model_dir, "grpo", replay=save(batch, tmp_path / "b.pt")))
+        trainer.replay_foreign(config(model_dir, "grpo", replay=save(batch, tmp_path / "b.pt")))
     batch = verl_batch(model_dir, "grpo")
     batch.pop("ref_log_prob")
     with pytest.raises(ValueError, match="need the batch's 'ref_log_prob'"):
-        pm.replay_foreign(config(model_dir, "grpo", replay=save(batch, tmp_path / "c.pt"), kl_loss=True))
+        trainer.replay_foreign(config(model_dir, "grpo", replay=save(batch, tmp_path / "c.pt"), kl_loss=True))
 
 
 def test_foreign_files_with_the_wrong_kinds_of_entries_name_the_key(model_dir, tmp_path):
@@ -183,4 +186,4 @@ def test_foreign_files_with_the_wrong_kinds_of_entries_name_the_key(model_dir, t
     torch.save({k: v for k, v in batch.items() if k != "old_log_probs"}, tmp_path / "m.pt")
     assert repro.is_foreign_batch(tmp_path / "m.pt")  # so the replay names what is missing, not a dump's keys
     with pytest.raises(ValueError, match=r"no \['old_log_probs'\]"):
-        pm.replay_foreign(config(model_dir, "grpo", replay=str(tmp_path / "m.pt")))
+        trainer.replay_foreign(config(model_dir, "grpo", replay=str(tmp_path / "m.pt")))

@@ -1,4 +1,4 @@
-"""examples/repro_template.py, the copyable one-file GRPO iteration, against ppo_minimal.py: the same defaults, the
+"""examples/repro_template.py, the copyable one-file GRPO iteration, against trainer.py: the same defaults, the
 same advantages, and one update on a fixed batch with the same loss, gradient norm and gradient (CPU, seconds)."""
 
 import ast
@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 import ppo_math
-import ppo_minimal as pm
+import trainer
 from tasks import make_tiny_model, make_tokenizer
 
 PATH = Path(__file__).resolve().parents[1] / "examples" / "repro_template.py"
@@ -50,7 +50,7 @@ def fixed_batch(B=8, P=5, R=6, V=56, seed=0):
 
 def test_defaults_are_ppo_minimal_defaults():
     """The template's constants are the trainer's defaults, and those defaults have no KL or entropy term."""
-    cfg = pm.Config()
+    cfg = trainer.Config()
     ours = (T.TEMPERATURE, T.CLIP_LOW, T.CLIP_HIGH, T.DUAL_CLIP, T.GRAD_CLIP, T.LR)
     assert ours == (cfg.temperature, cfg.clip_low, cfg.clip_high, cfg.dual_clip, cfg.grad_clip, cfg.lr)
     assert (cfg.loss_agg, cfg.ent_coef, cfg.kl_loss, cfg.kl_in_reward) == ("token-mean", 0, False, False)
@@ -74,11 +74,11 @@ def test_one_update_equals_ppo_minimal_update_on_the_same_batch():
     loss_a, gn_a = T.update(ours, opt_a, ids, attn, resp_mask, old, adv)
 
     ones = torch.ones_like(adv)
-    mb = pm.Batch(input_ids=ids, attention_mask=attn, response_mask=resp_mask, loss_mask=resp_mask.float(),
+    mb = trainer.Batch(input_ids=ids, attention_mask=attn, response_mask=resp_mask, loss_mask=resp_mask.float(),
                   old_logprobs=old, clip_anchor=old,
                   ref_logprobs=None, advantages=adv, token_weights=ones, pg_mask=resp_mask, ent_mask=resp_mask,
                   is_weights=None, old_values=None, critic_returns=None, shares=None)  # fmt: skip
-    rows, step, _ = pm.policy_step(pm.Config(), theirs, opt_b, mb, 1, contextlib.nullcontext, True, "test")
+    rows, step, _ = trainer.policy_step(trainer.Config(), theirs, opt_b, mb, 1, contextlib.nullcontext, True, "test")
     assert 0 < rows[0]["stats/clipfrac"] < 1 and rows[0]["stats/clipfrac_lower"] > 0  # both clips bind
     torch.testing.assert_close(loss_a.double(), step["loss/policy"], rtol=1e-6, atol=1e-8)
     torch.testing.assert_close(gn_a, step["stats/grad_norm"], rtol=1e-5, atol=1e-7)

@@ -1,4 +1,4 @@
-"""Checkpoint/resume exactness and seeded determinism of ppo_minimal.train on CPU (DESIGN.md 6).
+"""Checkpoint/resume exactness and seeded determinism of trainer.train on CPU (DESIGN.md 6).
 
 A run of 6 steps, and a run stopped after 3 steps then resumed from its step-3 checkpoint for 3 more,
 must log identical metrics for steps 4..6 (every key but the wall-clock ones, time/* and perf/*), for
@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import checkpoint
-import ppo_minimal as pm
 import tasks
+import trainer
 from runlog import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,8 +49,10 @@ def run(sft_path, tmp_path_factory):
     def _run(name: str, adv: str, steps: int, **overrides):
         if name not in cache:
             out = tmp_path_factory.mktemp(name)
-            cfg = pm.Config(model=str(sft_path), adv_estimator=adv, steps=steps, out_dir=str(out), **TINY, **overrides)
-            result = pm.train(cfg)
+            cfg = trainer.Config(
+                model=str(sft_path), adv_estimator=adv, steps=steps, out_dir=str(out), **TINY, **overrides
+            )
+            result = trainer.train(cfg)
             cache[name] = (read_jsonl(out / "metrics.jsonl"), result, out)
         return cache[name]
 
@@ -94,7 +96,7 @@ def test_checkpoint_is_safetensors_and_weights_only(run):
         assert (ckpt / name / "model.safetensors").is_file()
     assert (ckpt / "critic_0" / "value_head.safetensors").is_file()
     torch.load(ckpt / "rank0.pt", weights_only=True)  # this rank's random streams
-    diag = pm.LiveDiagnoser()  # the live diagnosis' state: a resumed run keeps its baselines
+    diag = trainer.LiveDiagnoser()  # the live diagnosis' state: a resumed run keeps its baselines
     diag.load_state(state["diag"])
     assert diag.count["stats/kl"] == 3
     # the final policy (out_dir/policy, saved by default) is the step-3 policy of the checkpoint, loadable as is
@@ -120,14 +122,14 @@ def test_resume_into_the_same_folder_keeps_each_step_once(sft_path, tmp_path):
     """A run stopped after step 3 (having logged a step 4 and half of step 5 before it was killed), then
     resumed from ckpt-3 into the same folder: metrics.jsonl holds steps 1..5, each once."""
     cfg = dict(model=str(sft_path), adv_estimator="grpo", out_dir=str(tmp_path), **TINY)
-    pm.train(pm.Config(steps=4, save_every=3, **cfg))
+    trainer.train(trainer.Config(steps=4, save_every=3, **cfg))
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write('{"step": 5, "rollout/rew')  # killed mid-write
-    pm.train(pm.Config(steps=5, resume=str(tmp_path / "ckpt-3"), resume_allow=("steps",), **cfg))
+    trainer.train(trainer.Config(steps=5, resume=str(tmp_path / "ckpt-3"), resume_allow=("steps",), **cfg))
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 5]
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')  # damage before the end
     with pytest.raises(ValueError, match="line 2: not a JSON metrics row"):
-        pm.train(pm.Config(steps=5, resume=str(tmp_path / "ckpt-3"), resume_allow=("steps",), **cfg))
+        trainer.train(trainer.Config(steps=5, resume=str(tmp_path / "ckpt-3"), resume_allow=("steps",), **cfg))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -141,9 +143,9 @@ def copy_ckpt(run, tmp_path) -> Path:
     return tmp_path / "run" / "ckpt-3"
 
 
-def resume_cfg(sft_path, ckpt, out, **overrides) -> pm.Config:
+def resume_cfg(sft_path, ckpt, out, **overrides) -> trainer.Config:
     kw = dict(model=str(sft_path), adv_estimator="gae", steps=4, resume_allow=("steps",), out_dir=str(out), **TINY)
-    return pm.Config(**{**kw, "resume": str(ckpt), **overrides})  # the 3-step run's checkpoint, one more step
+    return trainer.Config(**{**kw, "resume": str(ckpt), **overrides})  # the 3-step run's checkpoint, one more step
 
 
 def test_resume_refuses_another_run_naming_each_field(run, sft_path, tmp_path):
@@ -159,43 +161,43 @@ def test_resume_refuses_another_run_naming_each_field(run, sft_path, tmp_path):
             tasks.make_tiny_model(tok, num_hidden_layers=1).save_pretrained(overrides["model"])
             tok.save_pretrained(overrides["model"])
         with pytest.raises(ValueError, match="the checkpoint is of another run") as e:
-            pm.train(resume_cfg(sft_path, ckpt, tmp_path / "out", **overrides))
+            trainer.train(resume_cfg(sft_path, ckpt, tmp_path / "out", **overrides))
         assert all(f in str(e.value) for f in fields_named), str(e.value)
         assert not (tmp_path / "out" / "metrics.jsonl").exists()  # refused before any step
     moved = tmp_path / "moved"  # the same model in another folder: its path may be allowed, its contents must match
     shutil.copytree(sft_path, moved)
     with pytest.raises(ValueError, match=r"model: '.*' in the checkpoint, '.*moved' now.*--resume-allow model model_s"):
-        pm.train(resume_cfg(sft_path, ckpt, tmp_path / "out", model=str(moved)))
+        trainer.train(resume_cfg(sft_path, ckpt, tmp_path / "out", model=str(moved)))
     with pytest.raises(ValueError, match=r"model_config_sha256.*cannot change"):  # allowed paths, another config
-        pm.train(resume_cfg(sft_path, ckpt, tmp_path / "out", model=str(tmp_path / "other"),
+        trainer.train(resume_cfg(sft_path, ckpt, tmp_path / "out", model=str(tmp_path / "other"),
                             resume_allow=("steps", "model", "model_source")))  # fmt: skip
     for bad, msg in [(("task",), r"\['task'\] cannot be allowed"), (("stepz",), r"\['stepz'\] cannot be allowed")]:
         with pytest.raises(ValueError, match=msg):
             resume_cfg(sft_path, ckpt, tmp_path / "out", resume_allow=bad)
     with pytest.raises(ValueError, match=r"'resume_allow' = \['lr'\] needs --resume: it does nothing"):
-        pm.Config(resume_allow=("lr",))
+        trainer.Config(resume_allow=("lr",))
     marker = json.loads((ckpt / "checkpoint.json").read_text())
     marker["fingerprint"]["world_size"] = 2  # a 2-rank checkpoint on 1 rank: rank 1's streams would be lost
     marker["fingerprint"]["tokenizer_sha256"] = "0" * 64
     (ckpt / "checkpoint.json").write_text(json.dumps(marker))
     with pytest.raises(ValueError, match=r"tokenizer_sha256: '0000.*world_size: 2 in the checkpoint, 1 now"):
-        pm.train(resume_cfg(sft_path, ckpt, tmp_path / "out"))
+        trainer.train(resume_cfg(sft_path, ckpt, tmp_path / "out"))
     marker["fingerprint"]["tokenizer_sha256"] = checkpoint.run_fingerprint(
-        pm.Config(model=str(sft_path)), 1, str(sft_path), *tasks.load_policy(str(sft_path), "cpu")
+        trainer.Config(model=str(sft_path)), 1, str(sft_path), *tasks.load_policy(str(sft_path), "cpu")
     )["tokenizer_sha256"]
     (ckpt / "checkpoint.json").write_text(json.dumps(marker))
     with pytest.raises(ValueError, match=r"world_size: 2 in the checkpoint, 1 now.*--resume-allow world_size to"):
-        pm.train(resume_cfg(sft_path, ckpt, tmp_path / "out"))
+        trainer.train(resume_cfg(sft_path, ckpt, tmp_path / "out"))
     marker["fingerprint"]["config"]["reward"] = "exact"  # one name, as config.json held it before 2026-12-02
     (ckpt / "checkpoint.json").write_text(json.dumps(marker))
     with pytest.raises(ValueError, match=r"reward: 'exact' in the checkpoint, None now.*cannot change"):
-        pm.train(resume_cfg(sft_path, ckpt, tmp_path / "out", resume_allow=("world_size", "steps")))
+        trainer.train(resume_cfg(sft_path, ckpt, tmp_path / "out", resume_allow=("world_size", "steps")))
     marker["fingerprint"]["config"]["reward"] = "math_exact"  # the old default: the run of today's default (None)
     (ckpt / "checkpoint.json").write_text(json.dumps(marker))
-    pm.train(resume_cfg(sft_path, ckpt, tmp_path / "out", resume_allow=("world_size", "steps")))
+    trainer.train(resume_cfg(sft_path, ckpt, tmp_path / "out", resume_allow=("world_size", "steps")))
     assert [r["step"] for r in read_jsonl(tmp_path / "out" / "metrics.jsonl")] == [4]  # allowed: it trains on
     allow = ("world_size", "steps", "model", "model_source")  # and the moved model, once its paths are allowed
-    pm.train(resume_cfg(sft_path, ckpt, tmp_path / "moved-out", model=str(moved), resume_allow=allow))
+    trainer.train(resume_cfg(sft_path, ckpt, tmp_path / "moved-out", model=str(moved), resume_allow=allow))
     assert [r["step"] for r in read_jsonl(tmp_path / "moved-out" / "metrics.jsonl")] == [4]
 
 
@@ -205,10 +207,12 @@ def test_resume_refuses_changed_data(sft_path, tmp_path):
         "".join(json.dumps({"prompt": f"{i}{i + 1}>", "ground_truth": f"{i + 1}{i}"}) + "\n" for i in range(9))
     )
     cfg = dict(model=str(sft_path), adv_estimator="grpo", data=str(data), reward="exact", **TINY)
-    pm.train(pm.Config(**cfg, steps=1, save_every=1, out_dir=str(tmp_path / "a")))
+    trainer.train(trainer.Config(**cfg, steps=1, save_every=1, out_dir=str(tmp_path / "a")))
     data.write_text(data.read_text().replace('"10"', '"11"'))  # same path, another ground truth
     with pytest.raises(ValueError, match=r"data_sha256: '[0-9a-f]{64}' in the checkpoint, '[0-9a-f]{64}' now"):
-        pm.train(pm.Config(**cfg, steps=2, resume=str(tmp_path / "a"), resume_allow=("steps",), out_dir=str(tmp_path)))
+        trainer.train(
+            trainer.Config(**cfg, steps=2, resume=str(tmp_path / "a"), resume_allow=("steps",), out_dir=str(tmp_path))
+        )
 
 
 def test_resume_of_a_finished_run_says_so_and_exits_nonzero(run, sft_path, tmp_path):
@@ -216,7 +220,7 @@ def test_resume_of_a_finished_run_says_so_and_exits_nonzero(run, sft_path, tmp_p
     argv = ["--model", str(sft_path), "--steps", "3", "--resume", str(part_dir), "--out-dir", str(tmp_path)]
     argv += [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
     with pytest.raises(ValueError, match=r"the run is finished \(checkpoint at step 3, --steps 3\)"):
-        pm.main(argv)  # the command line's entry point: uncaught, a non-zero exit status
+        trainer.main(argv)  # the command line's entry point: uncaught, a non-zero exit status
 
 
 # ----------------------------------------------------------------------------------------------
@@ -236,13 +240,15 @@ def test_a_crash_while_overwriting_a_checkpoint_leaves_the_old_one(run, sft_path
     monkeypatch.setattr(torch, "save", crash_at_state)
     cfg = dict(model=str(sft_path), adv_estimator="gae", steps=3, save_every=3, out_dir=str(ckpt.parent), **TINY)
     with pytest.raises(KeyboardInterrupt):
-        pm.train(pm.Config(**cfg, lr=1e-3))  # a rerun into the same folder overwrites ckpt-3, with other weights
+        trainer.train(
+            trainer.Config(**cfg, lr=1e-3)
+        )  # a rerun into the same folder overwrites ckpt-3, with other weights
     monkeypatch.undo()
     assert {p.name: p.read_bytes() for p in (ckpt / "policy").iterdir()} == before  # the old one, whole
     assert checkpoint.incomplete(ckpt) is None
     assert "has no checkpoint.json" in checkpoint.incomplete(ckpt.with_name("ckpt-3.tmp"))
     assert checkpoint.find_checkpoint(str(ckpt.parent)) == str(ckpt)  # the run folder: the newest complete one
-    pm.train(pm.Config(**cfg, lr=1e-3))  # the same rerun, uncrashed: ckpt-3 now holds the new weights
+    trainer.train(trainer.Config(**cfg, lr=1e-3))  # the same rerun, uncrashed: ckpt-3 now holds the new weights
     assert {p.name: p.read_bytes() for p in (ckpt / "policy").iterdir()} != before  # (so the check above could fail)
     assert not ckpt.with_name("ckpt-3.tmp").exists() and not ckpt.with_name("ckpt-3.old").exists()
     ckpt.rename(ckpt.with_name("ckpt-3.tmp"))  # a crash between the two renames: only ckpt-3.tmp, complete
@@ -257,16 +263,16 @@ def test_incomplete_or_damaged_checkpoints_are_refused_by_name(run, sft_path, tm
     assert checkpoint.find_checkpoint(str(ckpt.parent)) == str(ckpt)
     assert "skipped the incomplete ckpt-6 (it has no checkpoint.json" in capsys.readouterr().out
     with pytest.raises(ValueError, match=r"ckpt-6'?: refused, it has no checkpoint.json"):
-        pm.Config(resume=str(newer))  # at load, before any model is built
+        trainer.Config(resume=str(newer))  # at load, before any model is built
     weights = newer / "policy" / "model.safetensors"
     shutil.copy(ckpt / "checkpoint.json", newer)
     weights.write_bytes(weights.read_bytes()[:1000])  # truncated
     with pytest.raises(ValueError, match=r"policy/model.safetensors has 1000 bytes, not the \d+ written"):
-        pm.Config(resume=str(newer))
+        trainer.Config(resume=str(newer))
     with pytest.raises(FileNotFoundError, match="no such folder"):
-        pm.Config(resume=str(tmp_path / "nothing"))
+        trainer.Config(resume=str(tmp_path / "nothing"))
     state = ckpt / "state.pt"  # random bytes, the same size: the marker passes, the load names the file
     state.write_bytes(torch.randint(0, 256, (state.stat().st_size,), dtype=torch.uint8).numpy().tobytes())
     with pytest.raises(ValueError, match=r"state.pt: not a readable checkpoint file \(\w+\); damaged") as e:
-        pm.train(resume_cfg(sft_path, ckpt, tmp_path / "out"))
+        trainer.train(resume_cfg(sft_path, ckpt, tmp_path / "out"))
     assert "weights_only" not in str(e.value)  # never the advice to unpickle what it cannot trust

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from batches import full_batch
 
 import offpolicy
-import ppo_minimal as pm
 import tasks
+import trainer
 from rollout import (
     _cache_kw,
     _last_logits_kw,
@@ -449,7 +449,7 @@ def test_ratio_is_one_before_first_step(model, tok, temperature):
     loss, m = offpolicy.policy_loss(logp, old, torch.randn(B, R), mask)
     assert float(m["clipfrac"]) == 0.0 and abs(float(m["ratio_mean"]) - 1) < TOL
     # and ppo_update reports it (stats/first_mb_*) on its first minibatch
-    cfg = pm.Config(adv_estimator="grpo", temperature=temperature, micro_batch=4, minibatches=2, group_size=2)
+    cfg = trainer.Config(adv_estimator="grpo", temperature=temperature, micro_batch=4, minibatches=2, group_size=2)
     batch = full_batch(
         input_ids=rollout.input_ids,
         attention_mask=rollout.attention_mask,
@@ -462,7 +462,7 @@ def test_ratio_is_one_before_first_step(model, tok, temperature):
     work.load_state_dict(model.state_dict())
     work.eval()
     opt = torch.optim.AdamW(work.parameters(), lr=1e-3)
-    out = pm.ppo_update(cfg, work, opt, None, batch, 1, torch.Generator().manual_seed(0), contextlib.nullcontext)
+    out = trainer.ppo_update(cfg, work, opt, None, batch, 1, torch.Generator().manual_seed(0), contextlib.nullcontext)
     assert out["stats/first_mb_ratio_dev"] < TOL
     assert out["stats/first_mb_clipfrac"] == 0.0
 
@@ -482,9 +482,9 @@ def test_model_folder_with_chat_template_trains_on_templated_prompts(tmp_path):
     tok.save_pretrained(tmp_path / "m")
     _, back = tasks.load_policy(str(tmp_path / "m"), "cpu")
     assert tasks.format_prompt(back, "123456>") == "u: 123456>\na: "  # the saved template, not <bos> + text
-    cfg = pm.Config(model=str(tmp_path / "m"), task="reverse", steps=1, prompts_per_step=2, group_size=2,
+    cfg = trainer.Config(model=str(tmp_path / "m"), task="reverse", steps=1, prompts_per_step=2, group_size=2,
                     eval_every=1, eval_n=4, dump_batch=1, out_dir=str(tmp_path / "run"))  # fmt: skip
-    res = pm.train(cfg)
+    res = trainer.train(cfg)
     rec = torch.load(tmp_path / "run" / "batch-1.pt", weights_only=False)
     assert len(rec["prompts"]) == 4 and all(p.startswith("u: ") and p.endswith(">\na: ") for p in rec["prompts"])
     assert rec["error"] is None and math.isfinite(rec["metrics"]["loss/policy"]) and len(res["eval_history"]) == 2

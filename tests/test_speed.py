@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-import ppo_minimal as pm
+import trainer
 from tasks import DigitTask, make_tiny_model, make_tokenizer
 
 TIMES = ("time/", "perf/")
@@ -31,19 +31,19 @@ def run(folder, tmp_path, name, monkeypatch=None, **kw):
     """Three iterations; the metric rows without wall times, the final weights and the trainer's logprob passes
     (counted with monkeypatch: "train" with grad, "reference" of the frozen model, "recompute" of the anchor)."""
     rows, out, passes = [], tmp_path / name, []
-    cfg = pm.Config(model=str(folder / "model"), data=str(folder / "data.jsonl"), reward="digits", steps=3,
+    cfg = trainer.Config(model=str(folder / "model"), data=str(folder / "data.jsonl"), reward="digits", steps=3,
                     prompts_per_step=4, group_size=4, ppo_epochs=1, minibatches=1, micro_batch=8, eval_every=0,
                     out_dir=str(out), **kw)  # fmt: skip
     if monkeypatch is not None:
-        real = pm.trainer_logprobs
+        real = trainer.trainer_logprobs
 
         def counted(cfg, model, *a, **k):
             grad, frozen = torch.is_grad_enabled(), not next(model.parameters()).requires_grad
             passes.append("train" if grad else "reference" if frozen else "recompute")
             return real(cfg, model, *a, **k)
 
-        monkeypatch.setattr(pm, "trainer_logprobs", counted)
-    pm.train(cfg, hooks=[lambda step, m: rows.append({k: v for k, v in m.items() if not k.startswith(TIMES)})])
+        monkeypatch.setattr(trainer, "trainer_logprobs", counted)
+    trainer.train(cfg, hooks=[lambda step, m: rows.append({k: v for k, v in m.items() if not k.startswith(TIMES)})])
     return rows, (out / "policy" / "model.safetensors").read_bytes(), passes
 
 
@@ -59,8 +59,12 @@ def test_anchor_from_the_first_forward_equals_the_recompute(folder, tmp_path, mo
     assert [{k: v for k, v in r.items() if k not in first} for r in recomputed] == reused
     assert w_reused == w_recomputed and all(r["stats/first_mb_ratio_dev"] < 1e-6 for r in recomputed)
     assert "stats/rollout_vs_old_logp_diff" in reused[0] and "stats/kl" in reused[0]
-    assert not pm.reuses_anchor(pm.Config()) and not pm.reuses_anchor(pm.Config(**ONE, credit="attention"))
-    assert not pm.reuses_anchor(pm.Config(**ONE, off_policy="tis")) and pm.reuses_anchor(pm.Config(**ONE))
+    assert not trainer.reuses_anchor(trainer.Config()) and not trainer.reuses_anchor(
+        trainer.Config(**ONE, credit="attention")
+    )
+    assert not trainer.reuses_anchor(trainer.Config(**ONE, off_policy="tis")) and trainer.reuses_anchor(
+        trainer.Config(**ONE)
+    )
 
 
 ONE = {"ppo_epochs": 1, "minibatches": 1}
@@ -71,7 +75,7 @@ def test_replay_of_an_update_without_an_anchor(folder, tmp_path):
     run(folder, tmp_path, "dump", adv_estimator="grpo", dump_batch=2, kl_metric_every=2)
     saved = torch.load(tmp_path / "dump" / "batch-2.pt", weights_only=True)["batch"]
     assert saved["old_logprobs"] is None and saved["ref_logprobs"] is None  # what the update did not get before
-    metrics, same = pm.replay(str(tmp_path / "dump" / "batch-2.pt"))
+    metrics, same = trainer.replay(str(tmp_path / "dump" / "batch-2.pt"))
     assert same and metrics is not None and "loss/kl" not in metrics  # iteration 2: no reference pass
 
 
@@ -88,34 +92,34 @@ def test_reference_pass_on_its_cadence(folder, tmp_path, monkeypatch):
     assert [("stats/kl" in r, "loss/kl" in r) for r in second] == [(True, True), (False, False), (True, True)]
     assert [second[i]["stats/kl"] for i in (0, 2)] == [every[i]["stats/kl"] for i in (0, 2)]
     for kw in ({"kl_loss": True}, {"kl_in_reward": True}):
-        assert all(pm.needs_reference(pm.Config(kl_metric_every=0, **kw), s) for s in range(3))
+        assert all(trainer.needs_reference(trainer.Config(kl_metric_every=0, **kw), s) for s in range(3))
     with pytest.raises(ValueError, match="kl_loss needs the batch's ref_logprobs"):
-        pm.ppo_update(pm.Config(kl_loss=True), None, None, None, batch_of(ref_logprobs=None), 1, None, None)
+        trainer.ppo_update(trainer.Config(kl_loss=True), None, None, None, batch_of(ref_logprobs=None), 1, None, None)
 
 
 def batch_of(**none):
     """A Batch of ones [2, 3] with the fields named in `none` set to None (critic fields None)."""
-    names = [f.name for f in pm.fields(pm.Batch)]
+    names = [f.name for f in trainer.fields(trainer.Batch)]
     critic = ("old_values", "critic_returns", "shares")
-    return pm.Batch(**{k: None if k in none or k in critic else torch.ones(2, 3) for k in names})
+    return trainer.Batch(**{k: None if k in none or k in critic else torch.ones(2, 3) for k in names})
 
 
 def test_host_floats_one_copy_same_values():
     """Each 0-d tensor becomes the Python float its .item() gives (fp32 and fp64 alike), other values stay."""
     rows = [{"a": torch.tensor(0.1), "b": 2.5}, {"c": torch.tensor(1 / 3, dtype=torch.float64), "d": "x"}]
-    pm.host_floats(rows)
+    trainer.host_floats(rows)
     assert rows == [{"a": torch.tensor(0.1).item(), "b": 2.5}, {"c": 1 / 3, "d": "x"}]
     assert type(rows[0]["a"]) is float and type(rows[1]["c"]) is float
-    pm.host_floats(empty := [{}, {"e": 1}])
+    trainer.host_floats(empty := [{}, {"e": 1}])
     assert empty == [{}, {"e": 1}]
 
 
 def test_batch_without_anchor_needs_one_minibatch():
     with pytest.raises(ValueError, match="ppo_epochs = minibatches = 1"):
-        pm.ppo_update(pm.Config(ppo_epochs=2), None, None, None, batch_of(old_logprobs=None), 1, None, None)
+        trainer.ppo_update(trainer.Config(ppo_epochs=2), None, None, None, batch_of(old_logprobs=None), 1, None, None)
     with pytest.raises(ValueError, match="KL in the reward needs old and reference logprobs"):
         mask = torch.ones(2, 3)
-        cfg = pm.Config(kl_in_reward=True, adv_estimator="grpo")
-        pm.compute_advantages(cfg, torch.ones(2), mask, None, mask, 0.1, torch.zeros(2, dtype=torch.long), None)
+        cfg = trainer.Config(kl_in_reward=True, adv_estimator="grpo")
+        trainer.compute_advantages(cfg, torch.ones(2), mask, None, mask, 0.1, torch.zeros(2, dtype=torch.long), None)
     with pytest.raises(ValueError, match="pass credit's gamma"):
-        pm.shape_advantages(pm.Config(credit="attention"), torch.ones(2, 3), torch.ones(2, 3), None, None)
+        trainer.shape_advantages(trainer.Config(credit="attention"), torch.ones(2, 3), torch.ones(2, 3), None, None)

@@ -15,8 +15,8 @@ import torch
 
 import cli
 import data
-import ppo_minimal as pm
 import tasks
+import trainer
 from envs import sample_episodes
 from evaluation import pass_at_k, sampled_eval
 from rewards import RewardArgs, RewardModel, RewardSet
@@ -199,14 +199,14 @@ def test_reward_names_and_flags_checked_at_load(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         RewardSet(RewardArgs(reward=[str(tmp_path / "nope.py")]))
     # the CLI: a repeated flag and space-separated values both give a list; a list default is replaced, not extended
-    cfg = cli.parse_config(pm.Config, ["--reward", "a.py:f", "--reward", "b.py", "exact", "--reward-weights", "1",
+    cfg = cli.parse_config(trainer.Config, ["--reward", "a.py:f", "--reward", "b.py", "exact", "--reward-weights", "1",
                                           "0.5", "2"])  # fmt: skip
     assert cfg.reward == ["a.py:f", "b.py", "exact"] and cfg.reward_weights == [1.0, 0.5, 2.0]
     import scheduler
 
     assert cli.parse_config(scheduler.Config, ["--sweep-values", "1", "2"]).sweep_values == [1.0, 2.0]
     assert cli.parse_config(scheduler.Config, []).sweep_values == [0.0, 0.4, 0.8, 1.2]
-    assert pm.Config(reward="exact").reward == ["exact"]  # one name, as older config.json files hold it
+    assert trainer.Config(reward="exact").reward == ["exact"]  # one name, as older config.json files hold it
 
 
 def test_reward_model_scores_prompt_and_response(tmp_path):
@@ -279,12 +279,12 @@ def test_train_on_verl_data_with_reward_files_a_reward_model_and_wandb(sft_path,
     held = write_parquet(tmp_path / "t.parquet", verl_rows(8, start=60))
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    cfg = pm.Config(model=str(sft_path), data=train, eval_data=held, adv_estimator="grpo", steps=2, eval_every=2,
+    cfg = trainer.Config(model=str(sft_path), data=train, eval_data=held, adv_estimator="grpo", steps=2, eval_every=2,
                     eval_n=8, eval_samples=2, prompts_per_step=8, reward_workers=1, wandb_project="minrl-test",
                     reward=[f"{ROOT}/examples/rewards_verl.py", f"{ROOT}/examples/rewards_trl.py:length_penalty"],
                     reward_model=str(tmp_path / "rm"), reward_weights=[1.0, 1.0, 0.1], out_dir=str(tmp_path / "run"),
                     max_new_tokens=8, save_final=False)  # fmt: skip
-    out = pm.train(cfg)
+    out = trainer.train(cfg)
     terms = out["reward/rewards_verl"] + out["reward/length_penalty"] + 0.1 * out["reward/model"]
     assert out["rollout/reward_mean"] == pytest.approx(terms, abs=1e-5)  # the weighted sum, term by term
     assert 0 < out["reward/rewards_verl"] <= 1 and out["reward/rewards_verl/has_number"] == 1.0
@@ -300,11 +300,11 @@ def test_train_on_verl_data_with_reward_files_a_reward_model_and_wandb(sft_path,
     reward.write_text((ROOT / "examples" / "rewards_verl.py").read_text())
     first = dataclasses.replace(cfg, reward=[str(reward)], reward_model=None, reward_weights=None, save_every=1,
                                 steps=1, eval_every=0, wandb_project=None, out_dir=str(tmp_path / "ckpt"))  # fmt: skip
-    pm.train(first)
+    trainer.train(first)
     reward.write_text(reward.read_text().replace("0.1", "0.2"))
     again = dataclasses.replace(first, steps=2, resume=str(tmp_path / "ckpt"), resume_allow=("steps",))
     with pytest.raises(ValueError, match=r"user_files_sha256: .*my_reward.py': '[0-9a-f]{64}'} in the checkpoint"):
-        pm.train(again)
+        trainer.train(again)
 
 
 def wandb_history(path: Path) -> list[dict]:
@@ -349,10 +349,10 @@ def run_command(argv: list[str], model: Path, data_dir: Path, capsys) -> tuple[i
     import repro
     import rewards
 
-    mains = {"ppo_minimal.py": pm.main, "diagnose.py": diagnose.main, "data.py": data.main,
+    mains = {"trainer.py": trainer.main, "diagnose.py": diagnose.main, "data.py": data.main,
              "rewards.py": rewards.main, "repro.py": repro.main}  # fmt: skip
     args = [a.replace("$MODEL", str(model)).replace("$DATA", str(data_dir)) for a in argv[1:]]
-    if argv[0] == "ppo_minimal.py":
+    if argv[0] == "trainer.py":
         args += ["--eval-n", "16", "--max-new-tokens", "8", "--no-save-final"] + ["--steps", "2"] * (
             "--steps" not in args
         )
