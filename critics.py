@@ -21,7 +21,7 @@ Implementation details (our choices where the paper is silent)
 2. Critic: the actor's first round(critic_depth * L) decoder layers, copied (tokenizer and warm-start come
    along); critic_depth 1.0 for plain PPO, 0.5 for AsyPPO ("mini"). `--critic-model PATH` loads another
    model whose tokenizer must equal the actor's (vocabularies compared; papers.md 1e pitfall 8).
-3. Value loss: the clipped loss of DESIGN.md 7.1 per critic (trainer.value_loss, in critic_update).
+3. Value loss: the clipped loss of DESIGN.md 7.1 per critic (ppo_math.value_loss, in the trainer's critic_update).
 4. Partition (1a): per prompt group, a seeded shuffle split into M equal shares, with its own generator
    (seed + rank), so M = 1 draws nothing; G % M != 0 is a config error (pitfall 3).
 5. sigma is the population std over critics (correction 0: M = 1 gives 0, not NaN), detached (pitfall 5), of

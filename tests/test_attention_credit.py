@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import attention_credit as ac
+import offpolicy
 import tasks
 import trainer
 from cli import parse_config
@@ -368,7 +369,7 @@ def test_pass_restores_attention_implementation_on_error(tiny):
 def loss_and_grads(model, ids, attention_mask, rm, adv, old, token_weights):
     model.zero_grad(set_to_none=True)
     logp, _ = sequence_logprobs(model, ids, attention_mask, rm.shape[1])
-    loss, _ = trainer.policy_loss(logp, old, adv, rm.float(), token_weights=token_weights)
+    loss, _ = offpolicy.policy_loss(logp, old, adv, rm.float(), token_weights=token_weights)
     loss.backward()
     return loss.detach(), [p.grad.clone() for p in model.parameters()]
 
