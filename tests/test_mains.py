@@ -164,6 +164,13 @@ def test_critics_main_fits_two_critics_on_their_shares_and_masks(capsys, sft_pat
     assert 0.1 < masked < 0.3 and "critic/actor_sized_mem_mb" in out and "P: PPO term dropped" in out, out
 
 
+def test_transport_main_trades_a_message_each_way():
+    """`python transport.py`: two gloo ranks, a header with a tensor one way, a header alone back."""
+    out = run("transport.py", timeout=300)
+    assert "rank 0 got {'kind': 'numbers', 'from': 1, 'shape': [4], 'dtype': 'float32'}" in out, out
+    assert "rank 1 got {'kind': 'sum', 'value': 6.0} with None" in out, out
+
+
 def test_asyppo_experiment_runs_as_trainer_subprocesses(tmp_path, sft_path):
     args = ["experiments/asyppo.py", "--steps", "1", "--out-dir", str(tmp_path)]
     out = run(*args, "--train-args", f"--model {sft_path} --eval-n 8 --prompts-per-step 2 --group-size 4", timeout=600)
