@@ -7,8 +7,8 @@
 Roles. Rank 0 runs `trainer.train` with its sampler (`AsyncSampler`): a dispatcher thread sends requests and
 weights to the rollout ranks and buffers their samples, also during updates. Each other rank (`rollout_worker`, a
 torch.multiprocessing process without torchrun) runs one request at a time, loading weights only between requests.
-Transport: weights (a flat fp32 vector) and samples (one fp64 matrix per request) go point to point over gloo,
-each announced by a JSON header in the rendezvous store (a receive is posted only once its data is there).
+Transport (transport.py): weights (a flat fp32 vector) and samples (one fp64 matrix per request) go point to point
+over gloo, each announced by a JSON header in the rendezvous store (a receive is posted only once its data is there).
 
 Staleness (DESIGN.md 7.4; ROLL Flash arXiv 2510.11345 sec. 3; AReaL arXiv 2505.24298 sec. 5). A request's version v
 is the weights version its worker held when it STARTED it, a group's the minimum over its samples; at trainer
@@ -61,6 +61,7 @@ from rollout import Rollout, cat_rollouts, rollout_env
 from runlog import format_table, read_jsonl
 from tasks import load_policy, stop_token_ids
 from trainer import Config, train
+from transport import Channel, heartbeat, silent_for
 from warm_start import sft_config_for, sft_warm_start
 
 
@@ -127,79 +128,6 @@ def unpack(x: torch.Tensor, P: int, R: int, version: int) -> Rollout:
         rollout_logprobs=lp.float(), truncated=x[:, -1].bool(), token_scores=sc.float(),
         policy_version=torch.full((x.shape[0],), version, dtype=torch.long),
     )  # fmt: skip
-
-
-class Channel:
-    """Messages from rank `me` to rank `peer` and back. send() never blocks: the tensor goes out with isend and
-    is kept alive until the peer acknowledges it; poll() returns the peer's messages that are already announced
-    (each receive is posted only then, so it completes at once)."""
-
-    def __init__(self, store, group, me: int, peer: int):
-        self.store, self.group, self.me, self.peer = store, group, me, peer
-        self.sent, self.seen, self.tensors = 0, 0, 0  # messages sent, messages received, tensors sent
-        self.pending = deque()  # (tensor index, work, tensor) until the peer acknowledges the tensor
-
-    @contextlib.contextmanager
-    def _named(self):
-        """Name the peer in an error: gloo and the store name an address, not a rank."""
-        try:
-            yield
-        except RuntimeError as e:
-            raise RuntimeError(f"rank {self.me}: talking to rank {self.peer} failed (did it die?): {e}") from e
-
-    def send(self, header: dict, tensor: torch.Tensor | None = None) -> None:
-        """Announce a message (its tensor goes out with isend, kept alive until acknowledged); never blocks."""
-        key = f"async/{self.me}>{self.peer}"
-        with self._named():
-            if tensor is not None:
-                header = {**header, "shape": list(tensor.shape), "dtype": str(tensor.dtype).split(".")[1]}
-                self.pending.append((self.tensors, dist.isend(tensor, self.peer, group=self.group), tensor))
-                self.tensors += 1
-            self.store.set(f"{key}/{self.sent}", json.dumps(header))
-            self.sent += 1
-            self.store.add(f"{key}/n", 1)  # announced only once the header (and the tensor's isend) are out
-            acked = self.store.add(f"{key}/ack", 0)
-            while self.pending and self.pending[0][0] < acked:
-                self.pending.popleft()[1].wait()  # already received: returns at once
-
-    def poll(self) -> list[tuple[dict, torch.Tensor | None]]:
-        """The peer's messages announced so far: (header, tensor or None) in order."""
-        key, out = f"async/{self.peer}>{self.me}", []
-        with self._named():
-            n = self.store.add(f"{key}/n", 0)
-            while self.seen < n:
-                header = json.loads(self.store.get(f"{key}/{self.seen}"))
-                self.store.delete_key(f"{key}/{self.seen}")
-                tensor = None
-                if "shape" in header:
-                    tensor = torch.empty(header["shape"], dtype=getattr(torch, header["dtype"]))
-                    dist.recv(tensor, self.peer, group=self.group)
-                    self.store.add(f"{key}/ack", 1)
-                out.append((header, tensor))
-                self.seen += 1
-        return out
-
-
-def heartbeat(store, rank: int, stop: threading.Event) -> threading.Thread:
-    """A daemon thread writing this rank's time into the store every second (the peers' liveness check)."""
-
-    def beat():
-        """Write the time every second until stopped, or until the store is gone."""
-        while not stop.is_set():
-            try:
-                store.set(f"async/beat/{rank}", repr(time.time()))
-            except Exception:  # the store's host (the trainer) is gone: the main loop notices and stops
-                return
-            stop.wait(1.0)
-
-    t = threading.Thread(target=beat, daemon=True, name=f"heartbeat-{rank}")
-    t.start()
-    return t
-
-
-def silent_for(store, rank: int) -> float:
-    """Seconds since rank's last heartbeat (inf before the first one)."""
-    return time.time() - float(store.get(f"async/beat/{rank}")) if store.check([f"async/beat/{rank}"]) else math.inf
 
 
 def request_episodes(cfg: AsyncConfig, task, seed: int, n: int, make_env) -> list:

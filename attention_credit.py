@@ -1,7 +1,7 @@
 """Attention-based token credit (WAAD / FAI): the policy's own attention picks the tokens whose advantage counts more.
 
-    python attention_credit.py           # quick: GRPO vs coupled credit, 1 seed, a few steps + the token figure
-    python attention_credit.py --full    # GRPO vs each strategy (local, global, coupled), 5 seeds: tables + PNGs
+    python attention_credit.py           # one batch of the start model: head groups, gamma, the token figure
+    python experiments/credit.py --full  # the experiment: GRPO vs each strategy (local, global, coupled), 5 seeds
     python trainer.py --adv-estimator grpo --credit attention --credit-mode coupled   # inside any run
 
 "Attention Illuminates LLM Reasoning: the preplan-and-anchor rhythm enables fine-grained policy optimization"
@@ -47,19 +47,16 @@ Implementation details ("our choice" where the paper is silent; DESIGN.md 7.3 fi
    stats/fai_pos_frac (valid tokens with FAI > 0), stats/credit_dominated_frac (of the anchors),
    stats/credit_span_local / _global, time/credit (seconds: in the trainer, what credit adds to the recompute:
    the maps inside it, time/credit_maps, and gamma); the trainer adds perf/credit_overhead (its share of the step).
-8. Experiment (our choice): task `chain` (five 2-digit numbers summed step by step, 43-character answers:
-   responses of >= 40 tokens, DESIGN.md 7.3), the tiny Qwen2 with 6 layers, 8 query / 4 key-value heads, hidden 64
-   (MODEL), after an SFT warm start; every run is the trainer's default learning recipe (T 0.6, cosine lr 2e-4,
-   32 x 4, 2 epochs x 2 minibatches) with 48 new tokens, GRPO advantages, and the method's credit on top.
+8. Start model (our choice; main() and experiments/credit.py): task `chain` (five 2-digit numbers summed step by
+   step, 43-character answers: responses of >= 40 tokens, DESIGN.md 7.3), the tiny Qwen2 with 6 layers, 8 query / 4
+   key-value heads, hidden 64 (MODEL), after an SFT warm start (SFT).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import shlex
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -69,19 +66,16 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from cli import check_choice, check_fields, check_range, parse_config
+from cli import check_fields, parse_config
 from common import all_reduce_sum, masked_mean
-from envs import TaskEnv
 from rollout import generate, lm_head, position_ids_from_mask
-from runlog import differences, final_best, format_table, mean_std, run_trainers, steps_to
 from tasks import format_prompt, load_policy, make_task, tokenize_prompts
-from warm_start import SFTConfig, greedy_accuracy, sft_warm_start
+from warm_start import SFTConfig, sft_warm_start
 
 W, H_LO, H_HI, HEAD_FRAC = 10, 10, 100, 0.3  # WAAD window, FAI horizons, head-group quantile (paper defaults)
 MODEL = (("num_hidden_layers", 6), ("num_attention_heads", 8), ("num_key_value_heads", 4), ("hidden_size", 64),
          ("intermediate_size", 256))  # fmt: skip
 SFT = dict(task="chain", model_overrides=MODEL, lr=3e-3, batch_size=64, max_steps=4000, check_every=25)  # SFTConfig
-METHODS = ("grpo", "local", "global", "coupled")
 
 
 @dataclass
@@ -106,51 +100,6 @@ class CreditArgs:
     def __post_init__(self):
         ranges = {"[0.0, 1.0]": ("credit_alpha",), "(0.0, 1.0]": ("credit_q",), "[1.0, inf)": ("credit_amp",)}
         check_fields(self, {**ranges, "[1, inf)": ("credit_intro_window",)}, CreditArgs)
-
-
-@dataclass
-class Config:
-    """`python attention_credit.py`: the experiment (each run is `python trainer.py ...`)."""
-
-    full: bool = False
-    """Full comparison: all four methods, 5 seeds, the trainer's default iterations (else a quick run)."""
-    methods: list[str] | None = None
-    """Methods to compare, from grpo local global coupled (None: grpo coupled quick, all four full)."""
-    seeds: int | None = None
-    """Seeds per method (None: 1 quick, 5 full)."""
-    steps: int | None = None
-    """RL iterations per run (None: 8 quick, the trainer's default with --full)."""
-    train_args: str = ""
-    """Extra trainer flags for every run, e.g. "--lr 1e-4 --prompts-per-step 16" (they win over the recipe)."""
-    target_acc: float = 0.5
-    """Eval accuracy whose first crossing is reported as steps-to-target."""
-    eval_every: int = 10
-    """Greedy evaluation every this many iterations (and at the end)."""
-    eval_n: int = 200
-    """Held-out prompts per evaluation."""
-    jobs: int = 1
-    """Runs in parallel (worker processes): for a GPU or a many-core machine."""
-    model: str | None = None
-    """Model folder to start from (None: the SFT warm start of MODEL on the chain task)."""
-    sft_target: float = 0.3
-    """Greedy accuracy at which the SFT warm start stops."""
-    device: str = "auto"
-    """auto | cpu | cuda (SFT warm start and runs)."""
-    out_dir: str = "runs/attention_credit"
-    """Where the runs, the table, the curves and the token figure go."""
-
-    def __post_init__(self):
-        if self.methods is None:
-            self.methods = list(METHODS) if self.full else ["grpo", "coupled"]
-        if self.seeds is None:
-            self.seeds = 5 if self.full else 1
-        if self.steps is None:
-            self.steps = 0 if self.full else 8  # 0: the trainer's own default
-        check_range("methods", len(self.methods), 1)
-        for m in self.methods:
-            check_choice("methods", m, METHODS)
-        ranges = {"[1, inf)": ("seeds", "eval_every", "eval_n", "jobs"), "[0, inf)": ("steps",)}
-        check_fields(self, {**ranges, "(0.0, 1.0]": ("sft_target",), "[0.0, 1.0]": ("target_acc",)})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -470,26 +419,6 @@ def credit_weights(cfg: CreditArgs, model, input_ids, attention_mask, response_m
     return ran["out"], gamma, {**metrics, "time/credit": own}
 
 
-# ------------------------------------------------------------------------------------------------
-# Experiment: GRPO vs attention-credit GRPO on the chain task, each run a trainer subprocess (runlog.run_trainers)
-
-
-def run_argv(cfg: Config, method: str, seed: int, model_path: str) -> list[str]:
-    """The trainer flags of one run: GRPO on chain at the trainer's default recipe, the method's credit, train_args."""
-    argv = (f"--model {model_path} --task chain --adv-estimator grpo --max-new-tokens 48 --seed {seed} --eval-every "
-            f"{cfg.eval_every} --eval-n {cfg.eval_n} --device {cfg.device}").split()  # fmt: skip
-    argv += ["--steps", str(cfg.steps)] if cfg.steps else []
-    argv += [] if method == "grpo" else ["--credit", "attention", "--credit-mode", method]
-    return argv + shlex.split(cfg.train_args)  # argparse: a flag given twice takes its last value
-
-
-def run_summary(method: str, seed: int, result: dict, rows: list[dict]) -> dict:
-    """One run's eval history, wall time (the whole command) and its mean credit metrics."""
-    mean = lambda k: float(np.mean([r[k] for r in rows])) if k in rows[0] else float("nan")
-    res = {"method": method, "seed": seed, "eval": result["eval_history"], "wall_s": result["wall_s"]}
-    return {**res, "overhead": mean("perf/credit_overhead"), "amplified": mean("stats/credit_amplified_frac")}
-
-
 def plot_tokens(tokens: list[str], c: dict, row: int, path) -> None:
     """One response's tokens coloured by WAAD (top) and FAI (bottom); amplified tokens (gamma > 1) framed red."""
     import matplotlib.pyplot as plt
@@ -512,70 +441,55 @@ def plot_tokens(tokens: list[str], c: dict, row: int, path) -> None:
     plt.close(fig)
 
 
-def summarize(results_json) -> list[dict]:
-    """The table (final / best held-out accuracy per method, mean ± sample std over seeds, steps to target_acc,
-    wall, overhead, amplified share), printed with the bootstrap interval of each difference; curves.png next to
-    results.json. Each run's history starts with its step-0 evaluation (the start model), which counts for neither."""
-    import matplotlib.pyplot as plt
-
-    path = Path(results_json)
-    res = json.loads(path.read_text())
-    target, table, fig = res["config"]["target_acc"], [], plt.figure(figsize=(6, 4))
-    for m in res["config"]["methods"]:
-        rs = [r for r in res["runs"] if r["method"] == m]
-        (final, best), hit = zip(*[final_best(r["eval"]) for r in rs]), [steps_to(r["eval"], target) for r in rs]
-        hit = [h for h in hit if h is not None]
-        row = {"method": m, "final_acc": mean_std(final, ".3f"), "best_acc": mean_std(best, ".3f")}
-        row[f"steps_to_{target}"] = f"{mean_std(hit, '.0f')} ({len(hit)}/{len(rs)})"
-        table.append({**row, **{k: float(np.mean([r[k] for r in rs])) for k in ("wall_s", "overhead", "amplified")}})
-        steps, accs = [s for s, _ in rs[0]["eval"]], np.array([[a for _, a in r["eval"]] for r in rs])  # [seeds, evals]
-        plt.plot(steps, accs.mean(0), label=m)
-        plt.fill_between(steps, accs.mean(0) - accs.std(0), accs.mean(0) + accs.std(0), alpha=0.2)
-    plt.xlabel("RL step"), plt.ylabel("greedy exact match, held out"), plt.legend(), plt.title("chain task")
-    fig.tight_layout()
-    fig.savefig(path.parent / "curves.png", dpi=100)
-    plt.close(fig)
-    print(format_table(table))
-    if len(res["runs"]) > len(table):  # more than one seed: the differences
-        print(format_table(differences(res["runs"])))
-    return table
-
-
-def main(argv=None):
-    """`python attention_credit.py [flags]`: the start model, the token figure, the runs, the table and curves."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-
-    cfg = parse_config(Config, argv)
-    out, t0 = Path(cfg.out_dir), time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    model_path = cfg.model or str(sft_warm_start(SFTConfig(**SFT, target_acc=cfg.sft_target), device=device))
-    print(f"[attention_credit] {asdict(cfg)}\n[attention_credit] start model {model_path}", flush=True)
-
-    # the start model: held-out accuracy, and one sampled batch for the token figure (coupled credit)
-    policy, tok = load_policy(model_path, device)
-    task = make_task("chain")
-    eval_set = task.sample(cfg.eval_n, "eval", np.random.default_rng(12345))  # trainer's held-out set
-    acc0 = greedy_accuracy(policy, tok, [TaskEnv(task, p) for p in eval_set], [None] * len(eval_set), max_new_tokens=48)
-    ids, attn = tokenize_prompts(tok, [format_prompt(tok, p["prompt"]) for p in eval_set[:16]], 64)
-    gen = dict(max_new_tokens=48, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
+def sample_and_plot(policy, tokenizer, problems: list[dict], path) -> dict:
+    """One response per problem (48 new tokens, seed 0), the coupled credit of that batch (compute_credit), and the
+    token figure of the first response at `path`. Returns compute_credit's stages."""
+    device = policy.device
+    ids, attn = tokenize_prompts(tokenizer, [format_prompt(tokenizer, p["prompt"]) for p in problems], 64)
+    gen = dict(max_new_tokens=48, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id)
     samples = generate(policy, ids.to(device), attn.to(device), **gen, generator=torch.Generator(device).manual_seed(0))
     c = compute_credit(policy, samples.input_ids, samples.attention_mask, samples.response_mask)
     row0 = samples.response_ids[0][samples.response_mask[0].bool()]  # row 0, valid tokens
-    tokens = tok.convert_ids_to_tokens(row0.tolist())
-    plot_tokens(tokens, c, 0, out / "tokens.png")
-    print(f"[attention_credit] start accuracy {acc0:.3f}; {out / 'tokens.png'}", flush=True)
+    plot_tokens(tokenizer.convert_ids_to_tokens(row0.tolist()), c, 0, path)
+    return {**c, "response_mask": samples.response_mask}
 
-    # the runs (trainer subprocesses, `jobs` at a time), then the table and the curves
-    todo = [(m, s) for s in range(cfg.seeds) for m in cfg.methods]  # seed by seed: all methods' first seeds end first
-    runs = run_trainers([(run_argv(cfg, m, s, model_path), str(out / f"{m}-s{s}")) for m, s in todo], cfg.jobs)
-    results = [run_summary(m, s, *run) for (m, s), run in zip(todo, runs)]
-    (out / "results.json").write_text(json.dumps({"config": asdict(cfg), "start_acc": acc0, "runs": results}))
-    steps = cfg.steps or "the trainer's default"
-    print(f"start accuracy {acc0:.3f}; {cfg.seeds} seed(s) x {steps} steps; {time.perf_counter() - t0:.0f} s")
-    return summarize(out / "results.json")
+
+@dataclass
+class Config:
+    """`python attention_credit.py`: the coupled credit of one batch of the start model, and its token figure."""
+
+    model: str | None = None
+    """Model folder (None: the SFT warm start of MODEL on the chain task, built once and cached)."""
+    prompts: int = 16
+    """Held-out chain prompts sampled (one response each)."""
+    out_dir: str = "runs/attention_credit"
+    """Where the token figure goes."""
+
+    def __post_init__(self):
+        check_fields(self, {"[1, inf)": ("prompts",)})
+
+
+def main(argv=None):
+    """`python attention_credit.py [flags]`: the head groups, what the credit amplifies and the token figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    cfg = parse_config(Config, argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model_path = cfg.model or str(sft_warm_start(SFTConfig(**SFT, target_acc=0.3), device=device))  # credit.py's
+    policy, tok = load_policy(model_path, device)
+    problems = make_task("chain").sample(cfg.prompts, "eval", np.random.default_rng(12345))  # the held-out set
+    path = Path(cfg.out_dir) / "tokens.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    c = sample_and_plot(policy, tok, problems, path)
+    mask = c["response_mask"].bool()
+    local, glob = c["local"].tolist(), c["global"].tolist()
+    print(f"{model_path}: layers kept {c['layers']}; local heads {local}, global heads {glob} (layer-major index)")
+    amplified, gamma = float(((c["gamma"] > 1) & mask).sum() / mask.sum()), float(c["gamma"][mask].mean())
+    print(f"{int(mask.sum())} valid tokens: {amplified:.1%} amplified (gamma > 1), mean gamma {gamma:.3f}")
+    dominated, intro = int((c["dominated"] & mask).sum()), int((c["intro"] & mask).sum())
+    print(f"{int((c['anchor'] & mask).sum())} anchors, {dominated} dominated, {intro} introducers; figure: {path}")
+    return c
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Value models for PPO: one critic, or AsyPPO's ensemble of M mini-critics (arXiv 2510.01656).
 
-    python critics.py          # quick side by side (20 iterations, 8 prompts): PPO (actor-sized critic) vs AsyPPO
-    python critics.py --full   # GRPO, PPO (actor-sized / mini critic), AsyPPO (2 mini) x 5 seeds: table, bootstrap, PNG
+    python critics.py          # two mini-critics fitted on their shares of one batch: AsyPPO's masks, the footprint
+    python experiments/asyppo.py --full   # the experiment: GRPO, PPO, AsyPPO over seeds (trainer runs)
     torchrun --standalone --nproc_per_node=2 trainer.py --critic asyppo  # each critic data-parallel
 
 A critic is a causal-LM backbone (Hugging Face `AutoModel`) with a scalar head; `V(s_t)`, the value BEFORE
@@ -42,8 +42,6 @@ Implementation details (our choices where the paper is silent)
 from __future__ import annotations
 
 import copy
-import json
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -55,7 +53,9 @@ import torch.nn as nn
 
 from cli import check_fields, parse_config
 from common import collective, masked_mean, masked_var, world_size
-from runlog import differences, final_best, format_table, mean_std, run_trainers, steps_to
+from rollout import decode_responses, generate
+from tasks import format_prompt, load_policy, make_task, score_responses, stop_token_ids, tokenize_prompts
+from warm_start import SFTConfig, sft_warm_start
 
 
 @dataclass
@@ -84,29 +84,6 @@ class CriticArgs:
             self.critic_depth = 0.5 if self.critic == "asyppo" else 1.0
         ranges = {"(0.0, 1.0]": ("critic_depth",), "[0.0, 1.0]": ("asyppo_k", "asyppo_h"), "[0.0, inf)": ("critic_lr",)}
         check_fields(self, {**ranges, "[0, inf)": ("critic_warmup_steps",), "[1, inf)": ("n_critics",)}, CriticArgs)
-
-
-@dataclass
-class Config:
-    """`python critics.py`: the side-by-side experiment (each run is `python trainer.py ...`)."""
-
-    full: bool = False
-    """Run the full comparison (GRPO, PPO actor-sized critic, PPO mini critic, AsyPPO) over `seeds` seeds."""
-    seeds: int = 5
-    """Seeds per method with --full (the quick run uses seed 0)."""
-    steps: int = 0
-    """RL iterations per run (0 = 20 quick, the trainer's default with --full)."""
-    target_acc: float = 0.5
-    """Eval accuracy whose first crossing is reported as steps-to-target."""
-    train_args: str = ""
-    """Extra trainer flags for every run, e.g. "--device cuda --eval-every 5 --critic-warmup-steps 5"."""
-    jobs: int = 1
-    """Runs in parallel (trainer processes; each run is still single-process training)."""
-    out_dir: str = "runs/critics"
-    """Where each run's folder, the summary JSON and curves.png go."""
-
-    def __post_init__(self):
-        check_fields(self, {"[1, inf)": ("seeds", "jobs"), "[0, inf)": ("steps",), "[0.0, 1.0]": ("target_acc",)})
 
 
 class ValueModel(nn.Module):
@@ -357,99 +334,88 @@ def critic_footprint(models: list[nn.Module], policy, input_ids, attention_mask,
     return dict(zip(keys, map(float, [*usage(models), *usage([actor_sized])])))
 
 
-METHODS = {  # main()'s experiment: trainer flags per method; only the advantage estimator and the critic differ
-    "grpo": ["--adv-estimator", "grpo"],
-    "ppo_1_full": ["--critic", "value", "--critic-depth", "1.0"],  # one actor-sized critic
-    "ppo_1_mini": ["--critic", "value", "--critic-depth", "0.5"],  # one mini critic (half the layers)
-    "asyppo_2_mini": ["--critic", "asyppo", "--n-critics", "2", "--critic-depth", "0.5"],
-}
-CURVES = ("rollout/reward_mean", "critic/explained_var", "stats/sigma_rel")  # per-step curves plotted
-# The runs use the trainer's default recipe (sort, T 0.6, cosine lr, 32 x 4, 2 epochs x 2 minibatches), where PPO with
-# a critic learns. The earlier comparison on `reverse` (RESULTS.md) is --train-args "--task reverse --temperature 1
-# --lr 1e-4 --lr-schedule constant --ppo-epochs 1 --minibatches 1 --prompts-per-step 16 --group-size 16 --steps 150".
+@dataclass
+class Config(CriticArgs):
+    """`python critics.py`: M mini-critics fitted on their shares of one sampled batch, then AsyPPO's masks."""
+
+    critic: Literal["value", "asyppo"] = "asyppo"
+    """Critic for the demonstration: AsyPPO mini-critics (or one value model: its sigma is 0, nothing is masked)."""
+    model: str | None = None
+    """Policy folder (None: the SFT warm start of the embedded model on `reverse`, built once and cached)."""
+    prompts: int = 8
+    """Prompts (groups) in the batch."""
+    group_size: int = 4
+    """Samples per prompt (must divide by n_critics)."""
+    fit_steps: int = 30
+    """AdamW steps of each critic on its share (the demonstration's own plain squared error to the score)."""
+    seed: int = 0
+    """Seed of the prompts, the samples and the partition."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_fields(self, {"[1, inf)": ("prompts", "group_size"), "[0, inf)": ("fit_steps",)})
 
 
-def run_result(spec: dict, result: dict, rows: list[dict]) -> dict:
-    """One run of the experiment: eval history, last metrics, per-step curves, wall time of the whole command."""
-    curves = {k: [r.get(k) for r in rows] for k in CURVES}
-    history = [tuple(e) for e in result.pop("eval_history")]
-    return {**spec, "wall_s": result.pop("wall_s"), "eval": history, "last": result, "curves": curves}
-
-
-def summarize(results: list[dict], target: float) -> list[dict]:
-    """One row per method: mean ± std over seeds of final/best accuracy, steps to target, time, memory."""
-    pm = mean_std
-    rows = []
-    for name in dict.fromkeys(r["method"] for r in results):
-        rs = [r for r in results if r["method"] == name]
-        last = {k: [r["last"][k] for r in rs if k in r["last"]] for k in rs[0]["last"]}  # metric -> over seeds
-        hit = [s for s in (steps_to(r["eval"], target) for r in rs) if s is not None]
-        rows.append(
-            {
-                "method": name,
-                "final_acc": pm([final_best(r["eval"])[0] for r in rs]),
-                "best_acc": pm([final_best(r["eval"])[1] for r in rs]),  # after step 0
-                f"steps_to_{target}": f"{pm(hit, '.0f')} ({len(hit)}/{len(rs)})",
-                "wall_s": pm([r["wall_s"] for r in rs], ".0f"),
-                "critic_params": f"{last['critic/params'][0] / 1e3:.0f}K" if "critic/params" in last else "-",
-                "critic_mem_mb": f"{last['critic/mem_mb'][0]:.1f}" if "critic/mem_mb" in last else "-",
-                "gpu_peak_mb": pm(last.get("perf/max_mem_allocated_mb", []), ".0f"),
-                "explained_var": pm(last.get("critic/explained_var", [])),
-                "sigma_rel": pm(last.get("stats/sigma_rel", [])),
-            }
+def sample_batch(cfg: Config, policy, tokenizer):
+    """One batch of the task `reverse`: (Rollout, group ids [B], returns [B, R]: every token's return is the score)."""
+    task, rng = make_task("reverse"), np.random.default_rng(cfg.seed)
+    problems = [p for p in task.sample(cfg.prompts, "train", rng) for _ in range(cfg.group_size)]
+    ids, attn = tokenize_prompts(tokenizer, [format_prompt(tokenizer, p["prompt"]) for p in problems], 64)
+    gen = torch.Generator(policy.device).manual_seed(cfg.seed)
+    stop = dict(eos_token_ids=stop_token_ids(policy, tokenizer), pad_token_id=tokenizer.pad_token_id)
+    with torch.no_grad():
+        samples = generate(
+            policy, ids.to(policy.device), attn.to(policy.device), max_new_tokens=16, **stop, generator=gen
         )
-    return rows
+    scores = torch.tensor(score_responses(task, decode_responses(tokenizer, samples), problems))  # [B]
+    returns = scores[:, None].to(policy.device) * samples.response_mask  # [B, R] no KL, gamma = lambda = 1
+    return samples, torch.arange(len(problems), device=policy.device) // cfg.group_size, returns
 
 
-def plot(results: list[dict], path: Path) -> None:
-    """Eval accuracy (mean ± std over seeds), rollout reward, critic fit and AsyPPO's sigma, per method."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
-    for i, name in enumerate(dict.fromkeys(r["method"] for r in results)):
-        rs = [r for r in results if r["method"] == name]
-        steps, acc = [s for s, _ in rs[0]["eval"]], np.array([[a for _, a in r["eval"]] for r in rs])  # [seeds, n]
-        axes[0].plot(steps, acc.mean(0), marker=".", label=name, color=f"C{i}")
-        axes[0].fill_between(steps, acc.mean(0) - acc.std(0), acc.mean(0) + acc.std(0), alpha=0.2, color=f"C{i}")
-        for ax, key in zip(axes[1:], CURVES):
-            if rs[0]["curves"][key][-1] is not None:
-                y = np.mean([r["curves"][key] for r in rs], 0)  # [steps] mean over seeds
-                ax.plot(np.arange(1, len(y) + 1), y, label=name, color=f"C{i}")
-    for ax, title in zip(axes, ["eval/acc (greedy, held out)", *CURVES]):
-        ax.set(title=title, xlabel="step")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+def fit_on_shares(critics: Critics, samples, returns, shares, steps: int) -> None:
+    """Critic m's steps on the rows of its share only (detail 4): trained on different samples, the critics come to
+    disagree (sigma > 0), which AsyPPO's masks read. A plain squared error (the trainer's clipped value loss needs the
+    old values of an iteration)."""
+    for m, (model, opt) in enumerate(zip(critics.models, critics.opts)):
+        mask = samples.response_mask.float() * shares[:, m, None]  # [B, R] critic m's tokens
+        for _ in range(steps):
+            values = model(samples.input_ids, samples.attention_mask, returns.shape[1])  # [B, R]
+            loss = masked_mean((values - returns) ** 2, mask)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
 
 
 def main(argv=None):
-    """Run the experiment's trainer runs (subprocesses), then print the table and write summary.json, curves.png."""
+    """`python critics.py [flags]`: one batch, the critics fitted on their shares, sigma and the masks, one response
+    with its masked tokens, and the critics' memory against one actor-sized critic."""
     cfg = parse_config(Config, argv)
-    steps = cfg.steps or (0 if cfg.full else 20)  # 0: the trainer's own default
-    methods = list(METHODS) if cfg.full else ["ppo_1_full", "asyppo_2_mini"]
-    seeds = list(range(cfg.seeds)) if cfg.full else [0]
-    out = Path(cfg.out_dir) / ("full" if cfg.full else "quick")
-    quick = "" if cfg.full else "--prompts-per-step 8 --eval-n 200"  # a quarter of the batch
-    shared = shlex.split(f"{f'--steps {steps}' * bool(steps)} --ent-coef 1e-3 {quick} {cfg.train_args}")  # bonus: all
-    specs = [
-        {"method": m, "seed": s, "argv": [*METHODS[m], *shared, "--seed", str(s)], "out_dir": str(out / f"{m}-s{s}")}
-        for m in methods
-        for s in seeds
-    ]
-    runs = run_trainers([(spec["argv"], spec["out_dir"]) for spec in specs], cfg.jobs)
-    results = [run_result(spec, *run) for spec, run in zip(specs, runs)]
-    (out / "summary.json").write_text(json.dumps(results, indent=1))
-    plot(results, out / "curves.png")
-    print(
-        f"\n{len(seeds)} seed(s) x {steps or 'the trainer default'} steps, flags {shared}; curves: {out / 'curves.png'}"
+    torch.manual_seed(cfg.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    policy, tokenizer = load_policy(cfg.model or str(sft_warm_start(SFTConfig(task="reverse"))), device)
+    samples, group_ids, returns = sample_batch(cfg, policy, tokenizer)
+    critics = make_critics(cfg, policy, tokenizer, device, adam_eps=1e-8)
+    shares = partition_shares(group_ids, len(critics.models), torch.Generator().manual_seed(cfg.seed))  # [B, M]
+    print(f"{len(critics.models)} critic(s) of {cfg.critic_depth:g} x the policy's layers; group 0's rows per critic:",
+          [shares[group_ids == 0, m].nonzero().squeeze(1).tolist() for m in range(shares.shape[1])])  # fmt: skip
+    fit_on_shares(critics, samples, returns, shares, cfg.fit_steps)
+    R = returns.shape[1]
+    all_values = critics.values(samples.input_ids, samples.attention_mask, R, micro_batch=64)  # [M, B, R]
+    gen = torch.Generator().manual_seed(cfg.seed)  # orders sigma's ties (detail 6)
+    pg_mask, ent_mask, metrics = asyppo_masks(all_values, samples.response_mask, cfg.asyppo_k, cfg.asyppo_h, gen)
+    mask = samples.response_mask.float()
+    metrics |= value_stats(
+        all_values.mean(0), returns, mask, all_values, returns[:, None].expand(-1, len(all_values), -1)
     )
-    print(format_table(summarize(results, cfg.target_acc)))
-    if len(seeds) > 1:
-        print(format_table(differences(results)))
+    metrics |= critic_footprint(critics.models, policy, samples.input_ids, samples.attention_mask, R)
+    for k, v in metrics.items():
+        print(f"{k:32s} {v:.4g}")
+    row = int(samples.response_mask.sum(1).argmax())  # the longest response
+    tokens = tokenizer.convert_ids_to_tokens(samples.response_ids[row][samples.response_mask[row].bool()].tolist())
+    marks = ["P" if not p else "E" if not e else "." for p, e in zip(pg_mask[row].tolist(), ent_mask[row].tolist())]
+    print(f"response {row} (score {float(returns[row, 0]):g}), P: PPO term dropped, E: entropy bonus dropped:")
+    print(" ".join({"\n": "\\n", " ": "_"}.get(t, t) + m for t, m in zip(tokens, marks)))
+    return metrics
 
 
 if __name__ == "__main__":

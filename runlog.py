@@ -6,7 +6,7 @@
 - `MetricsLogger`: one row per step, printed as an aligned table (rank 0) and appended to `metrics.jsonl`.
 - `format_table`, `read_jsonl`, `plot_metrics`: the same rows read back, for experiments and notebooks.
 - `parallel_map`: independent runs (simulations) in spawned processes; `run_trainers`: trainer runs as
-  subprocesses (`python trainer.py ARGS --out-dir D`) for the concept files' experiments, which read back
+  subprocesses (`python trainer.py ARGS --out-dir D`) for the experiments (experiments/), which read back
   what each run wrote (so that nothing below the trainer imports it).
 - `final_best`, `steps_to`, `mean_std`, `bootstrap_diff`, `differences`: the statistics of those experiments over seeds.
 - `RunArgs`: where a run writes and what it keeps (the checkpoints themselves: checkpoint.py).

@@ -1,33 +1,16 @@
 """Discrete-event simulator of GPU schedules for (agentic) RL: colocated sync, async disaggregated, time-multiplexed.
 
     python scheduler.py                                   # the three schedules on a small default, in seconds
-    python scheduler.py --preset agentic-160gpu           # (or rlvr-async): simulated next to reported figures
-    python scheduler.py --preset rlvr-async --calibrate   # bisect the preset's one free parameter on its figure
-    python scheduler.py --sweep tail --sweep-values 0 0.5 1 1.5   # any numeric field; writes a plot
+    python experiments/schedules.py --preset agentic-160gpu   # (or rlvr-async): simulated next to reported figures
+    python experiments/schedules.py --sweep tail --sweep-values 0 0.5 1 1.5   # any numeric field; writes a plot
 
 Version v = training steps done; a trajectory started at v may be trained at version n iff n - v <= alpha (ROLL
 Flash; papers.md 3-4; DESIGN.md 7.4-7.5). colocated: all GPUs roll out until `batch` trajectories are done, then all
 train and sync (alpha 0). disagg: GPUs [0, train_gpus) only train, the others only roll out. timemux: all roll out;
 once ceil(theta*batch) usable trajectories are done, GPUs [0, train_gpus) shrink away, train, every GPU syncs, they
 expand back (alpha >= 1, as ROLL requires); the unfinished work carries over.
-Modelling assumptions (our choices unless cited; every default is a Config field, see --help):
-1. Workload: turns = clip(round(turns_median*exp(turns_sigma*z1 + tail*zf)), 1, max_turns); turn k decodes
-   round(tokens_median*exp(tokens_sigma*z2_k + tail*zf)) tokens, then its environment takes env_median_s*exp(
-   env_sigma*z3_k) s (the last wait is the reward); zf is per trajectory (`tail` = heavy-tail knob). Context = prompt
-   + sum(action + obs_tokens); the turn reaching max_context is cut and ends it. Normals are drawn for max_turns
-   turns whatever the knobs: a seed gives common random numbers across schedules and knob values. lengths_file
-   replays per-turn action tokens (a line per trajectory), drawn at random or once in file order.
-2. Worker = gpus_per_worker GPUs with a bf16 weight copy. Decode is memory-bound continuous batching: a step (a
-   token for each of n running sequences) reads 2*min(total, n*active) GB of weights (a MoE batch touches ~n*active
-   expert weights) plus kv_bytes_per_token per context token at hbm_bw_gbs per GPU; decode compute is ignored.
-   Contexts grow a token per step: time vs steps is quadratic between events (solved exactly).
-3. KV capacity per worker = (gpus*gpu_mem_gb - weights)/kv_bytes_per_token; a turn reserves its final context when
-   it starts (no preemption); at most max_seqs sequences. A prefix stays cached on its worker between turns.
-4. Prefill: 2*active FLOPs/token at peak_tflops*mfu, stalling the worker (obs_tokens on the worker caching the
-   prefix, else the whole context). Train: TRAIN_FLOPS*active FLOPs per token of the final contexts / (GPUs*peak*
-   mfu); attention FLOPs are ignored in both. Sync: sync_latency_s + weights/sync_bw_gbs on every GPU; rollout
-   pauses, then resumes on the new weights. shrink_s / expand_s: offload / reload (colocated pays them too); a
-   shrink first drains running prefills. Idle = GPU-time in no role; "waste" is part of the rollout time.
+Modelling assumptions 1-4 (the workload, decode, KV cache, prefill / train / sync costs) are scheduler_config.py's,
+with `Config` (every default is a field, see --help); 5-7, the schedule's decisions, are here:
 5. Dispatch `sample` (queue scheduling): a turn goes to the worker caching its prefix if it has room, else to the
    least-loaded worker with room, else waits at its worker (ROLL env->rank affinity) or in a global FIFO queue.
    `batch`: a block is admitted when nothing is in flight, assigned round-robin, and waits for its workers. Shrink:
@@ -53,239 +36,17 @@ from collections import deque
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
-from cli import check_choice, check_range, parse_config
+from cli import parse_config
 from runlog import format_table, parallel_map
+from scheduler_config import SCHEDULES, Config, cost_model, decode_steps, decode_time, load_lengths, make_workload
 
-SCHEDULES = ("colocated", "disagg", "timemux")
 ROLES = ("rollout", "train", "sync", "shrink", "expand")  # segment role codes 0..4; time in no segment is idle
 COLORS = ("tab:blue", "tab:orange", "tab:red", "tab:purple", "tab:green")
 EV_ENV, EV_TRAINED, EV_STEP = range(3)  # heap event kinds (turn completions and timeouts have their own queues)
 RUNNING, DONE, CONSUMED, ABORTED, TIMEOUT, EXPIRED = range(6)  # trajectory status
-TRAIN_FLOPS = 8.0  # training FLOPs per token per active parameter: 6 (forward + backward) + 2 (old-logprob pass)
-# fmt: off
-PRESETS = {  # the reported runs: what they state is fixed, their free parameter calibrated (CALIBRATION, RESULTS.md)
-    "agentic-160gpu": dict(n_gpus=160, gpus_per_worker=8, train_gpus=128, batch=512, steps=20, alpha=1,  # stated
-                           total_params_b=235.0, active_params_b=22.0, kv_bytes_per_token=192512.0,  # Qwen3-235B-A22B
-                           max_turns=100, max_context=65536,  # stated; the per-turn lengths are our guesses
-                           prompt_tokens=2000, turns_median=30.0, turns_sigma=0.6, tokens_median=300.0,
-                           tokens_sigma=0.7, tail=0.5, obs_tokens=500, env_sigma=1.0,
-                           mfu=0.507),  # calibrated on tm/disagg 3.5x in tokens/s (`--calibrate`)
-    "rlvr-async": dict(n_gpus=128, gpus_per_worker=1, train_gpus=32, batch=1024, steps=20, alpha=2,  # stated: 128 x 8
-                       total_params_b=8.2, active_params_b=8.2, kv_bytes_per_token=147456.0,  # Qwen3-8B; 32K cap
-                       max_turns=1, turns_median=1.0, turns_sigma=0.0, tokens_sigma=0.0, obs_tokens=0,  # single turn
-                       tokens_median=1600.0, tail=0.8,  # stated: the longest > 20x the median (exp(0.8 sqrt(2 ln
-                       # 1024)) = 20 for the longest of 1024), and the longest reaches the cap: 32768 / 20 = 1600
-                       prompt_tokens=500, env_median_s=1.0, timeout_s=36000.0,  # our guesses (no timeouts)
-                       mfu=0.0197),  # calibrated on async/sync 2.24x (`--preset rlvr-async --calibrate`)
-}
-CALIBRATION = {  # preset: (its free field, the bracket bisected, the figure it is fitted to); the other rows predict
-    "rlvr-async": ("mfu", 0.01, 0.4, "async/sync"),
-    "agentic-160gpu": ("mfu", 0.04, 1.0, "tm/disagg tokens/s"),
-}
-# fmt: on
-NOTES = {  # printed under the preset's table: what is fixed, what is fitted, why the predictions differ
-    "agentic-160gpu": "Stated: cluster, model, 128/32 split, batch 512, 100 turns, 64K. The per-turn lengths, tail "
-    "and alpha 1 are our guesses; mfu is fitted to 3.5x (`--calibrate`): 0.507, while rlvr-async needs 0.0197 (at "
-    "0.0197 here tm/disagg is 1.2x, with timeouts), so no one training cost gives both claims. timemux wins by "
-    "KV capacity (the 32-GPU pool queues ~1000 live trajectories); traj/s includes the length bias of "
-    "bounded staleness. Not modelled: attention FLOPs, KV transfer, partial rollouts, GRPO groups.",
-    "rlvr-async": "Stated: 128 GPUs, Qwen3-8B, 128 x 8, 32K, alpha 2, longest > 20x median (-> median 1600, tail "
-    "0.8). mfu is fitted to 2.24x (`--calibrate`): training must cost ~20x our nominal FLOPs at 40 %, and then it "
-    "takes over 30 % of the sync step, against the stated rollout > 70 %: under our model the two statements "
-    "exclude each other. Queue scheduling is unreachable under the stated synchronous step: all 64 samples of 8x8 "
-    "decode at once either way and the step ends with the longest; the reported 2.16x must come from stages we do "
-    "not model (the reward after the batch, dynamic-sampling rounds). Redundancy counted in samples flatters 3.38x.",
-}
-
-
-@dataclass
-class Config:
-    """The cluster, the workload and the schedule to simulate; every modelling assumption is a field."""
-
-    schedule: Literal["colocated", "disagg", "timemux"] = "timemux"
-    """schedule that simulate() runs (main compares all three): colocated | disagg | timemux"""
-    n_gpus: int = 16
-    """GPUs in the cluster"""
-    gpus_per_worker: int = 2
-    """GPUs per inference worker (an engine with a whole weight copy); the unit of shrink/expand"""
-    train_gpus: int = 12
-    """disagg: GPUs dedicated to training; timemux: size of the released set; colocated: unused (all train)"""
-    alpha: int = 1
-    """staleness bound: started at version v, trainable at version <= v + alpha (colocated: 0; timemux: >= 1)"""
-    theta: float = 1.0
-    """timemux trigger: shrink once ceil(theta*batch) usable trajectories are done, and train on them"""
-    dispatch: Literal["sample", "batch"] = "sample"
-    """sample: queue scheduling (greedy per-trajectory dispatch, refill at once); batch: static blocks"""
-    redundant: int = 0
-    """extra trajectories admitted beyond the batch (redundant prompts/envs); the slowest get aborted"""
-    tail_batching: bool = False
-    """colocated with redundant > 0: defer aborted prompts, run them together in a long round (RollPacker)"""
-    batch: int = 128
-    """trajectories per training step"""
-    steps: int = 8
-    """training steps simulated"""
-    seed: int = 0
-    """workload seed (same seed = same trajectories in every schedule)"""
-    prompt_tokens: int = 1500
-    """prompt tokens of every trajectory"""
-    turns_median: float = 6.0
-    """median number of turns (log-normal)"""
-    turns_sigma: float = 0.5
-    """log-space sigma of the number of turns"""
-    tokens_median: float = 400.0
-    """median generated (action) tokens per turn (log-normal)"""
-    tokens_sigma: float = 0.6
-    """log-space sigma of the tokens of each turn (independent per turn)"""
-    tail: float = 0.8
-    """heavy-tail knob: sigma of a per-trajectory log-normal factor on its turns and tokens (0 = no tail)"""
-    obs_tokens: int = 400
-    """environment observation tokens appended to the context after each turn"""
-    env_median_s: float = 2.0
-    """median environment latency per turn, seconds (log-normal; the last one is the reward)"""
-    env_sigma: float = 0.5
-    """log-space sigma of the environment latency"""
-    max_turns: int = 24
-    """maximum turns per trajectory"""
-    max_context: int = 32768
-    """maximum context tokens; the turn reaching it is cut and ends the trajectory"""
-    timeout_s: float = 3600.0
-    """a trajectory still running this long after admission is aborted (a timeout)"""
-    lengths_file: str = ""
-    """replay per-turn action token counts from this file (one trajectory per line) instead of log-normals"""
-    replay_order: Literal["random", "once"] = "random"
-    """random: lines drawn with replacement (seeded); once: file order, each line once"""
-    total_params_b: float = 32.8
-    """model parameters, billions (Qwen3-32B-like; bf16 weights: read by decode, moved by sync)"""
-    active_params_b: float = 32.8
-    """active parameters per token, billions (MoE: < total)"""
-    kv_bytes_per_token: float = 262144.0
-    """KV-cache bytes per context token: 2 * layers * kv_heads * head_dim * 2 bytes (Qwen3-32B: 64 * 8 * 128)"""
-    gpu_mem_gb: float = 72.0
-    """GPU memory usable for weights + KV cache, GB (80 GB H800 at 90%)"""
-    hbm_bw_gbs: float = 2600.0
-    """achieved HBM bandwidth per GPU, GB/s (H800 peak 3350)"""
-    peak_tflops: float = 989.0
-    """dense bf16 peak per GPU, TFLOP/s"""
-    mfu: float = 0.4
-    """model-FLOPs utilisation of prefill and training"""
-    sync_bw_gbs: float = 50.0
-    """weight-sync bandwidth from trainer to inference engines, GB/s"""
-    sync_latency_s: float = 2.0
-    """fixed weight-sync cost, seconds (suspend, barrier, resume)"""
-    shrink_s: float = 3.0
-    """seconds to hand rollout GPUs to training (offload KV cache and weights, load train state)"""
-    expand_s: float = 2.0
-    """seconds to hand trained GPUs back to rollout (weights already synced)"""
-    max_seqs: int = 256
-    """maximum concurrent sequences per worker (engine max_num_seqs)"""
-    tm_dedicated: bool = False
-    """timemux: the released set never rolls out (a permanently dedicated train set: must equal disagg)"""
-    preset: Literal["", "agentic-160gpu", "rlvr-async"] = ""
-    """agentic-160gpu | rlvr-async: fill the fields left at their defaults; print reported figures"""
-    calibrate: bool = False
-    """with a preset: bisect its free parameter (CALIBRATION) until its figure is the reported one, print the value"""
-    sweep: str = ""
-    """numeric Config field to sweep (e.g. tail, n_gpus, alpha, theta) over 3 seeds; writes a plot"""
-    sweep_values: list[float] = field(default_factory=lambda: [0.0, 0.4, 0.8, 1.2])
-    """values of the swept field"""
-    out_dir: str = "runs/scheduler"
-    """where the plots go"""
-    jobs: int = 0
-    """processes for compare and sweep: 0 = one per usable CPU, 1 = in this process (spawned processes: a script
-    calling compare or sweep needs the `if __name__ == "__main__":` guard)"""
-
-    def __post_init__(self):
-        choices = dict(schedule=SCHEDULES, dispatch=("sample", "batch"), replay_order=("random", "once"))
-        for f, ok in (choices | {"preset": ("", *PRESETS)}).items():
-            check_choice(f, getattr(self, f), ok)
-        for names, lo, lo_open, hi in (
-            ("n_gpus gpus_per_worker batch steps max_turns max_seqs", 1, False, None),
-            ("redundant prompt_tokens obs_tokens tail turns_sigma tokens_sigma env_sigma env_median_s", 0, False, None),
-            ("jobs kv_bytes_per_token sync_latency_s shrink_s expand_s", 0, False, None),
-            ("turns_median tokens_median timeout_s total_params_b gpu_mem_gb hbm_bw_gbs peak_tflops", 0, True, None),
-            ("sync_bw_gbs", 0, True, None),
-            ("theta mfu", 0, True, 1),
-        ):
-            for f in names.split():
-                check_range(f, getattr(self, f), lo, hi, lo_open=lo_open)
-        check_range("active_params_b", self.active_params_b, 0, self.total_params_b, lo_open=True)
-        check_range("max_context", self.max_context, self.prompt_tokens + 1)
-        check_range("alpha", self.alpha, 1 if self.schedule == "timemux" else 0)  # alpha = 0: ROLL refuses timemux
-        top = self.n_gpus - self.gpus_per_worker if self.schedule == "disagg" else self.n_gpus
-        check_range("train_gpus", self.train_gpus, self.gpus_per_worker, top)  # the released set fits the cluster
-        for f in ("n_gpus", "train_gpus"):
-            if getattr(self, f) % self.gpus_per_worker:
-                raise ValueError(f"config field '{f}' = {getattr(self, f)} must be a multiple of gpus_per_worker")
-        if (cap := cost_model(self)["kv_cap"]) < self.max_context:
-            raise ValueError(f"config field 'max_context' = {self.max_context}: above a worker's KV cache {cap:.0f}")
-        if self.tail_batching and (self.schedule != "colocated" or self.redundant == 0):
-            raise ValueError("config field 'tail_batching' needs schedule colocated and redundant > 0")
-        if self.lengths_file:
-            load_lengths(self.lengths_file)  # raises naming the field if missing or empty
-        if self.sweep in ("seed", "jobs") or self.sweep and type(getattr(self, self.sweep, None)) not in (int, float):
-            raise ValueError(f"config field 'sweep' = {self.sweep!r}: must name a numeric workload or cluster field")
-
-
-def load_lengths(path: str) -> list[list[int]]:
-    """Rows of per-turn action token counts (whitespace or comma separated); raises naming lengths_file."""
-    try:
-        rows = [[int(x) for x in ln.replace(",", " ").split()] for ln in Path(path).read_text().splitlines()]
-    except (OSError, ValueError) as e:
-        raise ValueError(f"config field 'lengths_file' = {path!r}: cannot read integers ({e})") from e
-    if not (rows := [r for r in rows if r]) or min(map(min, rows)) < 1:
-        raise ValueError(f"config field 'lengths_file' = {path!r}: needs >= 1 line of positive integers")
-    return rows
-
-
-def cost_model(cfg: Config) -> dict:
-    """Per-worker cost constants (seconds, tokens) of assumptions 2-4."""
-    g, wbytes = cfg.gpus_per_worker, 2e9 * cfg.total_params_b  # bf16: 2 bytes per parameter
-    bw, flops = g * cfg.hbm_bw_gbs * 1e9, cfg.peak_tflops * 1e12 * cfg.mfu  # bytes/s of a worker, FLOP/s of a GPU
-    kv_free = g * cfg.gpu_mem_gb * 1e9 - wbytes
-    return dict(
-        step_min=2e9 * cfg.active_params_b / bw,  # decode step of 1 sequence: reads the active weights
-        step_max=wbytes / bw,  # decode step of many: reads every weight (all experts)
-        kv_s=cfg.kv_bytes_per_token / bw,  # decode step time per context token in the batch
-        kv_cap=kv_free / cfg.kv_bytes_per_token if cfg.kv_bytes_per_token else (math.inf if kv_free > 0 else 0.0),
-        prefill_s=2e9 * cfg.active_params_b / (g * flops),  # per prefilled token
-        train_gpu_s=TRAIN_FLOPS * 1e9 * cfg.active_params_b / flops,  # GPU-seconds per trained token
-        sync_s=cfg.sync_latency_s + wbytes / (cfg.sync_bw_gbs * 1e9),
-    )
-
-
-def decode_time(u: float, a: float, b: float) -> float:
-    """Seconds for u decode steps when step x takes a + b*x seconds (b = kv_s * n: contexts grow): a*u + b*u^2/2."""
-    return a * u + 0.5 * b * u * u
-
-
-def decode_steps(dt: float, a: float, b: float) -> float:
-    """Inverse of decode_time: steps done in dt seconds (the stable root of b/2 u^2 + a u - dt = 0)."""
-    return 2.0 * dt / (a + math.sqrt(a * a + 2.0 * b * dt))
-
-
-def make_workload(cfg: Config, chunk: int, n: int, rows=None) -> list[tuple]:
-    """Trajectories [chunk*n, chunk*n + n) as (per-turn action tokens, per-turn environment seconds)."""
-    rng, T = np.random.default_rng([cfg.seed, chunk]), cfg.max_turns
-    zf, zt, ztok, zenv = rng.standard_normal(n), rng.standard_normal(n), *rng.standard_normal((2, n, T))  # [n], [n, T]
-    if rows is None:
-        turns = np.clip(np.rint(cfg.turns_median * np.exp(cfg.turns_sigma * zt + cfg.tail * zf)), 1, T)  # [n]
-        tok = np.maximum(1, np.rint(cfg.tokens_median * np.exp(cfg.tokens_sigma * ztok + cfg.tail * zf[:, None])))
-    else:
-        pick = rng.integers(len(rows), size=n) if cfg.replay_order == "random" else range(chunk * n, chunk * n + n)
-        pick = [rows[j] for j in pick if j < len(rows)]
-        turns = np.array([min(len(r), T) for r in pick], dtype=np.int64)  # [n']
-        tok = np.array([(r + [0] * T)[:T] for r in pick], dtype=np.int64).reshape(-1, T)  # [n', T]
-    k = np.arange(T)
-    grow = np.where(k < turns[:, None], tok + cfg.obs_tokens, 0)  # [n, T] context growth of each turn
-    before = cfg.prompt_tokens + np.cumsum(grow, axis=1) - grow  # [n, T] context when turn k starts
-    live = (k < turns[:, None]) & (before < cfg.max_context)  # [n, T]
-    tok = np.where(live, np.minimum(tok, cfg.max_context - before), 0).astype(np.int64)  # [n, T] cut at the cap
-    env = cfg.env_median_s * np.exp(cfg.env_sigma * zenv)  # [n, T]
-    return [(t[:m], e[:m]) for t, e, m in zip(tok.tolist(), env.tolist(), live.sum(1).tolist())]
 
 
 @dataclass(slots=True, eq=False)
@@ -653,11 +414,6 @@ def simulate(cfg: Config) -> dict:
     return Sim(cfg).run()
 
 
-def traj_per_s(cfg: Config) -> float:
-    """simulate(cfg)'s throughput alone (what sweep keeps: no segments travel back from the processes)."""
-    return simulate(cfg)["traj_per_s"]
-
-
 def compare(cfg: Config, schedules=SCHEDULES) -> list[dict]:
     """simulate() each schedule on the same workload (same seed); 'speedup' = throughput vs the first one, in
     consumed trajectories/s and in their tokens/s ('speedup_tok': a schedule that aborts the longest trajectories
@@ -698,112 +454,18 @@ def plot_results(results: list[dict], path: str) -> Path:
     return Path(path)
 
 
-def sweep(cfg: Config, path: str | None = None, seeds: int = 3) -> list[dict]:
-    """Mean throughput (traj/s) of each schedule per value of cfg.sweep over `seeds` seeds (CRN); optional plot."""
-    import matplotlib.pyplot as plt
-
-    rows, vals = [], list(map(type(getattr(cfg, cfg.sweep)), cfg.sweep_values))
-    cfgs = [dataclasses.replace(cfg, schedule=s, seed=cfg.seed + k, **{cfg.sweep: v})
-            for v in vals for s in SCHEDULES for k in range(seeds)]  # fmt: skip
-    tput = np.array(parallel_map(traj_per_s, [(c,) for c in cfgs], cfg.jobs)).reshape(len(vals), len(SCHEDULES), seeds)
-    for val, m in zip(vals, tput.mean(-1)):  # m: [schedules] mean over seeds
-        rows.append({cfg.sweep: val, **dict(zip(SCHEDULES, m)), "tm_vs_co": m[2] / m[0], "tm_vs_dis": m[2] / m[1]})
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, keys, yl in zip(
-        axes, (SCHEDULES, ("tm_vs_co", "tm_vs_dis")), ("trajectories / s", "timemux throughput ratio")
-    ):
-        for k in keys:
-            ax.plot([r[cfg.sweep] for r in rows], [r[k] for r in rows], "o-", label=k)
-        ax.set(xlabel=cfg.sweep, ylabel=yl)
-        ax.legend()
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.tight_layout()
-        fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return rows
-
-
-def preset_report(cfg: Config, res: list[dict]) -> list[dict]:
-    """The reported figures (papers.md 3c, 4a) next to the simulated ones (main prints both): 'fit' marks the one
-    the preset's free parameter was calibrated on, the others are predictions."""
-    co, dis, tm = res
-    fit = CALIBRATION[cfg.preset][3]
-    row = lambda fig, rep, sim: dict(figure=fig, reported=rep, simulated=sim, use="fit" if fig == fit else "prediction")
-    if cfg.preset == "agentic-160gpu":
-        return [
-            row("tm/disagg tokens/s", 3.5, tm["tok_per_s"] / dis["tok_per_s"]),
-            row("tm/disagg traj/s", 3.5, tm["traj_per_s"] / dis["traj_per_s"]),
-            row("timeouts tm (disagg)", "0 (>0)", f"{tm['timeouts']} ({dis['timeouts']})"),
-            row("tm sync GPU share", "small", tm["sync"]),
-            row("tm shrink s/step", "seconds", tm["shrink_wait_s"] + cfg.shrink_s),
-        ]
-    split = {k: simulate(dataclasses.replace(cfg, schedule="disagg", train_gpus=k)) for k in (16, 32, 64, 96)}
-    best = max(split, key=lambda k: split[k]["traj_per_s"])  # the split is searched (the reported one is not known)
-    q = dataclasses.replace(cfg, schedule="colocated", n_gpus=8, train_gpus=8, batch=64, steps=10)  # "8x8"
-    b, s0, s16 = (
-        simulate(dataclasses.replace(q, **kw))["traj_per_s"] for kw in ({"dispatch": "batch"}, {}, {"redundant": 128})
-    )
-    return [
-        row("async/sync", 2.24, split[best]["traj_per_s"] / co["traj_per_s"]),
-        row(f"async/sync tokens/s ({best} train)", 2.24, split[best]["tok_per_s"] / co["tok_per_s"]),
-        row("sync rollout share of step", "> 0.7", 1 - co["train"] - co["sync"] - co["overhead"]),  # idle: the tail
-        row("queue/batch, 8x8", 2.16, s0 / b),
-        row("+16x8 redundant", 3.38, s16 / b),
-    ]
-
-
-def calibrate(cfg: Config, iters: int = 8, target: float | None = None) -> tuple[float, float]:
-    """Bisect the preset's free field (CALIBRATION; geometric for mfu) until the fitted figure equals the reported
-    one (or target), assuming it is monotone there: (the value of the closest try, its simulated figure). Raises if
-    the bracket's ends do not straddle it (the claim is unreachable by that field)."""
-    field_, lo, hi, figure = CALIBRATION[cfg.preset]
-
-    def gap(v: float) -> tuple[float, float]:
-        c = dataclasses.replace(cfg, **{field_: v})
-        r = next(r for r in preset_report(c, compare(c)) if r["figure"] == figure)
-        want = r["reported"] if target is None else target
-        print(f"[calibrate] {field_} = {v:.4g}: {figure} {r['simulated']:.3f} (want {want})", flush=True)
-        return r["simulated"], r["simulated"] - want
-
-    tries = [(lo, gap(lo)), (hi, gap(hi))]
-    if tries[0][1][1] * tries[1][1][1] > 0:
-        (s_lo, _), (s_hi, _) = tries[0][1], tries[1][1]
-        raise ValueError(f"{cfg.preset}: {figure} is {s_lo:.3f} at {field_} = {lo} and {s_hi:.3f} at {hi}: the "
-                         f"reported figure is outside, unreachable by '{field_}' in that range")  # fmt: skip
-    a, b = tries
-    for _ in range(iters):
-        mid = math.sqrt(a[0] * b[0]) if field_ == "mfu" else 0.5 * (a[0] + b[0])
-        tries.append((mid, gap(mid)))
-        a, b = (tries[-1], b) if tries[-1][1][1] * a[1][1] > 0 else (a, tries[-1])
-    v, (sim, _) = min(tries, key=lambda t: abs(t[1][1]))
-    return v, sim
-
-
-def main(argv=None):
-    """`python scheduler.py [flags]`: simulate the schedules (or a preset, or a sweep), print and plot them."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    cfg = parse_config(Config, argv)
-    if cfg.preset:  # preset values go into the fields still at their defaults (explicit flags win)
-        preset = {k: v for k, v in PRESETS[cfg.preset].items() if getattr(cfg, k) == getattr(Config(), k)}
-        cfg = dataclasses.replace(cfg, **preset)
-    if cfg.calibrate:
-        check_choice("preset", cfg.preset, tuple(CALIBRATION))  # --calibrate needs a preset
-        v, sim = calibrate(cfg)
-        print(f"{cfg.preset}: {CALIBRATION[cfg.preset][0]} = {v:.4g} gives {CALIBRATION[cfg.preset][3]} {sim:.3f}")
-        return v
+def print_costs(cfg: Config) -> None:
+    """One line: the per-worker cost constants of cost_model (assumptions 2-4) in readable units."""
     c = cost_model(cfg)
     print(
         f"per worker: decode step {1e3 * c['step_min']:.3g}-{1e3 * c['step_max']:.3g} ms + {1e9 * c['kv_s']:.3g} ms"
         f"/1M context tokens; KV cache {c['kv_cap']:.4g} tokens; prefill {1e6 * c['prefill_s']:.3g} ms/1K tokens;"
         f" train {1e3 * c['train_gpu_s']:.3g} GPU-ms/token; sync {c['sync_s']:.3g} s"
     )
-    if cfg.sweep:
-        print(format_table(rows := sweep(cfg, path := f"{cfg.out_dir}/sweep_{cfg.sweep}.png")), "\nplot:", path)
-        return rows
-    res = compare(cfg)
+
+
+def print_comparison(res: list[dict]) -> None:
+    """compare()'s table, the headline in both units, and each schedule's staleness histogram."""
     cols = "schedule steps step_s traj_per_s tok_per_s speedup speedup_tok rollout waste wasted_share train sync"
     print(format_table(res, cols.split() + "overhead idle timeouts aborted migrated stale_mean".split()))
     tm = next(r for r in res if r["schedule"] == "timemux")  # the headline in both units (compare's docstring)
@@ -811,12 +473,17 @@ def main(argv=None):
           f"{tm['speedup_tok']:.3g}x in tokens/s; {tm['wasted_share']:.0%} of its rollout GPU time wasted")  # fmt: skip
     for r in res:
         print(f"{r['schedule']}: staleness histogram {r['staleness'].tolist()}, {r['events']} events")
-    if cfg.preset:
-        print(
-            format_table(preset_report(cfg, res)),
-            f"\nparameters: { {k: getattr(cfg, k) for k in PRESETS[cfg.preset]} }",
-        )
-        print(NOTES[cfg.preset])
+
+
+def main(argv=None):
+    """`python scheduler.py [flags]`: simulate the three schedules on one workload, print and plot them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    cfg = parse_config(Config, argv, description=__doc__.split("\n\n")[0])  # (Config's module is scheduler_config)
+    print_costs(cfg)
+    res = compare(cfg)
+    print_comparison(res)
     print("plot:", plot_results(res, f"{cfg.out_dir}/schedules.png"))
     return res
 

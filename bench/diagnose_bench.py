@@ -39,7 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cli import check_fields, parse_config  # noqa: E402
-from diagnose import CHECKS, LiveDiagnoser, load_metrics  # noqa: E402
+from diagnose import CHECKS, LiveDiagnoser  # noqa: E402
+from diagnose_logs import load_metrics  # noqa: E402
 from repro import INJECTIONS  # noqa: E402
 
 SMALL = {"prompts_per_step": 8, "group_size": 8, "eval_every": 0}

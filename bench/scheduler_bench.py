@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import scheduler as S  # noqa: E402
+from experiments.schedules import PRESETS  # noqa: E402
 from runlog import format_table, n_processes  # noqa: E402
 
 # The implementation before the rewrite into records (b6ecd88), full preset on this machine (2 cores, idle):
@@ -35,7 +36,7 @@ RECORDED = dict(events_per_cpu_s=108_263, vs_bare_loop=0.123, cpu_s=21.7)
 
 def preset(**kw) -> S.Config:
     """The agentic-160gpu preset with the fields kw changed."""
-    return dataclasses.replace(S.Config(), **(S.PRESETS["agentic-160gpu"] | kw))
+    return dataclasses.replace(S.Config(), **(PRESETS["agentic-160gpu"] | kw))
 
 
 def bare_event_loop(n: int) -> float:

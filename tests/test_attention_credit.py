@@ -12,6 +12,7 @@ import offpolicy
 import tasks
 import trainer
 from cli import parse_config
+from experiments import credit
 from rollout import sequence_logprobs
 
 # ------------------------------------------------------------------------------------------------
@@ -437,17 +438,31 @@ def test_chain_task_answers_are_long():
     assert math.isclose(task.compute_score(probs[0]["ground_truth"][:-1] + "x", probs[0]["ground_truth"]), 42 / 43)
 
 
-def test_experiment_main_smoke(tmp_path, capsys):
-    """`python attention_credit.py` end to end at tiny flags on a random model: the table, results.json, curves and
-    the token figure; the credit run reports its overhead and amplified share, the GRPO run none."""
+def tiny_credit_model(path):
+    """A random model of MODEL's shape (narrower), saved with the char tokenizer at `path`."""
     tok = tasks.make_tokenizer()
     torch.manual_seed(0)
     model = tasks.make_tiny_model(tok, **{**dict(ac.MODEL), "hidden_size": 32, "intermediate_size": 64})
-    model.save_pretrained(tmp_path / "m")
-    tok.save_pretrained(tmp_path / "m")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_main_shows_the_credit_of_one_batch(tmp_path, capsys):
+    """`python attention_credit.py` on a random model: the head groups, the amplified share and the token figure."""
+    c = ac.main(["--model", str(tiny_credit_model(tmp_path / "m")), "--prompts", "4", "--out-dir", str(tmp_path)])
+    mask = c["response_mask"].bool()
+    assert c["layers"] == [2, 3, 4] and len(c["local"]) == len(c["global"]) == math.ceil(0.3 * 24)
+    assert 0.3 <= float(((c["gamma"] > 1) & mask).sum() / mask.sum()) <= 0.5  # q = 0.4 of each response
+    assert (tmp_path / "tokens.png").stat().st_size > 0 and "amplified (gamma > 1)" in capsys.readouterr().out
+
+
+def test_experiment_main_smoke(tmp_path, capsys):
+    """`python experiments/credit.py` end to end at tiny flags on a random model: the table, results.json, curves and
+    the token figure; the credit run reports its overhead and amplified share, the GRPO run none."""
     out = tmp_path / "exp"
-    argv = f"--model {tmp_path / 'm'} --steps 2 --eval-every 1 --eval-n 4 --out-dir {out}".split()
-    ac.main([*argv, "--train-args", "--prompts-per-step 2 --group-size 2 --ppo-epochs 1"])
+    argv = f"--model {tiny_credit_model(tmp_path / 'm')} --steps 2 --eval-every 1 --eval-n 4 --out-dir {out}".split()
+    credit.main([*argv, "--train-args", "--prompts-per-step 2 --group-size 2 --ppo-epochs 1"])
     res = json.loads((out / "results.json").read_text())
     assert [(r["method"], r["seed"]) for r in res["runs"]] == [("grpo", 0), ("coupled", 0)]
     grpo, coupled = res["runs"]
@@ -460,9 +475,9 @@ def test_experiment_main_smoke(tmp_path, capsys):
 def test_full_runs_take_the_trainers_learning_recipe():
     """--full: 4 methods x 5 seeds, each run the trainer's default recipe (what trainer parses from run_argv) on
     chain with 48 new tokens; train_args win over it."""
-    cfg = ac.Config(full=True)
-    assert cfg.methods == list(ac.METHODS) and cfg.seeds == 5
-    run = parse_config(trainer.Config, ac.run_argv(cfg, "coupled", 3, "M"))
+    cfg = credit.Config(full=True)
+    assert cfg.methods == list(credit.METHODS) and cfg.seeds == 5
+    run = parse_config(trainer.Config, credit.run_argv(cfg, "coupled", 3, "M"))
     default = trainer.Config()
     assert (run.task, run.max_new_tokens, run.seed, run.adv_estimator, run.model) == ("chain", 48, 3, "grpo", "M")
     assert (run.credit, run.credit_mode) == ("attention", "coupled") and trainer.Config(task="chain").credit == "none"
@@ -478,7 +493,7 @@ def test_full_runs_take_the_trainers_learning_recipe():
     ):
         assert getattr(run, k) == getattr(default, k), k
     grpo = parse_config(
-        trainer.Config, ac.run_argv(ac.Config(full=True, train_args="--lr 1e-4 --steps 7"), "grpo", 0, "M")
+        trainer.Config, credit.run_argv(credit.Config(full=True, train_args="--lr 1e-4 --steps 7"), "grpo", 0, "M")
     )
     assert (grpo.lr, grpo.steps, grpo.credit) == (1e-4, 7, "none")
 
@@ -500,7 +515,7 @@ def test_summarize_known_answer(tmp_path, capsys):
     path = tmp_path / "results.json"
     config = {"methods": ["grpo", "coupled"], "target_acc": 0.5}
     path.write_text(json.dumps({"config": config, "start_acc": 0.9, "runs": runs}))
-    grpo, coupled = ac.summarize(path)
+    grpo, coupled = credit.summarize(path)
     # grpo finals 0.2, 0.0: mean 0.1, sample std sqrt(0.02) = 0.141; bests 0.2, 0.4: 0.3 +- 0.141
     assert grpo["final_acc"] == "0.100 ± 0.141" and grpo["best_acc"] == "0.300 ± 0.141"
     assert coupled["final_acc"] == "0.500 ± 0.000" and coupled["best_acc"] == "0.500 ± 0.000"

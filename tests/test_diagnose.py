@@ -13,6 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import diagnose  # noqa: E402
+import diagnose_checks  # noqa: E402
+import diagnose_logs  # noqa: E402
 from diagnose import TH, LiveDiagnoser  # noqa: E402
 
 run_diagnose = diagnose.diagnose
@@ -299,8 +301,8 @@ def test_skipped_checks_are_reported_with_the_reason():
 
 
 def test_threshold_table_documents_every_row_and_every_check():
-    names = [t.name for t in diagnose.THRESHOLDS]
-    assert len(names) == len(set(names)) and all(t.why.strip() for t in diagnose.THRESHOLDS)
+    names = [t.name for t in diagnose_checks.THRESHOLDS]
+    assert len(names) == len(set(names)) and all(t.why.strip() for t in diagnose_checks.THRESHOLDS)
     for cid, fn, _ in diagnose.CHECKS:  # the docstring is the advice: "<cause> Try: <fix>"
         cause, fix = " ".join(fn.__doc__.split()).split(" Try: ")
         assert cause and fix, cid
@@ -359,8 +361,8 @@ EXTRA = {  # their name -> ours, beyond the two tables above
 def test_name_map_covers_the_documented_verl_and_trl_names():
     pairs = [(theirs, ours) for names in (VERL, TRL) for ours, theirs in names.items()] + list(EXTRA.items())
     for theirs, ours in pairs:
-        assert diagnose.to_ours({theirs: 1.0}) == {ours: 1.0}, theirs
-    mapped = diagnose.to_ours({"stats/kl": 0.1, "kl": 9.0, "actor/kl_loss": 8.0})
+        assert diagnose_logs.to_ours({theirs: 1.0}) == {ours: 1.0}, theirs
+    mapped = diagnose_logs.to_ours({"stats/kl": 0.1, "kl": 9.0, "actor/kl_loss": 8.0})
     assert mapped == {"stats/kl": 0.1}  # our own name wins over theirs
 
 
@@ -388,7 +390,7 @@ def test_verl_log_is_mapped_and_diagnosed(tmp_path):
     rows[50]["training/rollout_probs_diff_mean"] = rows[51]["training/rollout_probs_diff_mean"] = 0.05
     lines = [json.dumps({"step": r.pop("step"), "data": r}) for r in rows]  # veRL's file logger layout
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    findings = run_diagnose(diagnose.load_metrics(tmp_path))
+    findings = run_diagnose(diagnose_logs.load_metrics(tmp_path))
     assert ids_and_steps(findings) == [("kl_blowup", 40), ("logprob_mismatch", 50)]
     rc, out, err = run_cli(tmp_path)
     assert rc == 1 and "kl_blowup @ step 40" in out and "logprob_mismatch @ step 50" in out and not err
@@ -422,7 +424,7 @@ def test_csv_file(tmp_path):
     cols = list(rows[0])
     text = ",".join(cols) + "\n" + "\n".join(",".join(str(r[c]) for c in cols) for r in rows) + "\n"
     (tmp_path / "m.csv").write_text(text)
-    assert ids_and_steps(run_diagnose(diagnose.load_metrics(tmp_path / "m.csv"))) == [("high_truncation", 20)]
+    assert ids_and_steps(run_diagnose(diagnose_logs.load_metrics(tmp_path / "m.csv"))) == [("high_truncation", 20)]
 
 
 def test_cli_healthy_run_dir_exits_0(tmp_path):
@@ -506,7 +508,7 @@ def test_nan_written_as_text_is_read_and_flagged(tmp_path):
     rows = healthy(n=10)
     text = "\n".join(json.dumps(r) for r in rows).replace('"loss/policy": ', '"loss/policy": "nan", "x": ', 1)
     (tmp_path / "m.jsonl").write_text(text)
-    assert ids_and_steps(run_diagnose(diagnose.load_metrics(tmp_path / "m.jsonl"))) == [("nan_inf", 0)]
+    assert ids_and_steps(run_diagnose(diagnose_logs.load_metrics(tmp_path / "m.jsonl"))) == [("nan_inf", 0)]
 
 
 def test_a_restored_diagnoser_goes_on_as_the_uninterrupted_one():
@@ -535,3 +537,18 @@ def test_a_restored_diagnoser_keeps_flat_rewards_longer_window():
     after = [f for r in rows[50:] for f in later.update(r["step"], r)]
     assert ids_and_steps(expected) == [("flat_reward", 0)] and before + after == expected
     assert later.state() == whole.state() and later.skipped() == whole.skipped()
+
+
+def test_the_split_files_mains_list_the_checks_and_read_a_file(tmp_path, capsys):
+    """diagnose_checks.py lists every check with its advice; diagnose_logs.py prints the rows it reads, names mapped."""
+    diagnose_checks.main()
+    out = capsys.readouterr().out
+    assert all(f"{cid} (reads" in out for cid, _, _ in diagnose.CHECKS) and out.count("  try: ") == len(diagnose.CHECKS)
+    rows = [{"step": s, "critic/score/mean": 0.5, "actor/kl_loss": 0.1 * s} for s in range(3)]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = diagnose_logs.main([str(tmp_path / "m.jsonl")])
+    assert [r["stats/kl"] for r in got] == [
+        0.0,
+        0.1,
+        0.2,
+    ] and "critic/score/mean -> rollout/reward_mean" in capsys.readouterr().out

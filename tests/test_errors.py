@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import attention_credit
 import cli
 import common
 import critics
 import data
 import tasks
 import trainer
+from experiments import asyppo, credit
 from rewards import RewardArgs, math_exact_score
 from rollout import generate
 from tasks import tokenize_prompts
@@ -75,7 +75,11 @@ def test_config_range_errors_name_field_and_range(field, value, allowed):
 
 
 def test_experiment_configs_check_their_fields():
-    for config, field, value in ((critics.Config, "jobs", 0), (attention_credit.Config, "samples", 1)):
+    for config, field, value in (
+        (asyppo.Config, "jobs", 0),
+        (credit.Config, "seeds", 0),
+        (critics.Config, "prompts", 0),
+    ):
         with pytest.raises(ValueError, match=f"'{field}' = {value} is out of range"):
             config(**{field: value})
 

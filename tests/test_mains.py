@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import critics
 import env_service
 import envs
 import evaluation
@@ -156,8 +157,22 @@ def test_repro_runlog_and_checkpoint_mains_read_a_run(tmp_path, tiny_model):
     assert tok("ab c", add_special_tokens=False).input_ids == tasks.make_tokenizer()("ab c").input_ids
 
 
-def test_critics_main_runs_its_experiment_as_trainer_subprocesses(tmp_path, sft_path):
-    args = ["critics.py", "--steps", "1", "--out-dir", str(tmp_path)]
+def test_critics_main_fits_two_critics_on_their_shares_and_masks(capsys, sft_path):
+    """`python critics.py`: two mini-critics fitted on disjoint shares disagree, and AsyPPO's masks drop ~k and ~h."""
+    out = main_output(capsys, critics, "--model", str(sft_path), "--prompts", "4", "--fit-steps", "5")
+    masked = float(next(line for line in out.splitlines() if line.startswith("stats/asyppo_pg_masked_frac")).split()[1])
+    assert 0.1 < masked < 0.3 and "critic/actor_sized_mem_mb" in out and "P: PPO term dropped" in out, out
+
+
+def test_transport_main_trades_a_message_each_way():
+    """`python transport.py`: two gloo ranks, a header with a tensor one way, a header alone back."""
+    out = run("transport.py", timeout=300)
+    assert "rank 0 got {'kind': 'numbers', 'from': 1, 'shape': [4], 'dtype': 'float32'}" in out, out
+    assert "rank 1 got {'kind': 'sum', 'value': 6.0} with None" in out, out
+
+
+def test_asyppo_experiment_runs_as_trainer_subprocesses(tmp_path, sft_path):
+    args = ["experiments/asyppo.py", "--steps", "1", "--out-dir", str(tmp_path)]
     out = run(*args, "--train-args", f"--model {sft_path} --eval-n 8 --prompts-per-step 2 --group-size 4", timeout=600)
     summary = json.loads((tmp_path / "quick" / "summary.json").read_text())
     assert [r["method"] for r in summary] == ["ppo_1_full", "asyppo_2_mini"] and "final_acc" in out
@@ -223,9 +238,9 @@ def test_identity_check_main_records_and_checks(tmp_path, capsys, default_sft_pa
 
 
 def test_mismatch_experiment_main_runs_an_arm_and_prints_its_row(default_sft_path):
-    """bench/mismatch_experiment.py on one arm, one seed, 2 iterations of the default recipe: its table row, with the
+    """experiments/mismatch.py on one arm, one seed, 2 iterations of the default recipe: its table row, with the
     gap measured (the bf16 sampler) and IcePop's zeroed share."""
-    out = run("bench/mismatch_experiment.py", "--arms", "bf16, IcePop", "--seeds", "1", "--steps", "2", timeout=600)
+    out = run("experiments/mismatch.py", "--arms", "bf16, IcePop", "--seeds", "1", "--steps", "2", timeout=600)
     row = next(line for line in out.splitlines() if line.startswith("| bf16, IcePop |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert float(cells[3].split()[0]) > 1e-4 and cells[6] != "-", out  # logp_diff of bf16, is_oob reported

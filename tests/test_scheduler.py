@@ -1,5 +1,6 @@
-"""Tests of scheduler.py: known answers (cost model, hand-computed toys), conservation, degenerate equivalences,
-monotonicity, Graham's bound, the staleness invariant, determinism, bad inputs, presets and the CLI (CPU, seconds)."""
+"""Tests of scheduler.py and scheduler_config.py: known answers (cost model, hand-computed toys), conservation,
+degenerate equivalences, monotonicity, Graham's bound, the staleness invariant, determinism, bad inputs, the CLI; the
+presets, calibration and sweeps of experiments/schedules.py (CPU, seconds)."""
 
 import dataclasses
 import math
@@ -8,6 +9,8 @@ import numpy as np
 import pytest
 
 import scheduler as S
+import scheduler_config
+from experiments import schedules as E
 
 rep = dataclasses.replace
 Q8B = dict(gpus_per_worker=1, total_params_b=8.2, active_params_b=8.2, kv_bytes_per_token=147456.0)  # Qwen3-8B-like
@@ -74,7 +77,7 @@ def test_cost_model_known_answer():
     assert c["prefill_s"] == pytest.approx(2 * 8.2e9 / (989e12 * 0.4))  # 41.5 us per token
     assert c["train_gpu_s"] == pytest.approx(8 * 8.2e9 / (989e12 * 0.4))
     assert c["sync_s"] == pytest.approx(2.0 + 16.4e9 / 50e9)
-    q235 = {k: S.PRESETS["agentic-160gpu"][k] for k in ("total_params_b", "active_params_b", "kv_bytes_per_token")}
+    q235 = {k: E.PRESETS["agentic-160gpu"][k] for k in ("total_params_b", "active_params_b", "kv_bytes_per_token")}
     moe = S.cost_model(
         S.Config(gpus_per_worker=8, train_gpus=8, **q235)
     )  # MoE: one sequence reads its active experts only
@@ -372,7 +375,7 @@ def test_queue_scheduling_beats_static_batches():
 )
 def test_bad_inputs_name_the_field(kw, name):
     with pytest.raises(ValueError, match=name):
-        S.Config(**kw)
+        (E.Config if "sweep" in kw else S.Config)(**kw)  # sweeps are experiments/schedules.py's
 
 
 def test_empty_or_bad_lengths_file(tmp_path):
@@ -386,11 +389,11 @@ def test_empty_or_bad_lengths_file(tmp_path):
 
 
 def test_presets_scaled_down_smoke():
-    for name in S.PRESETS:
-        cfg = rep(S.Config(), **(S.PRESETS[name] | dict(preset=name, batch=32, steps=2)))
+    for name in E.PRESETS:
+        cfg = rep(E.Config(), **(E.PRESETS[name] | dict(preset=name, batch=32, steps=2)))
         res = S.compare(cfg)
         assert [r["steps"] for r in res] == [2, 2, 2] and all(np.isfinite(r["traj_per_s"]) for r in res)
-        rows = S.preset_report(rep(cfg, steps=1) if name == "rlvr-async" else cfg, res)
+        rows = E.preset_report(rep(cfg, steps=1) if name == "rlvr-async" else cfg, res)
         reported = {r["reported"] for r in rows}
         assert (3.5 in reported) if name == "agentic-160gpu" else {2.24, 2.16, 3.38} <= reported
         assert all(isinstance(r["simulated"], str) or np.isfinite(r["simulated"]) for r in rows)
@@ -403,7 +406,7 @@ def test_main_help_sweep_and_default(tmp_path, capsys):
     assert all(f"--{f.name.replace('_', '-')}" in out for f in dataclasses.fields(S.Config))
     res = S.main(["--steps", "2", "--batch", "32", "--out-dir", str(tmp_path)])
     assert [r["schedule"] for r in res] == list(S.SCHEDULES) and (tmp_path / "schedules.png").stat().st_size > 0
-    rows = S.main(
+    rows = E.main(
         ["--sweep", "tail", "--sweep-values", "0", "1", "--steps", "2", "--batch", "16", "--out-dir", str(tmp_path)]
     )
     assert [r["tail"] for r in rows] == [0.0, 1.0] and (tmp_path / "sweep_tail.png").exists()
@@ -472,13 +475,18 @@ def test_calibrate_recovers_a_planted_value_and_refuses_an_unreachable_figure():
     """A scaled-down rlvr-async: the async/sync figure simulated at mfu 0.1 is given as the target; bisecting mfu in
     [0.01, 0.4] finds it again (8 geometric halvings: the bracket is 40^(1/256) = 1.5 % wide). A target above what
     either end gives raises naming the field. The report marks the one fitted row."""
-    cfg = rep(S.Config(), **(S.PRESETS["rlvr-async"] | dict(preset="rlvr-async", batch=32, steps=2, jobs=1)))
-    rows = S.preset_report(rep(cfg, mfu=0.1), S.compare(rep(cfg, mfu=0.1)))
+    cfg = rep(E.Config(), **(E.PRESETS["rlvr-async"] | dict(preset="rlvr-async", batch=32, steps=2, jobs=1)))
+    rows = E.preset_report(rep(cfg, mfu=0.1), S.compare(rep(cfg, mfu=0.1)))
     assert [r["use"] for r in rows].count("fit") == 1
     planted = next(r["simulated"] for r in rows if r["use"] == "fit")
-    v, sim = S.calibrate(cfg, target=planted)
+    v, sim = E.calibrate(cfg, target=planted)
     assert math.isclose(sim, planted, rel_tol=0.02) and 0.07 <= v <= 0.14  # a flat stretch maps to a range of mfu
     with pytest.raises(ValueError, match="unreachable by 'mfu'"):
-        S.calibrate(cfg, iters=1, target=1e6)
+        E.calibrate(cfg, iters=1, target=1e6)
     with pytest.raises(ValueError, match="preset"):  # --calibrate needs a preset
-        S.main(["--calibrate"])
+        E.main(["--calibrate"])
+
+
+def test_scheduler_config_main_prints_the_costs_and_the_workload_spread(capsys):
+    per_traj = scheduler_config.main(["--batch", "16", "--max-turns", "4"])
+    assert len(per_traj["turns"]) == 16 and max(per_traj["turns"]) <= 4 and "final_context" in capsys.readouterr().out

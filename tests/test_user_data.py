@@ -19,6 +19,7 @@ import tasks
 import trainer
 from envs import sample_episodes
 from evaluation import pass_at_k, sampled_eval
+from experiments import schedules
 from rewards import RewardArgs, RewardModel, RewardSet
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -202,10 +203,8 @@ def test_reward_names_and_flags_checked_at_load(tmp_path):
     cfg = cli.parse_config(trainer.Config, ["--reward", "a.py:f", "--reward", "b.py", "exact", "--reward-weights", "1",
                                           "0.5", "2"])  # fmt: skip
     assert cfg.reward == ["a.py:f", "b.py", "exact"] and cfg.reward_weights == [1.0, 0.5, 2.0]
-    import scheduler
-
-    assert cli.parse_config(scheduler.Config, ["--sweep-values", "1", "2"]).sweep_values == [1.0, 2.0]
-    assert cli.parse_config(scheduler.Config, []).sweep_values == [0.0, 0.4, 0.8, 1.2]
+    assert cli.parse_config(schedules.Config, ["--sweep-values", "1", "2"]).sweep_values == [1.0, 2.0]
+    assert cli.parse_config(schedules.Config, []).sweep_values == [0.0, 0.4, 0.8, 1.2]
     assert trainer.Config(reward="exact").reward == ["exact"]  # one name, as older config.json files hold it
 
 

@@ -26,7 +26,7 @@ LENGTHS = [[120, 40, 300], [800], [60, 60, 60, 60, 60], [2500, 10], [90, 400], [
 SMALL = dict(n_gpus=8, train_gpus=4, batch=24, steps=4, turns_median=3.0, max_turns=8, tokens_median=200.0,
              prompt_tokens=1000, obs_tokens=200, gpus_per_worker=1, total_params_b=8.2, active_params_b=8.2,
              kv_bytes_per_token=147456.0)  # fmt: skip
-# the two presets as they were when the file was recorded (b6ecd88; scheduler.PRESETS has been calibrated since)
+# the two presets as they were when the file was recorded (b6ecd88; experiments/schedules.PRESETS: calibrated since)
 AGENTIC = dict(n_gpus=160, gpus_per_worker=8, train_gpus=128, batch=512, steps=20, alpha=1, total_params_b=235.0,
                active_params_b=22.0, kv_bytes_per_token=192512.0, max_turns=100, max_context=65536, prompt_tokens=2000,
                turns_median=30.0, turns_sigma=0.6, tokens_median=300.0, tokens_sigma=0.7, tail=0.5, obs_tokens=500,

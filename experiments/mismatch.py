@@ -1,8 +1,8 @@
 """The sampler-trainer gap and its corrections: the default recipe sampled by a bf16 copy of the policy.
 
-    python bench/mismatch_experiment.py               # 6 arms x 3 seeds of `python trainer.py` (~20 min, 2 cores)
-    python bench/mismatch_experiment.py --seeds 1 --steps 10   # a quick look
-    python bench/mismatch_experiment.py --arms "bf16, none" "bf16, IcePop"   # some arms only
+    python experiments/mismatch.py               # 6 arms x 3 seeds of `python trainer.py` (~20 min, 2 cores)
+    python experiments/mismatch.py --seeds 1 --steps 10   # a quick look
+    python experiments/mismatch.py --arms "bf16, none" "bf16, IcePop"   # some arms only
 
 Every arm is the default run (`python trainer.py`: PPO with a critic on the embedded task, 90 iterations)
 with `--seed S`; all but the first sample with `--rollout-dtype bfloat16` (offpolicy.inference_copy: the policy's
@@ -55,7 +55,9 @@ SERIES = {  # column -> metrics key, averaged over a run's iterations
 
 
 @dataclass
-class Args:
+class Config:
+    """`python experiments/mismatch.py`: the arms, each `python trainer.py ...` per seed."""
+
     seeds: int = 3
     """Seeds per arm (0 .. seeds - 1)."""
     steps: int = 90
@@ -90,7 +92,7 @@ def run(arm: str, seed: int, steps: int, out: Path) -> dict:
 
 
 def main(argv=None) -> None:
-    args = parse_config(Args, argv, description=__doc__)
+    args = parse_config(Config, argv, description=__doc__)
     jobs = [(arm, seed) for arm in args.arms for seed in range(args.seeds)]
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.parallel) as pool:
         futures = {job: pool.submit(run, *job, args.steps, Path(tmp) / f"{i}") for i, job in enumerate(jobs)}
