@@ -10,7 +10,7 @@ torch.multiprocessing process without torchrun) runs one request at a time, load
 Transport (transport.py): weights (a flat fp32 vector) and samples (one fp64 matrix per request) go point to point
 over gloo, each announced by a JSON header in the rendezvous store (a receive is posted only once its data is there).
 
-Staleness (DESIGN.md 7.4; ROLL Flash arXiv 2510.11345 sec. 3; AReaL arXiv 2505.24298 sec. 5). A request's version v
+Staleness (docs/design.md 5.4; ROLL Flash arXiv 2510.11345 sec. 3; AReaL arXiv 2505.24298 sec. 5). A request's version v
 is the weights version its worker held when it STARTED it, a group's the minimum over its samples; at trainer
 version n a group is usable iff n - v <= alpha (the async ratio), older ones are dropped whole and counted.
 Admission: groups admitted - dropped <= (n + 1 + alpha) N + redundant (N groups per step), the buffer's bound;
@@ -67,7 +67,7 @@ from warm_start import sft_config_for, sft_warm_start
 
 @dataclass
 class AsyncConfig(Config):
-    """The trainer's Config plus the knobs of asynchronous rollouts (DESIGN.md 7.4)."""
+    """The trainer's Config plus the knobs of asynchronous rollouts (docs/design.md 5.4)."""
 
     async_ratio: int = 1
     """alpha: a sample started at weights version v may be trained at version <= v + alpha (0 = synchronous)."""

@@ -5,7 +5,7 @@
     python trainer.py --adv-estimator grpo --credit attention --credit-mode coupled   # inside any run
 
 "Attention Illuminates LLM Reasoning: the preplan-and-anchor rhythm enables fine-grained policy optimization"
-(Li et al., arXiv 2510.13554; papers.md 2, DESIGN.md 7.3). After the rollout, the trainer's no-grad recompute of
+(Li et al., arXiv 2510.13554; docs/design.md 5.3). After the rollout, the trainer's no-grad recompute of
 old_logprobs also gives the per-head maps A[t, s] of a few middle layers (detail 2); for every head and response row:
   span     d_h = mean_{t in R} sum_s A_h[t,s] (t - s)                                     (Eq. 7)
   groups   local = bottom 30% of heads by d, global = top 30% (>= 1 head each); maps averaged (Eq. 8)
@@ -17,7 +17,7 @@ old_logprobs also gives the per-head maps A[t, s] of a few middle layers (detail
 with b = amp - 1; the trainer multiplies the final advantage (GRPO's group-normalised one, GAE's after
 whitening): A~_t = gamma_t A_t (Eq. 12/13).
 
-Implementation details ("our choice" where the paper is silent; DESIGN.md 7.3 fixes most)
+Implementation details ("our choice" where the paper is silent; docs/design.md 5.3 fixes most)
 1. Layers kept: unique(round(linspace(L // 3, 2L // 3, 5))), numpy rounding (half to even): 6 layers -> 2, 3, 4.
 2. In the trainer, the maps come from inside the forward it runs anyway (the recompute of old_logprobs): for that
    forward of an sdpa model of full-attention layers (`maps_inside`) the attention implementation is
@@ -48,7 +48,7 @@ Implementation details ("our choice" where the paper is silent; DESIGN.md 7.3 fi
    stats/credit_span_local / _global, time/credit (seconds: in the trainer, what credit adds to the recompute:
    the maps inside it, time/credit_maps, and gamma); the trainer adds perf/credit_overhead (its share of the step).
 8. Start model (our choice; main() and experiments/credit.py): task `chain` (five 2-digit numbers summed step by
-   step, 43-character answers: responses of >= 40 tokens, DESIGN.md 7.3), the tiny Qwen2 with 6 layers, 8 query / 4
+   step, 43-character answers: responses of >= 40 tokens, docs/design.md 5.3), the tiny Qwen2 with 6 layers, 8 query / 4
    key-value heads, hidden 64 (MODEL), after an SFT warm start (SFT).
 """
 
@@ -80,7 +80,7 @@ SFT = dict(task="chain", model_overrides=MODEL, lr=3e-3, batch_size=64, max_step
 
 @dataclass
 class CreditArgs:
-    """The trainer's knobs of attention credit (DESIGN.md 7.3); its Config inherits them."""
+    """The trainer's knobs of attention credit (docs/design.md 5.3); its Config inherits them."""
 
     credit: Literal["none", "attention"] = "none"
     """Token credit: none, or attention-based re-weighting of advantages (attention_credit.py)."""

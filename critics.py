@@ -5,12 +5,12 @@
     torchrun --standalone --nproc_per_node=2 trainer.py --critic asyppo  # each critic data-parallel
 
 A critic is a causal-LM backbone (Hugging Face `AutoModel`) with a scalar head; `V(s_t)`, the value BEFORE
-token t, reads the hidden state at position P + t - 1. Interface (DESIGN.md 5): `Critics.values(...)` ->
+token t, reads the hidden state at position P + t - 1. Interface (docs/design.md 5.6): `Critics.values(...)` ->
 [M, B, R] under no_grad; the trainer's `critic_update` (trainer.py) steps critic m on the rows of its share
 with the clipped value loss. `CriticArgs` holds the knobs (the trainer's Config inherits them).
 
-AsyPPO (Liu et al. 2025; papers.md section 1), one iteration in the trainer's order:
-  1. V_m(s_t) of every critic [M, B, R], from the critics BEFORE their update (papers.md 1a, "ordering");
+AsyPPO (Liu et al. 2025; docs/design.md section 5.2), one iteration in the trainer's order:
+  1. V_m(s_t) of every critic [M, B, R], from the critics BEFORE their update (docs/design.md 5.2, "ordering");
   2. GAE on V̄ = mean_m V_m (mean beat min, Fig. 9d); critic m's value target is R^(m) = GAE(V_m) + V_m;
   3. `asyppo_masks`, after whitening: sigma_t = std_m V_m(s_t); the PPO term is dropped on the lowest-k
      fraction of sigma (critics agree), the entropy bonus on the highest-h fraction (1a, "advantage masking",
@@ -20,8 +20,8 @@ Implementation details (our choices where the paper is silent)
 1. The value head is zero-initialised (the first values are 0); dropout is off (`.eval()` throughout).
 2. Critic: the actor's first round(critic_depth * L) decoder layers, copied (tokenizer and warm-start come
    along); critic_depth 1.0 for plain PPO, 0.5 for AsyPPO ("mini"). `--critic-model PATH` loads another
-   model whose tokenizer must equal the actor's (vocabularies compared; papers.md 1e pitfall 8).
-3. Value loss: the clipped loss of DESIGN.md 7.1 per critic (ppo_math.value_loss, in the trainer's critic_update).
+   model whose tokenizer must equal the actor's (vocabularies compared; docs/design.md 5.2).
+3. Value loss: the clipped loss of docs/design.md 5.1 per critic (ppo_math.value_loss, in the trainer's critic_update).
 4. Partition (1a): per prompt group, a seeded shuffle split into M equal shares, with its own generator
    (seed + rank), so M = 1 draws nothing; G % M != 0 is a config error (pitfall 3).
 5. sigma is the population std over critics (correction 0: M = 1 gives 0, not NaN), detached (pitfall 5), of
@@ -31,7 +31,7 @@ Implementation details (our choices where the paper is silent)
    (the samples of a group share their prompt's states) are in random order (the trainer's minibatch stream, the
    same on every rank), never by position. Sigma without spread (identical critics before their first step)
    masks nothing.
-7. Normaliser (DESIGN.md 7.2, pitfall 4): the masks multiply the per-token losses and the denominator
+7. Normaliser (docs/design.md 5.2, pitfall 4): the masks multiply the per-token losses and the denominator
    still counts every valid token, so masking shrinks the step (by about 1 - k) instead of re-weighting.
 8. Critic warm-up (pitfall 7): `--critic-warmup-steps` iterations train the critics only; the actor's
    optimizer does not step and its lr warm-up starts afterwards (the slime-fork script uses 10).
@@ -60,7 +60,7 @@ from warm_start import SFTConfig, sft_warm_start
 
 @dataclass
 class CriticArgs:
-    """The critic's knobs (DESIGN.md 7.2); the trainer's Config inherits them."""
+    """The critic's knobs (docs/design.md 5.2); the trainer's Config inherits them."""
 
     critic: Literal["value", "asyppo"] = "value"
     """Critic for gae: one value model, or AsyPPO mini-critics (critics.py)."""
@@ -225,7 +225,7 @@ def asyppo_masks(all_values, response_mask, k: float, h: float, generator: torch
     metrics dict.
     """
     mask = response_mask.bool()
-    # sigma_t = std_m V_m(s_t), population std (papers.md 1a; detail 5)
+    # sigma_t = std_m V_m(s_t), population std (docs/design.md 5.2; detail 5)
     sigma = all_values.detach().float().std(0, correction=0) * mask  # [B, R]
     rank, n, spread = masked_ranks(sigma, mask, global_=True, generator=generator)  # [B, R] over all ranks' tokens
     n_low = round(k * n) if spread else 0  # identical critics (sigma = 0, before their first step): no mask

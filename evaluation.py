@@ -42,7 +42,7 @@ from tasks import TaskArgs, load_policy, make_tiny_model, make_tokenizer, stop_t
 
 def eos_mask_errors(response_ids, response_mask, eos_ids, max_len: int, rows=None, global_: bool = False) -> float:
     """Share of responses (of `rows` [B] bool, default all; of every rank's with global_) whose mask breaks the
-    stop-token rule (DESIGN.md 3): every run of mask-1 tokens (an action) ends at its first stop token, unless it
+    stop-token rule (docs/design.md 3): every run of mask-1 tokens (an action) ends at its first stop token, unless it
     is max_len tokens long (cut by the length limit). Catches EOS masked out (pad == eos with masks rebuilt from
     ids) and padding trained after EOS."""
     m = response_mask.bool()  # [B, R]

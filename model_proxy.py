@@ -11,7 +11,7 @@ A session becomes samples token in token out (`session_samples`), sessions a Rol
 by what the agent posts (POST /v1/sessions/ID/reward); `--agent` trains on them (AgentSampler, train()'s sampler;
 the agent processes: agent_pool.py). The HTTP API, chat completions (streamed too), models and sessions, is
 openai_api.py's.
-Sampling (DESIGN.md section 3): the behaviour policy must be the trained one, so the client's temperature and top_p
+Sampling (docs/design.md section 3): the behaviour policy must be the trained one, so the client's temperature and top_p
 are recorded and replaced by the trainer's; the answer's `minrl` field says what was asked and what was used.
 
 Implementation details (our choices)

@@ -28,13 +28,13 @@ response mask, n_i = sum_t m_it.
    Rejected tokens leave the policy's losses and their normalisers (the batch's loss_mask). Our choice: they keep
    their advantages and the critics still fit them (veRL 0.9.1 swaps the response mask before the advantages, so
    a rejected last token would also drop its reward from GAE).
-2. The older corrections (DESIGN.md 7.4), kept for async RL: (a) behav anchors the clip at rollout instead of old;
+2. The older corrections (docs/design.md 5.4), kept for async RL: (a) behav anchors the clip at rollout instead of old;
    (b) tis = token IS truncated at is_cap; (c) decoupled = token IS with tokens above is_mask_cap masked out
    (AReaL, arXiv 2505.24298 eq. 5). `--off-policy tis|decoupled` and `--rollout-is` are one correction twice: refused.
 3. The loss families (veRL's policy_loss.loss_mode), per-token loss matrices that `policy_loss`
    aggregates like vanilla PPO's; each takes the rollout IS weights as veRL's do:
    gspo (GSPO, arXiv 2507.18071), cispo (MiniMax-M1, arXiv 2506.13585), sapo (SAPO, arXiv 2511.20347), geo_mean
-   (GMPO, arXiv 2507.20673), dppo_tv / dppo_kl (DPPO, arXiv 2602.04879); papers.md "Wave 2" has each formula.
+   (GMPO, arXiv 2507.20673), dppo_tv / dppo_kl (DPPO, arXiv 2602.04879); docs/design.md 5.1 has each formula.
    Their clip knobs are PPO's (--clip-low / --clip-high; DPPO: divergence thresholds; dual_clip: DPPO's TIS cap);
    sapo and geo_mean average their policy term per sequence whatever loss_agg says (veRL's; `policy_agg`).
 4. `policy_loss`: the one entry point the trainer's update calls for every family: vanilla is ppo_math's clipped

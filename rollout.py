@@ -3,7 +3,7 @@
     python rollout.py        # sample from the random-init tiny model: tokens/s, the logprob gap, a few responses
 
 `generate` samples one turn with a KV cache; `rollout_env` runs multi-turn episodes (envs.py) on it, a single-turn
-task being the one-turn case; `sequence_logprobs` is the trainer's recompute. Tensors (DESIGN.md 3): B sequences,
+task being the one-turn case; `sequence_logprobs` is the trainer's recompute. Tensors (docs/design.md 3): B sequences,
 P prompt length (left-padded), R response length (right-padded).
 - `response_mask` [B, R] is 1 on generated tokens up to AND including the first stop token, 0 after.
 - `rollout_logprobs` [B, R]: the sampled tokens' logprobs under the behaviour policy, softmax(logits / T) after
@@ -80,7 +80,7 @@ class SampleArgs:
 
 @dataclass
 class Rollout:
-    """One batch of samples, DESIGN.md section 3 tensors. Optional fields are filled by the trainer."""
+    """One batch of samples, docs/design.md section 3 tensors. Optional fields are filled by the trainer."""
 
     prompt_ids: torch.Tensor  # [B, P] left-padded
     response_ids: torch.Tensor  # [B, R] right-padded with pad id after the stop token
@@ -99,7 +99,7 @@ class Rollout:
 
 
 def cat_rollouts(parts: list[Rollout], pad_id: int, device) -> Rollout:
-    """One Rollout of several: prompts re-left-padded to the longest, responses re-right-padded (DESIGN.md 3)."""
+    """One Rollout of several: prompts re-left-padded to the longest, responses re-right-padded (docs/design.md 3)."""
     P = max(r.prompt_ids.shape[1] for r in parts)
     R = max(r.response_ids.shape[1] for r in parts)
     left = lambda x, n, v: F.pad(x, (n - x.shape[1], 0), value=v)  # noqa: E731

@@ -5,7 +5,7 @@
     python experiments/schedules.py --sweep tail --sweep-values 0 0.5 1 1.5   # any numeric field; writes a plot
 
 Version v = training steps done; a trajectory started at v may be trained at version n iff n - v <= alpha (ROLL
-Flash; papers.md 3-4; DESIGN.md 7.4-7.5). colocated: all GPUs roll out until `batch` trajectories are done, then all
+Flash; docs/design.md 5.4-5.5). colocated: all GPUs roll out until `batch` trajectories are done, then all
 train and sync (alpha 0). disagg: GPUs [0, train_gpus) only train, the others only roll out. timemux: all roll out;
 once ceil(theta*batch) usable trajectories are done, GPUs [0, train_gpus) shrink away, train, every GPU syncs, they
 expand back (alpha >= 1, as ROLL requires); the unfinished work carries over.

@@ -239,7 +239,7 @@ def tokenize_prompts(tokenizer, texts: list[str], max_prompt_len: int):
 
 
 def left_pad(seqs: list[list[int]], pad_id: int):
-    """[b, L] ids and attention mask of token lists, left-padded (DESIGN.md section 3)."""
+    """[b, L] ids and attention mask of token lists, left-padded (docs/design.md section 3)."""
     import torch
 
     n = max(map(len, seqs))

@@ -9,7 +9,7 @@ optimizer steps over the same rows and micro-batches, with the plainest losses: 
 the response tokens for the policy (logits of the response positions only, as ppo_update asks for), a
 masked squared error for the critic, AdamW for both, no shuffling, clipping or metrics. So the ratio
 ppo_update / bare is what the algorithm adds (logprob gathering, entropy, clipped losses, global
-denominators, grad-norm clipping, metrics); DESIGN.md 8 targets <= 1.15x. Median of interleaved repeats
+denominators, grad-norm clipping, metrics); docs/design.md 8 targets <= 1.15x. Median of interleaved repeats
 after one warm-up each. --dtype bfloat16 autocasts both sides (weights and AdamW state stay fp32, as in
 the trainer).
 """
@@ -61,7 +61,7 @@ class Config(BenchArgs):
 
 
 def make_batch(vocab: int, cfg: Config, device) -> trainer.Batch:
-    """A PPO batch (DESIGN.md section 3 tensors) with random tokens and ragged responses, one critic."""
+    """A PPO batch (docs/design.md section 3 tensors) with random tokens and ragged responses, one critic."""
     g = torch.Generator().manual_seed(cfg.seed)
     B, P, R = cfg.batch, cfg.prompt_len, cfg.response_len
     resp_len = torch.randint(1, R + 1, (B,), generator=g)  # [B]

@@ -5,7 +5,7 @@
 
 The method is attention_credit.py; each run is `python trainer.py ... --credit attention --credit-mode M`.
 Setup (our choice): task `chain` (five 2-digit numbers summed step by step, 43-character answers: responses of
->= 40 tokens, DESIGN.md 7.3), the tiny Qwen2 with 6 layers, 8 query / 4 key-value heads, hidden 64
+>= 40 tokens, docs/design.md 5.3), the tiny Qwen2 with 6 layers, 8 query / 4 key-value heads, hidden 64
 (attention_credit.MODEL), after an SFT warm start (attention_credit.SFT); every run is the trainer's default
 learning recipe (T 0.6, cosine lr 2e-4, 32 x 4, 2 epochs x 2 minibatches) with 48 new tokens, GRPO advantages, and
 the method's credit on top. OUT_DIR/results.json holds every run's eval history; curves.png and the start model's

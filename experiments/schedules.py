@@ -118,7 +118,7 @@ def sweep(cfg: Config, path: str | None = None, seeds: int = 3) -> list[dict]:
 
 
 def preset_report(cfg: Config, res: list[dict]) -> list[dict]:
-    """The reported figures (papers.md 3c, 4a) next to the simulated ones (main prints both): 'fit' marks the one
+    """The reported figures (docs/design.md 5.4) next to the simulated ones (main prints both): 'fit' marks the one
     the preset's free parameter was calibrated on, the others are predictions."""
     co, dis, tm = res
     fit = CALIBRATION[cfg.preset][3]

@@ -1,4 +1,4 @@
-"""DDP correctness check (DESIGN.md 7.1, detail 3 of trainer.py), driven by tests/test_distributed.py:
+"""DDP correctness check (docs/design.md 5.1, detail 3 of trainer.py), driven by tests/test_distributed.py:
 
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 tests/ddp_grad_check.py OUT.pt [--fsdp]
 

@@ -156,7 +156,7 @@ class Policy(torch.nn.Module):
 def test_sampler_staleness_bound_whole_groups_and_bounded_buffer(
     monkeypatch, tmp_path, alpha, replicate, redundant, workers
 ):
-    """Property (papers.md 3f): every trained sample has version used - version started <= alpha (0 for alpha 0),
+    """Property (docs/design.md 5.4): every trained sample has version used - version started <= alpha (0 for alpha 0),
     every batch is N whole groups of G, a group's samples are never split across batches, the buffer stays within
     (alpha + 1) N + redundant groups, and with alpha >= 1 some samples really are stale (the bound is exercised)."""
     monkeypatch.setattr(async_loop.AsyncSampler, "check_peers", lambda self: None)  # no store: see the tests below

@@ -1,4 +1,4 @@
-"""AsyPPO mini-critics (critics.py, DESIGN.md 7.2, papers.md 1f): equivalences, properties, and a learning run.
+"""AsyPPO mini-critics (critics.py, docs/design.md 5.2): equivalences, properties, and a learning run.
 
 Expected numbers are derived by hand in comments or recomputed independently (numpy), never by the code
 under test. Trainings are tiny and seeded; nothing here is timed.
@@ -41,7 +41,7 @@ def ragged_mask(B: int, R: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (0.9, 0.95), (0.99, 0.0), (0.5, 0.7)])
 def test_gae_of_mean_value_is_mean_of_gae(gamma, lam):
-    # GAE is linear in V, so GAE(mean_m V_m) == mean_m GAE(V_m) for advantages and returns (papers.md 1a)
+    # GAE is linear in V, so GAE(mean_m V_m) == mean_m GAE(V_m) for advantages and returns (docs/design.md 5.2)
     g = torch.Generator().manual_seed(1)
     M, B, R = 3, 5, 9
     values = torch.randn(M, B, R, generator=g, dtype=F64)
@@ -253,7 +253,7 @@ def _masks_on_rank(rank: int, world: int, init_file: str, values, mask, out_dir:
 
 
 def test_masks_under_ddp_equal_the_single_process_masks(tmp_path):
-    # quantiles are global (papers.md 1e pitfall 1): 2 ranks x half the rows == 1 process x all rows
+    # quantiles are global (docs/design.md 5.2): 2 ranks x half the rows == 1 process x all rows
     import torch.multiprocessing as mp
 
     values = torch.randn(2, 8, 9, generator=torch.Generator().manual_seed(9), dtype=F64)  # [M, B, R]

@@ -1,4 +1,4 @@
-"""Multi-process tests (DESIGN.md 9, 6): DDP and FSDP2 give the single-process gradient, a 2-rank trainer run
+"""Multi-process tests (docs/design.md 8, 6): DDP and FSDP2 give the single-process gradient, a 2-rank trainer run
 works end to end (FSDP2's on two launchers, as two nodes, within 1e-5 of DDP's), and a dead or stuck rank makes the
 survivor fail with an error naming it.
 

@@ -1,4 +1,4 @@
-"""Checkpoint/resume exactness and seeded determinism of trainer.train on CPU (DESIGN.md 6).
+"""Checkpoint/resume exactness and seeded determinism of trainer.train on CPU (docs/design.md 7).
 
 A run of 6 steps, and a run stopped after 3 steps then resumed from its step-3 checkpoint for 3 more,
 must log identical metrics for steps 4..6 (every key but the wall-clock ones, time/* and perf/*), for

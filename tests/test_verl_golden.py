@@ -1,4 +1,4 @@
-"""Differential test: minrl's PPO/GRPO math against outputs of the real veRL 0.9.1 code (DESIGN.md 7.1).
+"""Differential test: minrl's PPO/GRPO math against outputs of the real veRL 0.9.1 code (docs/design.md 5.1).
 
 tests/golden/verl_core_algos.json holds seeded fp64 inputs and what `verl.trainer.ppo.core_algos` and
 `verl.utils.torch_functional` (verl 0.9.1, torch 2.13 CPU) returned for them. It was written by

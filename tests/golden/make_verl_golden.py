@@ -2,7 +2,7 @@
 
 This script is NOT run by the test suite and does NOT run in the project's environment: it needs the
 `verl` package, which the project never depends on. tests/test_verl_golden.py reads the committed JSON
-and compares minrl's implementation against it (DESIGN.md 7.1, papers.md 5).
+and compares minrl's implementation against it (docs/design.md 5.1).
 
 How to regenerate (CPU only, a throwaway venv of about 1.4 GB, never the system python; the script runs in ~10 s):
 
