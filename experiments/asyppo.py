@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cli import check_fields, parse_config  # noqa: E402
-from runlog import differences, final_best, format_table, mean_std, run_trainers, steps_to  # noqa: E402
+from experiments.seeds import differences, final_best, mean_std, run_trainers, steps_to  # noqa: E402
+from runlog import format_table  # noqa: E402
 
 
 @dataclass

@@ -15,8 +15,8 @@ import common
 import critics
 import offpolicy
 import ppo_math
-import runlog
 import trainer
+from experiments import seeds
 
 F64 = torch.float64
 
@@ -693,20 +693,20 @@ def test_compute_advantages_kl_in_reward():
 def test_bootstrap_interval_known_answers_and_the_pairs_table():
     """Constant seeds: the interval is the point. a = [0, 1] vs b = [0]: a resampled mean is 0, 1/2 or 1 with
     probabilities 1/4, 1/2, 1/4, so the 2.5 and 97.5 percentiles are 0 and 1. More seeds narrow it."""
-    assert runlog.bootstrap_diff([0.5, 0.5, 0.5], [0.25, 0.25]) == (0.25, 0.25, 0.25)
-    assert runlog.bootstrap_diff([0.0, 1.0], [0.0]) == (0.5, 0.0, 1.0)
+    assert seeds.bootstrap_diff([0.5, 0.5, 0.5], [0.25, 0.25]) == (0.25, 0.25, 0.25)
+    assert seeds.bootstrap_diff([0.0, 1.0], [0.0]) == (0.5, 0.0, 1.0)
     rng = np.random.default_rng(0)
     few, many = rng.normal(0.1, 0.05, 3), rng.normal(0.1, 0.05, 30)
-    d3, lo3, hi3 = runlog.bootstrap_diff(few, np.zeros(3))
-    d30, lo30, hi30 = runlog.bootstrap_diff(many, np.zeros(30))
+    d3, lo3, hi3 = seeds.bootstrap_diff(few, np.zeros(3))
+    d30, lo30, hi30 = seeds.bootstrap_diff(many, np.zeros(30))
     assert lo3 <= d3 <= hi3 and lo30 <= d30 <= hi30 and hi30 - lo30 < hi3 - lo3
     runs = [{"method": m, "eval": [(0, 0.2), (10, a), (20, f)]} for m, a, f in
             [("x", 0.6, 0.5), ("x", 0.8, 0.7), ("y", 0.3, 0.4), ("y", 0.5, 0.4), ("z", 0.2, 0.2)]]  # fmt: skip
-    rows = runlog.differences(runs)
+    rows = seeds.differences(runs)
     assert [r["difference"] for r in rows] == ["x - y", "x - z", "y - z"]
     assert rows[0]["final_acc [95% CI]"] == "+0.200 [+0.100, +0.300]"  # finals 0.5, 0.7 vs 0.4, 0.4
     assert rows[0]["best_acc [95% CI]"] == "+0.250 [+0.100, +0.400]"  # bests 0.6, 0.8 vs 0.4, 0.5
-    assert runlog.final_best([(0, 0.9), (10, 0.1), (20, 0.2)]) == (0.2, 0.2)  # the start model is not "best"
-    assert runlog.final_best([(0, 0.3)]) == (0.3, 0.3)  # no evaluation after the start
-    assert runlog.mean_std([0.1, 0.3]) == "0.20 ± 0.14" and runlog.mean_std([0.5]) == "0.50 ± 0.00"
-    assert runlog.mean_std([]) == "-"
+    assert seeds.final_best([(0, 0.9), (10, 0.1), (20, 0.2)]) == (0.2, 0.2)  # the start model is not "best"
+    assert seeds.final_best([(0, 0.3)]) == (0.3, 0.3)  # no evaluation after the start
+    assert seeds.mean_std([0.1, 0.3]) == "0.20 ± 0.14" and seeds.mean_std([0.5]) == "0.50 ± 0.00"
+    assert seeds.mean_std([]) == "-"

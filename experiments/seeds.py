@@ -1,0 +1,93 @@
+"""Trainer runs over seeds, and their statistics: what the side-by-side experiments share.
+
+- `run_trainer`, `run_trainers`: `python trainer.py ARGS --out-dir D` as subprocesses, `jobs` at a time; each
+  returns what the run wrote (result.json, metrics.jsonl), so that nothing below the trainer imports it.
+- `final_best`, `steps_to`, `mean_std`: one method's runs summarised as the tables print them.
+- `bootstrap_diff`, `differences`: each pair of methods' difference with its 95 % percentile-bootstrap interval.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from runlog import n_processes, read_jsonl  # noqa: E402
+
+
+def run_trainer(argv: list[str], out_dir, threads: int | None = None) -> tuple[dict, list[dict]]:
+    """`python trainer.py ARGV --out-dir OUT_DIR`, its output in OUT_DIR/log.txt. Returns (its result.json:
+    the last metrics row, "eval_history" and "wall_s" of the whole command; its metrics rows). threads sets
+    OMP_NUM_THREADS (None: inherited). No final policy folder unless ARGV asks (--save-final). A failed run raises."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    trainer = str(ROOT / "trainer.py")
+    cmd = [sys.executable, trainer, "--no-save-final", *argv, "--out-dir", str(out)]  # experiments read metrics
+    t0 = time.perf_counter()
+    with open(out / "log.txt", "w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    if proc.returncode:
+        tail = "\n".join((out / "log.txt").read_text().splitlines()[-20:])
+        raise RuntimeError(f"trainer run {' '.join(cmd)} exited {proc.returncode}:\n{tail}")
+    result = json.loads((out / "result.json").read_text())
+    return {**result, "wall_s": time.perf_counter() - t0}, read_jsonl(out / "metrics.jsonl")
+
+
+def run_trainers(runs: list[tuple[list[str], str]], jobs: int = 1) -> list[tuple[dict, list[dict]]]:
+    """run_trainer(argv, out_dir) of each run, `jobs` at a time, in order. With jobs > 1 each run gets
+    cores / jobs threads unless OMP_NUM_THREADS is set (runs oversubscribing the cores slow each other down)."""
+    threads = None if jobs == 1 or "OMP_NUM_THREADS" in os.environ else max(1, n_processes(0, 1 << 30) // jobs)
+    from tqdm.auto import tqdm  # installed with transformers
+
+    with ThreadPoolExecutor(jobs) as ex:
+        done = ex.map(lambda run: run_trainer(*run, threads=threads), runs)
+        return list(tqdm(done, total=len(runs), desc=f"trainer runs ({jobs} at a time)", disable=len(runs) < 2))
+
+
+def final_best(curve) -> tuple[float, float]:
+    """An eval history [(step, acc)] (step 0 = the start model): the last accuracy and the best after step 0."""
+    return curve[-1][1], max((a for s, a in curve if s > 0), default=curve[-1][1])
+
+
+def steps_to(curve, target: float) -> int | None:
+    """The step of the first evaluation [(step, acc)] at >= target (None: never)."""
+    return next((s for s, a in curve if a >= target), None)
+
+
+def mean_std(xs, f: str = ".2f") -> str:
+    """'mean ± sample std' of xs ('-' when empty), as the experiments' tables print it."""
+    return f"{np.mean(xs):{f}} ± {np.std(xs, ddof=int(len(xs) > 1)):{f}}" if len(xs) else "-"
+
+
+def bootstrap_diff(a, b, n: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
+    """mean(a) - mean(b) and its 95 % percentile-bootstrap interval: each method's seeds resampled with replacement."""
+    rng, a, b = np.random.default_rng(seed), np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    d = rng.choice(a, (n, a.size)).mean(1) - rng.choice(b, (n, b.size)).mean(1)  # [n] resampled differences
+    lo, hi = np.percentile(d, [2.5, 97.5])
+    return float(a.mean() - b.mean()), float(lo), float(hi)
+
+
+def differences(results: list[dict]) -> list[dict]:
+    """Each pair of methods (runs {"method", "eval": [(step, acc)]}): the difference of final and of best accuracy
+    with its bootstrap interval (no correction for the number of pairs)."""
+    acc = {}  # method -> [(final, best) per seed]
+    for r in results:
+        acc.setdefault(r["method"], []).append(final_best(r["eval"]))
+    rows, names = [], list(acc)
+    for i, x in enumerate(names):
+        for y in names[i + 1 :]:
+            rows.append({"difference": f"{x} - {y}"})
+            for j, key in enumerate(("final_acc", "best_acc")):
+                d, lo, hi = bootstrap_diff([v[j] for v in acc[x]], [v[j] for v in acc[y]])
+                rows[-1][f"{key} [95% CI]"] = f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    return rows
