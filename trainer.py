@@ -34,7 +34,10 @@ Implementation details (deviations from veRL marked "ours")
    are 0 at masked positions (veRL leaves pass-through values there).
 5. Extension points: the advantage estimator; `Batch.token_weights`, `pg_mask`, `ent_mask` after whitening
    (shape_advantages; masks multiply per-token terms, the denominator counts every valid token); the critics;
-   `train(cfg, hooks=[fn(step, metrics)])`; the live diagnosis; the bug-injection points (INJECT, repro.py).
+   `train(cfg, hooks=[fn(step, metrics)])`; the live diagnosis; the bug injections (repro.planted wraps the run:
+   a bug replaces a function the loop calls through its module, `ppo_math.gae(...)`, `rollout.rollout_env(...)`,
+   `offpolicy.sync_weights(...)`, or one of this file's helpers by its global name; so never `from x import f` a
+   function a bug may replace).
 6. ours: the embedded default starts from an SFT warm start (warm_start.py), its recipe measured in RESULTS.md;
    KL is off in the reward and as a loss (as in veRL), stats/kl logged every kl_metric_every iterations.
 7. `--dtype bfloat16` autocasts; weights and AdamW state stay fp32. CPU runs are bitwise reproducible for a seed
@@ -63,6 +66,8 @@ import memory
 import offpolicy
 import ppo_math
 import repro
+import rollout
+import tasks
 from attention_credit import CreditArgs, credit_weights
 from checkpoint import check_resume, load_pt, resume_checkpoint, run_fingerprint, save_checkpoint, save_policy
 from cli import check_fields, check_range, parse_config
@@ -77,9 +82,9 @@ from memory import MemoryArgs
 from offpolicy import OffPolicyArgs
 from repro import ReproArgs
 from rewards import RewardArgs
-from rollout import SampleArgs, last_valid, rollout_env
+from rollout import SampleArgs, last_valid
 from runlog import MetricsLogger, RunArgs, format_table, write_result
-from tasks import TASKS, TaskArgs, load_policy, stop_token_ids
+from tasks import TASKS, TaskArgs, load_policy
 from warm_start import sft_config_for, sft_target_for, sft_warm_start
 
 ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")  # Config.adv_estimator
@@ -229,6 +234,46 @@ def score_stats(scores, group_ids) -> dict:
     return {"rollout/reward_mean": scores.mean().item(), "rollout/reward_std": std, "rollout/zero_std_frac": zero}
 
 
+def sample_here(
+    cfg: Config,
+    step: int,
+    policy,
+    *,
+    engine,
+    tokenizer,
+    eos_ids,
+    task,
+    make_env,
+    rng,
+    gen,
+    autocast,
+    rank: int,
+    n_local: int,
+):
+    """train()'s sampler when none is given: G episodes per prompt or env seed (a rank-local group), sampled by
+    `engine` (the policy, or its --rollout-dtype copy after the weight sync). Returns (rollout, episode infos,
+    group_ids [B], the sampler's metrics: none)."""
+    n, G = n_local // cfg.group_size, cfg.group_size
+    envs, seeds = zip(*sample_episodes(task, cfg.task, "train", n, rng, G, cfg.env_latency, make_env))
+    group_ids = torch.arange(n_local, device=gen.device) // G + rank * n_local  # [B]
+    offpolicy.sync_weights(engine, policy)  # --rollout-dtype bfloat16: the trained weights, rounded
+    with autocast(), common.gathered(policy):  # FSDP2: whole weights, ranks' forwards may differ in number
+        samples, episodes = rollout.rollout_env(
+            engine, tokenizer, envs, seeds, eos_ids, **rollout_kw(cfg), generator=gen
+        )
+    return samples, episodes, group_ids, {}
+
+
+def episode_rewards(cfg: Config, samples):
+    """Stanza 2: (the rollout, its token rewards [B, R], each episode's return [B]): the environment's rewards, each
+    turn's at its last action token; a truncated episode's whole return replaced by no_eos_penalty (detail 3)."""
+    token_scores = samples.token_scores  # [B, R]
+    if cfg.no_eos_penalty is not None:
+        penalty = last_valid(samples.response_mask).float() * cfg.no_eos_penalty  # [B, R]
+        token_scores = torch.where(samples.truncated[:, None], penalty, token_scores)
+    return samples, token_scores, token_scores.sum(-1)
+
+
 def ungroup_failed(group_ids, episodes: list[dict]):
     """[B] group ids with each episode its env server failed (info env_error: rollout_env) alone in a group of its
     own, so that its 0 return joins no GRPO / RLOO baseline (it has no gradient either: mask 0)."""
@@ -273,11 +318,11 @@ def trainer_logprobs(cfg: Config, model, input_ids, attention_mask, R: int, with
     """The trainer's logprobs (and entropies, with grad for an entropy bonus) [B, R] with the sampling temperature
     (detail 1), the LM head in chunks of logit_chunk tokens (rollout.py detail 4), micro_batch rows per forward
     (default cfg.micro_batch): old, ref, loss."""
-    logprob_fn, temperature = repro.at_logprobs(cfg.inject, cfg.temperature)  # INJECT no_temperature, logprob_shift
+    logprob_fn = rollout.sequence_logprobs
     logprob_fn = partial(common.collective, logprob_fn) if cfg.fsdp else logprob_fn  # FSDP2: gathers, a dead rank named
     chunks = {"entropy_grad": cfg.ent_coef > 0, "logit_chunk": cfg.logit_chunk}
     rows = micro_batch or cfg.micro_batch
-    return logprob_fn(model, input_ids, attention_mask, R, temperature=temperature, micro_batch=rows,
+    return logprob_fn(model, input_ids, attention_mask, R, temperature=cfg.temperature, micro_batch=rows,
                       with_entropy=with_entropy, **chunks)  # fmt: skip
 
 
@@ -297,8 +342,7 @@ def compute_advantages(cfg: Config, token_scores, response_mask, old_logp, ref_l
         raise ValueError("KL in the reward needs old and reference logprobs before the update (got None)")
     both = old_logp is not None and ref_logp is not None
     kl = ppo_math.kl_estimate(old_logp, ref_logp, "k1") * mask if both else torch.zeros_like(mask)  # [B, R]
-    kl_beta = repro.at_kl_coef(cfg.inject, kl_beta)  # INJECT kl_sign
-    token_rewards = token_scores - kl_beta * kl if cfg.kl_in_reward else token_scores.clone()  # [B, R]
+    token_rewards = ppo_math.kl_reward(token_scores, kl, kl_beta) if cfg.kl_in_reward else token_scores.clone()
     seq_score = token_rewards.sum(-1)  # [B] veRL: an outcome estimator's score is the sum of token rewards
     if cfg.adv_estimator == "gae":
         adv, returns = ppo_math.gae(token_rewards, values, mask, cfg.gamma, cfg.lam)
@@ -313,7 +357,6 @@ def compute_advantages(cfg: Config, token_scores, response_mask, old_logp, ref_l
         else:
             seq_adv = ppo_math.rloo_advantages(seq_score, group_ids)
         adv = returns = seq_adv[:, None] * mask  # [B, R] broadcast over valid tokens
-    adv = repro.at_advantages(cfg.inject, adv)  # INJECT adv_sign
     mean = lambda x: float(masked_mean(x, mask, global_=True))  # noqa: E731  (token statistics of all ranks)
     metrics = {"stats/adv_abs_mean": mean(adv.abs()), "stats/return_mean": mean(returns)}
     metrics["stats/return_std"] = float(common.masked_var(returns, mask, global_=True).sqrt())
@@ -420,7 +463,7 @@ def policy_step(cfg: Config, policy_train, opt, mb: Batch, world, autocast, upda
                 )
             loss = pg + (cfg.kl_loss_coef * terms["loss/kl"] if cfg.kl_loss else 0.0)
             if cfg.ent_coef > 0:  # the entropy term joins the graph only when it is used
-                loss = loss - repro.at_ent_coef(cfg.inject, cfg.ent_coef) * ent_loss  # INJECT ent_sign
+                loss = ppo_math.entropy_bonus(loss, ent_loss, cfg.ent_coef)
         if update_actor:  # DDP all-reduces inside backward: common.collective names a rank that never joins it
             common.collective(loss.backward)
         for k, v in terms.items():  # a micro-batch's loss is its share of the minibatch's (summed in fp64)
@@ -461,8 +504,7 @@ def critic_update(cfg: Config, critics: Critics, mb: Batch, world: int, autocast
             mmask = mi.response_mask.float() * mi.shares[:, k, None]  # [b, r]
             with autocast():
                 values, old = model(mi.input_ids, mi.attention_mask, r), mi.old_values[:, k]  # [b, r]
-            target = repro.at_value_target(cfg.inject, mi.critic_returns[:, k], old, values)  # INJECT
-            loss, m = ppo_math.value_loss(values, old, target, mmask, **loss_args)
+            loss, m = ppo_math.value_loss(values, old, mi.critic_returns[:, k], mmask, **loss_args)
             common.collective(loss.backward)  # (DDP: as in policy_step)
             losses.append(loss.detach())
             n = mmask.sum().double()
@@ -593,7 +635,7 @@ def build_models(cfg: Config, device, world: int):
     policy_train = prepare(policy)
     opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr, eps=cfg.adam_eps,
                             weight_decay=0.0)  # fmt: skip
-    eos_ids = repro.at_stop_ids(cfg.inject, stop_token_ids(policy, tokenizer), tokenizer.pad_token_id)  # INJECT
+    eos_ids = tasks.stop_token_ids(policy, tokenizer)
     return policy, policy_train, opt, ref, tokenizer, eos_ids, critics, fingerprint
 
 
@@ -617,156 +659,152 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     """The RL loop: the last metrics row plus "eval_history" [(step, acc)], also in out_dir/result.json. sampler:
     None samples here with the current policy; else `sampler(step, policy)` returns (rollout with policy_version,
     episode infos, group_ids, metrics) from elsewhere (async_loop.py's rollout ranks)."""
-    # --- 0. processes, models (policy, frozen reference, critics), optimizer, random streams, resume
-    rank, _, world, device = common.setup_dist(timeout_s=cfg.dist_timeout, device=cfg.device, group=cfg.fsdp)
-    n_local, autocast = sequences_per_rank(cfg, world), make_autocast(cfg.dtype, device)
-    sampling = rollout_kw(cfg)  # rollout_env's limits and sampling settings (envs.py)
-    policy, policy_train, opt, ref, tokenizer, eos_ids, critics, fingerprint = build_models(cfg, device, world)
-    anchor = repro.stale_anchor(cfg.inject, policy)  # computes old_logprobs: the policy; INJECT stale_old_logprobs
-    engine = repro.at_engine(cfg.inject, offpolicy.inference_copy(policy, cfg.rollout_dtype), policy)  # INJECT
-    task = None if multi_turn(cfg) else load_task(cfg, tokenizer, device)  # a procedural task, or --data's rows
-    kl_beta = cfg.kl_coef  # beta of KL in the reward (ppo_math.kl_controller)
-    rng = np.random.default_rng(cfg.seed + rank)  # tasks and env seeds: seed + rank
-    sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + rank)  # the sampler: seed + rank
-    shuffle_gen = torch.Generator().manual_seed(cfg.seed)  # minibatches: the same on every rank
-    part_gen = torch.Generator().manual_seed(cfg.seed + rank)  # AsyPPO's partition: its own stream
-    gens = {"sample_gen": sample_gen, "shuffle_gen": shuffle_gen, "part_gen": part_gen}  # (checkpointed)
-    make_env = env_service.env_maker(cfg)  # envs.make_env, or --env-url: RemoteEnvs on those servers
-    eval_sets = held_out(task, cfg.task, cfg.eval_n, cfg.eval_samples, make_env)  # (greedy, sampled N times)
-    start, history, diag = 0, {"eval": []}, LiveDiagnoser()
-    if cfg.resume:  # checked in build_models; the lr is recomputed every iteration from the (allowed) config
-        state = resume_checkpoint(cfg.resume, rank, policy, opt, critics, rng, gens, cfg.fsdp)
-        start, history, kl_beta = state["step"], json.loads(state["history"]), state["kl_beta"]
-        diag.load_state(state.get("diag", "{}"))  # the live diagnosis goes on from its baselines (older: anew)
-    out_dir, metrics, footprint = Path(cfg.out_dir), {}, {}
-    logger = open_run_log(cfg, task, policy, start, rank, world, device, n_local)
-    if critics is not None and not cfg.fsdp:  # critic params and training memory vs an actor-sized one (whole models)
-        T = cfg.max_prompt_len + cfg.max_new_tokens
-        rows = memory.largest_micro_batch(cfg.micro_batch, n_local // cfg.minibatches, cfg.micro_batch_tokens, T)
-        ids = torch.full((rows, T), eos_ids[0], device=device)
-        footprint = critic_footprint(critics.models, policy, ids, torch.ones_like(ids), cfg.max_new_tokens)
-    if cfg.eval_every and start == 0 and cfg.steps > 0:  # the starting point, before any update
-        with autocast(), common.gathered(policy):
-            history["eval"].append((0, evaluate(policy, tokenizer, eval_sets[0], eos_ids, rank, world, **sampling)))
-        if rank == 0:
-            print(f"[minrl] eval/acc before training: {history['eval'][0][1]:.3f}")
-    for step in range(start, cfg.steps):
-        t0 = time.perf_counter()
-        update_actor = set_learning_rates(cfg, step, opt, critics)
-
-        # --- 1. rollout: G episodes per prompt or env seed, a rank-local group; rewards come from the envs
-        sampled = {}  # the sampler's own metrics (staleness, drops)
-        if sampler is None:
-            n, G = n_local // cfg.group_size, cfg.group_size
-            envs, seeds = zip(*sample_episodes(task, cfg.task, "train", n, rng, G, cfg.env_latency, make_env))
-            group_ids = torch.arange(n_local, device=device) // G + rank * n_local  # [B]
-            repro.sync_sampler(cfg.inject, engine, policy)  # --rollout-dtype bfloat16's sync; INJECT stale_sampler
-            with autocast(), common.gathered(policy):  # FSDP2: whole weights, ranks' forwards may differ in number
-                rollout, episodes = rollout_env(engine, tokenizer, envs, seeds, eos_ids, **sampling,
-                                                generator=sample_gen)  # fmt: skip
-        else:
-            rollout, episodes, group_ids, sampled = sampler(step, policy)
-        group_ids = ungroup_failed(group_ids, episodes)  # --env-url: a failed episode joins no group
-        rollout = repro.at_rollout(cfg.inject, rollout, eos_ids[0], tokenizer.pad_token_id)  # INJECT (2 bugs)
-        t1 = time.perf_counter()
-
-        # --- 2. rewards: each turn's at its last action token (a single-turn task's score at its stop token)
-        token_scores = rollout.token_scores  # [B, R]
-        if cfg.no_eos_penalty is not None:  # detail 3: the whole return of a truncated episode is replaced
-            penalty = last_valid(rollout.response_mask).float() * cfg.no_eos_penalty  # [B, R]
-            token_scores = torch.where(rollout.truncated[:, None], penalty, token_scores)
-        rollout, token_scores = repro.at_scores(cfg.inject, rollout, token_scores)  # INJECT reward_scale, eos_unmasked
-        scores, response_mask = token_scores.sum(-1), rollout.response_mask  # [B] episode return, [B, R]
-        token_scores = repro.at_score_placement(cfg.inject, response_mask, token_scores, scores)  # INJECT
-        t2 = time.perf_counter()
-
-        # --- 3. old logprobs (the PPO anchor), reference logprobs, values: no gradient
-        ids, attn = rollout.input_ids, rollout.attention_mask  # [B, P+R] each
-        mask = response_mask.float()  # [B, R]
-        with torch.no_grad(), autocast():  # [B, R] each; None: given by the update's first forward, or not due
-            old_logprobs, ref_logprobs, gamma, credit = anchor_logprobs(
-                cfg, anchor, ref, ids, attn, response_mask, step
-            )
-            repro.resync_anchor(anchor, policy)  # INJECT stale_old_logprobs: re-synced only after its use
-            all_values = critic_values(cfg, critics, ids, attn, response_mask) if critics else None  # [M, B, R]
-        values = all_values.mean(0) * mask if critics else None  # [B, R] the ensemble mean V̄
-
-        # --- 4. the batch: off-policy weights, token rewards and advantages, then token weights and masks
-        behav = rollout.rollout_logprobs  # [B, R] the sampler's logprobs
-        is_weights, loss_mask, off_stats = offpolicy.corrections(cfg, old_logprobs, behav, mask)  # weights, rejections
-        token_rewards, adv, returns, kl, adv_stats = compute_advantages(
-            cfg, token_scores, response_mask, old_logprobs, ref_logprobs, kl_beta, group_ids, values
-        )
-        weights, pg_mask, ent_mask, shaped = shape_advantages(cfg, response_mask, adv, all_values, shuffle_gen, gamma)
-        batch = Batch(
-            input_ids=ids, attention_mask=attn, response_mask=response_mask, loss_mask=loss_mask,
-            old_logprobs=old_logprobs,
-            clip_anchor=behav if cfg.off_policy == "behav" else old_logprobs, ref_logprobs=ref_logprobs,  # (a) behav
-            advantages=adv, token_weights=weights, pg_mask=pg_mask, ent_mask=ent_mask,
-            is_weights=is_weights,
-            old_values=all_values.transpose(0, 1) if critics else None,  # [B, M, R] batch-first for minibatches
-            critic_returns=critic_targets(cfg, token_rewards, all_values, mask, returns) if critics else None,
-            shares=partition_shares(group_ids, len(critics.models), part_gen) if critics else None,  # [B, M]
-        )  # fmt: skip
-
-        # --- 5. update: ppo_epochs x minibatches; --dump-batch saves its inputs first, then its outcome (repro.py)
-        update_args = dict(cfg=cfg, policy_train=policy_train, opt=opt, critics=critics, batch=batch, world=world)
-        update_args.update(gen=shuffle_gen, autocast=autocast, update_actor=update_actor)
-        if cfg.dump_batch == step + 1:
-            path, extra = out_dir / f"batch-{step + 1}.pt", {"token_rewards": token_rewards, "scores": scores}
-            upd = repro.dump_update(path, tokenizer, rollout, extra, ppo_update, update_args)
-        else:
-            upd = ppo_update(**update_args)
-        if cfg.kl_in_reward:  # adaptive controller: batch mean of per-sequence mean KL, n = sequences
-            seq_kl = common.reduce_metrics({"kl": (kl.sum(-1) / mask.sum(-1).clamp(min=1)).mean().item()}, device)
-            kl_beta = ppo_math.kl_controller(kl_beta, seq_kl["kl"], n_local * world, cfg.kl_ctrl)
-        t3 = time.perf_counter()
-
-        # --- 6. metrics (reduced over ranks), eval, live diagnosis, hooks, checkpoint
-        m = {**score_stats(scores, group_ids), **adv_stats, **upd, **shaped, **credit, **off_stats, **sampled}
-        m.update({**footprint, **rollout_metrics(rollout, episodes, eos_ids, cfg.max_new_tokens)})
-        old_logprobs = batch.old_logprobs  # (reuse: the update's first forward filled it)
-        if ref_logprobs is not None:
-            m["stats/kl"] = float(
-                masked_mean(ppo_math.kl_estimate(old_logprobs, ref_logprobs) * mask, mask, global_=True)
-            )
-        first = first_action_mask(episodes, response_mask) if multi_turn(cfg) else None  # [B, R] the first turn's
-        m.update(offpolicy.gap_stats(old_logprobs, behav, mask, rollout.policy_version, step, cfg.reports_gap(), first))
-        m.update({"stats/kl_coef": kl_beta, "stats/lr": opt.param_groups[0]["lr"], "time/rollout": t1 - t0})
-        m.update({"perf/tokens_per_s": mask.sum().item() / (t3 - t0), "time/train": t3 - t2})
-        if "time/credit" in credit:  # attention credit: what it adds to the recompute, as a share of the step
-            m["perf/credit_overhead"] = credit["time/credit"] / (t3 - t0)
-        if device.type == "cuda":
-            m["perf/max_mem_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-        if critics is not None:
-            m.update(value_stats(values, returns, mask, all_values, batch.critic_returns))
-            m["loss/value"] = float(np.mean([v for k, v in upd.items() if k.startswith("critic/loss_")]))
-        metrics = m = common.reduce_metrics(m, device)  # pooled over ranks; the last iteration's row is the result
-        if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
+    with repro.planted(cfg.inject, sys.modules[__name__]):  # --inject: the bug's functions for the run
+        # --- 0. processes, models (policy, frozen reference, critics), optimizer, random streams, resume
+        rank, _, world, device = common.setup_dist(timeout_s=cfg.dist_timeout, device=cfg.device, group=cfg.fsdp)
+        n_local, autocast = sequences_per_rank(cfg, world), make_autocast(cfg.dtype, device)
+        sampling = rollout_kw(cfg)  # rollout_env's limits and sampling settings (envs.py)
+        policy, policy_train, opt, ref, tokenizer, eos_ids, critics, fingerprint = build_models(cfg, device, world)
+        engine = offpolicy.inference_copy(policy, cfg.rollout_dtype)  # the sampler: the policy, or its bf16 copy
+        task = None if multi_turn(cfg) else load_task(cfg, tokenizer, device)  # a procedural task, or --data's rows
+        kl_beta = cfg.kl_coef  # beta of KL in the reward (ppo_math.kl_controller)
+        rng = np.random.default_rng(cfg.seed + rank)  # tasks and env seeds: seed + rank
+        sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + rank)  # the sampler: seed + rank
+        shuffle_gen = torch.Generator().manual_seed(cfg.seed)  # minibatches: the same on every rank
+        part_gen = torch.Generator().manual_seed(cfg.seed + rank)  # AsyPPO's partition: its own stream
+        gens = {"sample_gen": sample_gen, "shuffle_gen": shuffle_gen, "part_gen": part_gen}  # (checkpointed)
+        make_env = env_service.env_maker(cfg)  # envs.make_env, or --env-url: RemoteEnvs on those servers
+        eval_sets = held_out(task, cfg.task, cfg.eval_n, cfg.eval_samples, make_env)  # (greedy, sampled N times)
+        start, history, diag = 0, {"eval": []}, LiveDiagnoser()
+        if cfg.resume:  # checked in build_models; the lr is recomputed every iteration from the (allowed) config
+            state = resume_checkpoint(cfg.resume, rank, policy, opt, critics, rng, gens, cfg.fsdp)
+            start, history, kl_beta = state["step"], json.loads(state["history"]), state["kl_beta"]
+            diag.load_state(state.get("diag", "{}"))  # the live diagnosis goes on from its baselines (older: anew)
+        out_dir, metrics, footprint = Path(cfg.out_dir), {}, {}
+        logger = open_run_log(cfg, task, policy, start, rank, world, device, n_local)
+        if (
+            critics is not None and not cfg.fsdp
+        ):  # critic params and training memory vs an actor-sized one (whole models)
+            T = cfg.max_prompt_len + cfg.max_new_tokens
+            rows = memory.largest_micro_batch(cfg.micro_batch, n_local // cfg.minibatches, cfg.micro_batch_tokens, T)
+            ids = torch.full((rows, T), eos_ids[0], device=device)
+            footprint = critic_footprint(critics.models, policy, ids, torch.ones_like(ids), cfg.max_new_tokens)
+        if cfg.eval_every and start == 0 and cfg.steps > 0:  # the starting point, before any update
             with autocast(), common.gathered(policy):
-                m.update(evaluate_all(policy, tokenizer, eval_sets, eos_ids, cfg.eval_samples, rank, world, **sampling))
-            history["eval"].append((step + 1, m["eval/acc"]))
-        logger.log(step + 1, m)
-        findings = diag.update(step + 1, m)  # diagnose.py, on every rank: one reduced row, so the same findings
-        for finding in findings if rank == 0 else []:
-            print(f"[minrl] WARNING {finding}", flush=True)
-        if cfg.strict and findings:  # every rank stops at this step: none waits in a collective for the others
-            raise RuntimeError(f"--strict: stopping at step {step + 1} on {findings[0]}")
-        for h in hooks:
-            h(step + 1, m)
-        if cfg.save_every and (step + 1) % cfg.save_every == 0:  # models as safetensors, the rest in state.pt
-            state = {"step": step + 1, "kl_beta": kl_beta, "history": json.dumps(history), "diag": diag.state()}
-            ckpt = out_dir / f"ckpt-{step + 1}"  # atomic: ckpt-N.tmp, fsync, completion marker, rename
-            save_checkpoint(ckpt, rank, fingerprint, state, policy, tokenizer, opt, critics, rng, gens)
-    result = {**metrics, "eval_history": history["eval"]}
-    logger.close()  # W&B's offline run folder complete
-    if isinstance(task, DataTask):  # the reward workers stop
-        task.close()
-    if cfg.save_final:  # the policy as a save_pretrained folder (every rank: FSDP2 gathers it), LoRA's adapters
-        save_policy(policy, tokenizer, out_dir / "policy", rank, asdict(cfg), cfg.lora_merge)
-    if rank == 0:  # result.json, curves.png
-        write_result(out_dir, result, curves=cfg.steps > start, saved=cfg.save_final)
-    return result
+                history["eval"].append((0, evaluate(policy, tokenizer, eval_sets[0], eos_ids, rank, world, **sampling)))
+            if rank == 0:
+                print(f"[minrl] eval/acc before training: {history['eval'][0][1]:.3f}")
+        local = dict(engine=engine, tokenizer=tokenizer, eos_ids=eos_ids, task=task, make_env=make_env, rng=rng)
+        local.update(gen=sample_gen, autocast=autocast, rank=rank, n_local=n_local)
+        sampler = sampler or partial(sample_here, cfg, **local)  # None: sampled here, with the current policy
+        for step in range(start, cfg.steps):
+            t0 = time.perf_counter()
+            update_actor = set_learning_rates(cfg, step, opt, critics)
+
+            # --- 1. rollout: G episodes per prompt or env seed, a rank-local group; rewards come from the envs
+            rollout, episodes, group_ids, sampled = sampler(step, policy)  # sampled: the sampler's own metrics
+            group_ids = ungroup_failed(group_ids, episodes)  # --env-url: a failed episode joins no group
+            t1 = time.perf_counter()
+
+            # --- 2. rewards: each turn's at its last action token (a single-turn task's score at its stop token)
+            rollout, token_scores, scores = episode_rewards(cfg, rollout)  # [B, R], [B] episode return
+            response_mask = rollout.response_mask  # [B, R]
+            t2 = time.perf_counter()
+
+            # --- 3. old logprobs (the PPO anchor), reference logprobs, values: no gradient
+            ids, attn = rollout.input_ids, rollout.attention_mask  # [B, P+R] each
+            mask = response_mask.float()  # [B, R]
+            with torch.no_grad(), autocast():  # [B, R] each; None: given by the update's first forward, or not due
+                old_logprobs, ref_logprobs, gamma, credit = anchor_logprobs(
+                    cfg, policy, ref, ids, attn, response_mask, step
+                )
+                all_values = critic_values(cfg, critics, ids, attn, response_mask) if critics else None  # [M, B, R]
+            values = all_values.mean(0) * mask if critics else None  # [B, R] the ensemble mean V̄
+
+            # --- 4. the batch: off-policy weights, token rewards and advantages, then token weights and masks
+            behav = rollout.rollout_logprobs  # [B, R] the sampler's logprobs
+            is_weights, loss_mask, off_stats = offpolicy.corrections(
+                cfg, old_logprobs, behav, mask
+            )  # weights, rejections
+            token_rewards, adv, returns, kl, adv_stats = compute_advantages(
+                cfg, token_scores, response_mask, old_logprobs, ref_logprobs, kl_beta, group_ids, values
+            )
+            weights, pg_mask, ent_mask, shaped = shape_advantages(
+                cfg, response_mask, adv, all_values, shuffle_gen, gamma
+            )
+            batch = Batch(
+                input_ids=ids, attention_mask=attn, response_mask=response_mask, loss_mask=loss_mask,
+                old_logprobs=old_logprobs,
+                clip_anchor=behav if cfg.off_policy == "behav" else old_logprobs, ref_logprobs=ref_logprobs,  # (a)
+                advantages=adv, token_weights=weights, pg_mask=pg_mask, ent_mask=ent_mask,
+                is_weights=is_weights,
+                old_values=all_values.transpose(0, 1) if critics else None,  # [B, M, R] batch-first for minibatches
+                critic_returns=critic_targets(cfg, token_rewards, all_values, mask, returns) if critics else None,
+                shares=partition_shares(group_ids, len(critics.models), part_gen) if critics else None,  # [B, M]
+            )  # fmt: skip
+
+            # --- 5. update: ppo_epochs x minibatches; --dump-batch saves its inputs first, then its outcome (repro.py)
+            update_args = dict(cfg=cfg, policy_train=policy_train, opt=opt, critics=critics, batch=batch, world=world)
+            update_args.update(gen=shuffle_gen, autocast=autocast, update_actor=update_actor)
+            if cfg.dump_batch == step + 1:
+                path, extra = out_dir / f"batch-{step + 1}.pt", {"token_rewards": token_rewards, "scores": scores}
+                upd = repro.dump_update(path, tokenizer, rollout, extra, ppo_update, update_args)
+            else:
+                upd = ppo_update(**update_args)
+            if cfg.kl_in_reward:  # adaptive controller: batch mean of per-sequence mean KL, n = sequences
+                seq_kl = common.reduce_metrics({"kl": (kl.sum(-1) / mask.sum(-1).clamp(min=1)).mean().item()}, device)
+                kl_beta = ppo_math.kl_controller(kl_beta, seq_kl["kl"], n_local * world, cfg.kl_ctrl)
+            t3 = time.perf_counter()
+
+            # --- 6. metrics (reduced over ranks), eval, live diagnosis, hooks, checkpoint
+            m = {**score_stats(scores, group_ids), **adv_stats, **upd, **shaped, **credit, **off_stats, **sampled}
+            m.update({**footprint, **rollout_metrics(rollout, episodes, eos_ids, cfg.max_new_tokens)})
+            old_logprobs = batch.old_logprobs  # (reuse: the update's first forward filled it)
+            if ref_logprobs is not None:
+                m["stats/kl"] = float(
+                    masked_mean(ppo_math.kl_estimate(old_logprobs, ref_logprobs) * mask, mask, global_=True)
+                )
+            first = first_action_mask(episodes, response_mask) if multi_turn(cfg) else None  # [B, R] the first turn's
+            m.update(
+                offpolicy.gap_stats(old_logprobs, behav, mask, rollout.policy_version, step, cfg.reports_gap(), first)
+            )
+            m.update({"stats/kl_coef": kl_beta, "stats/lr": opt.param_groups[0]["lr"], "time/rollout": t1 - t0})
+            m.update({"perf/tokens_per_s": mask.sum().item() / (t3 - t0), "time/train": t3 - t2})
+            if "time/credit" in credit:  # attention credit: what it adds to the recompute, as a share of the step
+                m["perf/credit_overhead"] = credit["time/credit"] / (t3 - t0)
+            if device.type == "cuda":
+                m["perf/max_mem_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+            if critics is not None:
+                m.update(value_stats(values, returns, mask, all_values, batch.critic_returns))
+                m["loss/value"] = float(np.mean([v for k, v in upd.items() if k.startswith("critic/loss_")]))
+            metrics = m = common.reduce_metrics(m, device)  # pooled over ranks; the last iteration's row is the result
+            if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
+                with autocast(), common.gathered(policy):
+                    m.update(
+                        evaluate_all(policy, tokenizer, eval_sets, eos_ids, cfg.eval_samples, rank, world, **sampling)
+                    )
+                history["eval"].append((step + 1, m["eval/acc"]))
+            logger.log(step + 1, m)
+            findings = diag.update(step + 1, m)  # diagnose.py, on every rank: one reduced row, so the same findings
+            for finding in findings if rank == 0 else []:
+                print(f"[minrl] WARNING {finding}", flush=True)
+            if cfg.strict and findings:  # every rank stops at this step: none waits in a collective for the others
+                raise RuntimeError(f"--strict: stopping at step {step + 1} on {findings[0]}")
+            for h in hooks:
+                h(step + 1, m)
+            if cfg.save_every and (step + 1) % cfg.save_every == 0:  # models as safetensors, the rest in state.pt
+                state = {"step": step + 1, "kl_beta": kl_beta, "history": json.dumps(history), "diag": diag.state()}
+                ckpt = out_dir / f"ckpt-{step + 1}"  # atomic: ckpt-N.tmp, fsync, completion marker, rename
+                save_checkpoint(ckpt, rank, fingerprint, state, policy, tokenizer, opt, critics, rng, gens)
+        result = {**metrics, "eval_history": history["eval"]}
+        logger.close()  # W&B's offline run folder complete
+        if isinstance(task, DataTask):  # the reward workers stop
+            task.close()
+        if cfg.save_final:  # the policy as a save_pretrained folder (every rank: FSDP2 gathers it), LoRA's adapters
+            save_policy(policy, tokenizer, out_dir / "policy", rank, asdict(cfg), cfg.lora_merge)
+        if rank == 0:  # result.json, curves.png
+            write_result(out_dir, result, curves=cfg.steps > start, saved=cfg.save_final)
+        return result
 
 
 def replay(path: str) -> tuple[dict | None, bool]:
@@ -782,7 +820,8 @@ def replay(path: str) -> tuple[dict | None, bool]:
     torch.set_rng_state(d["torch_rng"])  # last: building the models above draws from the global RNG
     metrics, error, autocast = None, None, make_autocast(cfg.dtype, device)
     try:
-        metrics = ppo_update(cfg, policy, opt, critics, batch, 1, gen, autocast, d["update_actor"])
+        with repro.planted(cfg.inject, sys.modules[__name__]):  # an injection planted in the update, again
+            metrics = ppo_update(cfg, policy, opt, critics, batch, 1, gen, autocast, d["update_actor"])
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
     digest = repro.state_digest(policy, opt, critics) if error is None else None

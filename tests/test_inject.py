@@ -8,13 +8,17 @@ batch) for 45 steps, long enough for the 40-step flat-reward window: a check tha
 """
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 from calibrated import REVERSE_T1
 
 import offpolicy
+import ppo_math
 import repro
+import rollout
+import tasks
 import trainer
 from diagnose import LiveDiagnoser
 from evaluation import eos_mask_errors
@@ -80,9 +84,24 @@ def test_every_injection_has_a_bound_and_a_known_failure_id():
 
     assert set(FIRES_BY) == set(INJECTIONS)
     assert {inj.diagnosed_as for inj in INJECTIONS.values()} <= {cid for cid, _, _ in CHECKS}
-    for name, inj in INJECTIONS.items():  # each planting function exists in repro.py and names the bug it plants
-        for point in inj.points.split(", "):
-            assert name in getattr(repro, point).__doc__, f"repro.{point} does not name {name} in its docstring"
+    for name, inj in INJECTIONS.items():  # each plant replaces what `points` names, and names the bug it plants
+        planted = inj.plant(trainer)
+        assert ", ".join(f"{m.__name__}.{f}" for m, f in planted) == inj.points, name
+        assert all(callable(getattr(m, f)) for m, f in planted), name  # an existing function of that module
+        plant = getattr(inj.plant, "func", inj.plant)  # (reward_scale, answer_format: partial(scaled_scores))
+        assert name in plant.__doc__, f"{plant.__name__} does not name {name} in its docstring"
+
+
+def test_planted_replaces_the_functions_for_the_block_only_and_puts_them_back():
+    before = offpolicy.sync_weights, rollout.rollout_env, trainer.episode_rewards
+    with repro.planted("stale_sampler", trainer):
+        assert offpolicy.sync_weights is not before[0] and rollout.rollout_env is before[1]
+    with pytest.raises(RuntimeError, match="inside"), repro.planted("pad_eq_eos", trainer):
+        assert rollout.rollout_env is not before[1] and trainer.episode_rewards is not before[2]
+        raise RuntimeError("an error inside the block")
+    assert (offpolicy.sync_weights, rollout.rollout_env, trainer.episode_rewards) == before
+    with repro.planted(None, trainer):
+        assert (offpolicy.sync_weights, rollout.rollout_env, trainer.episode_rewards) == before
 
 
 @pytest.mark.parametrize("name", list(INJECTIONS))
@@ -114,7 +133,6 @@ def test_retokenized_history_drops_the_inner_end_of_turn_tokens_and_keeps_the_re
     assert out.attention_mask.tolist() == [[1, 1, 1, 1, 1, 1, 0, 0]]
     assert out.token_scores.tolist() == [[0, 0.5, 0, 0, 1.0, 0, 0]]  # the lost EOS' reward on the token before it
     assert torch.equal(out.rollout_logprobs, r.rollout_logprobs)  # where they were: off by one from turn 2 on
-    assert repro.at_rollout(None, r, eos, pad) is r
     # an empty action (its EOS alone, reward 0.25) keeps its EOS: its reward cannot move onto the observation before it
     r = Rollout(prompt_ids=t([[1]]), response_ids=t([[5, 2, 9, 2, 8, 7, 2]]), attention_mask=t([[1] * 8]),
                 response_mask=t([[1, 1, 0, 1, 0, 1, 1]]), rollout_logprobs=torch.zeros(1, 7), truncated=t([False]),
@@ -126,16 +144,27 @@ def test_retokenized_history_drops_the_inner_end_of_turn_tokens_and_keeps_the_re
     assert out.token_scores.tolist() == [[0, 0, 0.25, 0, 0, 1.0, 0]]
 
 
-def test_the_sampler_and_stop_injections_plant_what_they_say():
+def test_the_sampler_stop_and_sign_injections_plant_what_they_say():
     policy = torch.nn.Linear(2, 2)
-    engine = repro.at_engine("stale_sampler", policy, policy)
-    with torch.no_grad():
-        policy.weight.add_(1.0)
-    repro.sync_sampler("stale_sampler", engine, policy)
-    assert not torch.equal(engine.weight, policy.weight)  # never synced
-    assert repro.at_engine(None, policy, policy) is policy
-    assert repro.at_stop_ids("wrong_stop_id", [2, 7], pad_id=0) == [0] and repro.at_stop_ids(None, [2], 0) == [2]
-    assert repro.at_kl_coef("kl_sign", 0.1) == -0.1 and repro.at_ent_coef("ent_sign", 1.0) == -1.0
+    with repro.planted("stale_sampler", trainer):
+        engine = offpolicy.inference_copy(policy, "float32")  # a frozen copy, not the policy itself
+        with torch.no_grad():
+            policy.weight.add_(1.0)
+        offpolicy.sync_weights(engine, policy)
+    assert engine is not policy and not torch.equal(engine.weight, policy.weight)  # never synced
+    assert offpolicy.inference_copy(policy, "float32") is policy
+    tokenizer = SimpleNamespace(eos_token_id=2, pad_token_id=0)
+    with repro.planted("wrong_stop_id", trainer):
+        assert tasks.stop_token_ids(None, tokenizer) == [0]
+        with pytest.raises(ValueError, match="wrong_stop_id"):
+            tasks.stop_token_ids(None, SimpleNamespace(eos_token_id=2, pad_token_id=2))
+    assert tasks.stop_token_ids(None, tokenizer) == [2]
+    one, x = torch.ones(2), torch.tensor([1.0, -2.0])
+    with repro.planted("kl_sign", trainer):
+        assert torch.equal(ppo_math.kl_reward(one, x, 0.1), one + 0.1 * x)  # the penalty added
+    with repro.planted("ent_sign", trainer):
+        assert torch.equal(ppo_math.entropy_bonus(one, x, 1.0), one + x)  # loss + c H
+    assert torch.equal(ppo_math.entropy_bonus(one, x, 1.0), one - x)
 
 
 def test_injection_config_applies_to_defaults_only_and_names_are_checked():

@@ -140,7 +140,8 @@ def test_repro_runlog_and_checkpoint_mains_read_a_run(tmp_path, tiny_model):
     about = run("checkpoint.py", str(run_dir))  # the checkpoint --resume would take, and the run it is of
     assert f"{run_dir / 'ckpt-2'}: complete, step 2 of 2" in about and "tokenizer_sha256" in about, about
     table = run("repro.py")
-    assert all(name in table for name in ("reward_scale", "pad_eq_eos", "value_not_detached", "at_logprobs"))
+    names = ("reward_scale", "pad_eq_eos", "value_not_detached", "rollout.sequence_logprobs")
+    assert all(name in table for name in names), table
     dump = run("repro.py", str(run_dir / "batch-1.pt"))
     assert "batch['advantages']: (4," in dump and "state after:" in dump
     rows = run("runlog.py", str(run_dir))
