@@ -1,10 +1,10 @@
-"""Bug hunting: fourteen classic RL-for-LLM bugs to plant on purpose, and one update saved to disk to replay.
+"""The bug catalogue: fourteen classic RL-for-LLM bugs to plant on purpose, and one update saved to disk.
 
-    python repro.py                                            # the injections: bug, planted by, config, diagnosis
-    python repro.py runs/ppo/batch-7.pt                        # what a --dump-batch file holds
-    python trainer.py --inject reward_scale --steps 40     # plant one; the live diagnosis must name it
-    python trainer.py --dump-batch 7 --steps 7             # save everything update 7 needs (batch-7.pt)
-    python trainer.py --replay runs/ppo/batch-7.pt         # re-run exactly that update, bit for bit
+    python repro.py                                       # the injections: bug, planted by, config, diagnosis
+    python repro.py runs/ppo/batch-7.pt                   # what a --dump-batch file holds
+    python trainer.py --inject reward_scale --steps 40    # plant one; the live diagnosis must name it
+    python trainer.py --dump-batch 7 --steps 7            # save everything update 7 needs (batch-7.pt)
+    python replay.py runs/ppo/batch-7.pt                  # re-run exactly that update, bit for bit (replay.py)
 
 Injections (their regression suite is tests/test_inject.py)
 1. A bug is planted from outside the loop: `with planted(cfg.inject, trainer):` wraps trainer.train's run, and for
@@ -20,22 +20,11 @@ Injections (their regression suite is tests/test_inject.py)
    normalisation and Adam are nearly scale-invariant), fills the fields left at their default, each override
    printed. The live diagnosis must name the injection's failure-mode id.
 
-Replay
+Dump (the trainer writes it, replay.py reads it: it sits above the trainer, this file below)
 3. `dump_update` saves what one update reads (batch, model / optimizer states, shuffle and global RNG) in one
    weights_only file BEFORE it runs (a crashing update still leaves its inputs, then its error), then its metrics
-   and `state_digest` (sha256 of every weight and AdamW moment). World size 1. trainer.replay rebuilds the
-   models and re-runs `ppo_update` (set a breakpoint there); `report_replay` prints both rows: the same metrics
-   and digest (or error) on the same device, dtype and threads. Earlier versions' dumps replay too (batch_fields).
-4. A batch exported from another framework also replays: `python trainer.py --replay B.pt --model M [flags]`,
-   with the model that produced it and this project's flags for the update (the estimator, clip, loss_agg, ...).
-   B is a .pt (torch.save of a dict of tensors, read weights_only) or a .npz (numpy.savez), tensors named as in veRL's
-   DataProto `batch.batch` (FOREIGN_BATCH); veRL's `uid` strings as integer group ids. From veRL, after
-   compute_advantage in the trainer's step: torch.save({**batch.batch, "uid": ids}, "b.pt") with ids =
-   torch.from_numpy(np.unique(batch.non_tensor_batch["uid"], return_inverse=True)[1]) (tensors only: weights_only).
-   The replay recomputes the old (and reference) logprobs with M and, from the scores, the advantages; prints each
-   next to the file's, per token (token_diffs);
-   then runs one update on the batch as given (its old logprobs the anchor, its advantages; no critic: its weights
-   are not in the file) and prints its metrics under both names (ours, veRL's).
+   and `state_digest` (sha256 of every weight and AdamW moment). World size 1. `python replay.py FILE` rebuilds
+   the models, re-runs the update and compares; a batch another framework exported replays there too.
 """
 
 from __future__ import annotations
@@ -48,10 +37,8 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from functools import partial
-from pathlib import Path
 from typing import Literal, NamedTuple
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -59,12 +46,9 @@ import offpolicy
 import ppo_math
 import rollout
 import tasks
-from checkpoint import load_pt
 from cli import check_choice, check_range
-from critics import make_critics
 from envs import multi_turn
 from rollout import decode_responses, last_valid, position_ids_from_mask
-from runlog import format_table
 
 
 class Injection(NamedTuple):
@@ -382,14 +366,13 @@ def planted(inject: str | None, trainer):
 
 @dataclass
 class ReproArgs:
-    """Bug injection and one-update replay (the trainer's Config inherits these fields)."""
+    """Bug injection and one update dumped for replay.py (the trainer's Config inherits these fields)."""
 
     inject: Literal[INJECT_NAMES] | None = None
     """Plant a classic bug (`python repro.py` lists them); its stated config applies to fields left at their default."""
     dump_batch: int = 0
-    """Save everything the update of this iteration needs to out_dir/batch-STEP.pt (0 = never; world size 1)."""
-    replay: str | None = None
-    """Re-run the update saved by --dump-batch in this file, print its metrics and check them against the run's."""
+    """Save everything the update of this iteration needs to out_dir/batch-STEP.pt (0 = never; world size 1;
+    `python replay.py FILE` re-runs it)."""
 
     def __post_init__(self):
         check_range("dump_batch", self.dump_batch, 0, self.steps)  # steps: the trainer's Config
@@ -430,7 +413,7 @@ def state_digest(policy, opt, critics) -> str:
     return h.hexdigest()
 
 
-def dump_update(path, tokenizer, rollout, extra: dict, update, args: dict):
+def dump_update(path, tokenizer, samples, extra: dict, update, args: dict):
     """Run update(**args), ppo_update's keyword arguments at world size 1 (policy_train is the policy): save first
     what it reads (the batch, model / optimizer / RNG states) in one weights_only file, with the decoded prompts and
     responses and `extra` (the rewards) for a reader; then add its metrics and the digest of the state after it.
@@ -441,9 +424,9 @@ def dump_update(path, tokenizer, rollout, extra: dict, update, args: dict):
         "model_config": policy.config.to_json_string(),
         "batch": {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in vars(args["batch"]).items()},
         **{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in extra.items()},
-        "prompts": tokenizer.batch_decode(rollout.prompt_ids, skip_special_tokens=True),
-        "responses": decode_responses(tokenizer, rollout),
-        "policy_version": rollout.policy_version,  # [B] the weights version each sample started with (async)
+        "prompts": tokenizer.batch_decode(samples.prompt_ids, skip_special_tokens=True),
+        "responses": decode_responses(tokenizer, samples),
+        "policy_version": samples.policy_version,  # [B] the weights version each sample started with (async)
         "update_actor": args["update_actor"],
         **update_inputs(policy, opt, critics, args["gen"]),
         "metrics": None,
@@ -458,151 +441,8 @@ def dump_update(path, tokenizer, rollout, extra: dict, update, args: dict):
         raise
     record["state_after"] = state_digest(policy, opt, critics)
     torch.save(record, path)
-    print(f"[minrl] saved the update of this step to {path}; rerun it: python trainer.py --replay {path}")
+    print(f"[minrl] saved the update of this step to {path}; rerun it: python replay.py {path}")
     return record["metrics"]
-
-
-def restore_update(d: dict, cfg, device):
-    """The policy, its AdamW, the critics and the shuffle generator of a dumped update, as they were before it."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    model_config = json.loads(d["model_config"])
-    policy = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_config.pop("model_type"), **model_config))
-    policy.load_state_dict(d["policy"])
-    policy.to(device).eval()
-    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps, weight_decay=0.0)
-    opt.load_state_dict(d["opt"])
-    critics = make_critics(cfg, policy, None, device, adam_eps=cfg.adam_eps) if d["critics"] else None
-    for k, state in enumerate(d["critics"]):
-        critics.models[k].load_state_dict(state)
-        critics.opts[k].load_state_dict(d["critic_opts"][k])
-    return policy, opt, critics, torch.Generator().set_state(d["shuffle_gen"])
-
-
-def batch_fields(saved: dict, names: list[str], where: str) -> dict:
-    """The Batch fields `names` of a dumped batch; a dump from before Batch (a dict with kl_beta, policy_version,
-    returns, None for a neutral anchor or weight, no critic keys without a critic) gets them spelled out."""
-    if unknown := saved.keys() - {*names, "kl_beta", "policy_version", "returns"}:
-        raise ValueError(f"{where}: the batch has fields {sorted(unknown)} that Batch lacks (its fields: {names})")
-    mask, old = saved["response_mask"], saved.get("old_logprobs")  # old None: the anchor is the first forward's
-    ones = torch.ones_like(mask, dtype=torch.float32)
-    neutral = {"clip_anchor": old, "token_weights": ones, "pg_mask": mask, "ent_mask": mask, "loss_mask": mask.float()}
-    fields = {k: neutral[k] if saved.get(k) is None and k in neutral else saved.get(k) for k in names}
-    optional = ("old_values", "critic_returns", "shares", "old_logprobs", "clip_anchor", "ref_logprobs", "is_weights")
-    if missing := [k for k, v in fields.items() if v is None and k not in optional]:
-        raise ValueError(f"{where}: the batch lacks {missing}: only critic fields, anchors, ref_logprobs may be None")
-    return fields
-
-
-def report_replay(path, saved: dict, metrics: dict | None, error: str | None, digest: str | None) -> bool:
-    """Print how a replay compares with the saved update; True iff identical (or the same error)."""
-    if error is not None:
-        print(f"[minrl] replay of {path} raised {error}\n[minrl] the original update raised {saved['error']}")
-        return error == saved["error"]
-    if saved["error"] is not None:
-        print(f"[minrl] replay of {path} ran through, but the original update raised {saved['error']}")
-        return False
-    same = lambda x, y: x == y or (x != x and y != y)  # noqa: E731  NaN (x != x) equals NaN: the same update
-    diff = [k for k in sorted(metrics | saved["metrics"]) if not same(metrics.get(k), saved["metrics"].get(k))]
-    same_state = digest == saved["state_after"]
-    rows = [{"step": "original", **saved["metrics"]}, {"step": "replay", **metrics}]
-    print(format_table(rows, ["step", *sorted(metrics)]))
-    print(
-        f"[minrl] replay of {path}: metrics {'identical' if not diff else 'differ in ' + ', '.join(diff)}; weights and "
-        f"optimizer state (sha256) {'identical' if same_state else 'differ'}"
-        + ("" if same_state and not diff else " (same device, dtype and OMP_NUM_THREADS as the run?)")
-    )
-    return same_state and not diff
-
-
-FOREIGN_BATCH = {  # name (veRL's DataProto) -> (required, what it holds); [B, R]: response tokens, right-padded
-    "input_ids": (True, "[B, P+R] int: prompt (left-padded) + response ids"),
-    "attention_mask": (True, "[B, P+R] int: 1 on real prompt and response tokens"),
-    "responses": (True, "[B, R] int: the response ids (= input_ids[:, -R:])"),
-    "response_mask": (False, "[B, R]: 1 on the tokens the loss trains (default: attention_mask[:, -R:], as veRL)"),
-    "old_log_probs": (True, "[B, R] float: the trainer's logprobs before the update (the PPO anchor)"),
-    "ref_log_prob": (False, "[B, R] float: the reference model's"),
-    "rollout_log_probs": (False, "[B, R] float: the sampler's"),
-    "values": (False, "[B, R] float: the critic's, before the update (GAE)"),
-    "advantages": (False, "[B, R] float: the advantages the update used"),
-    "returns": (False, "[B, R] float: the returns (GAE: the critic's target)"),
-    "token_level_scores": (False, "[B, R] float: the task's scores (each at its sequence's last token)"),
-    "token_level_rewards": (False, "[B, R] float: the scores with the in-reward KL penalty, if any"),
-    "uid": (False, "[B] int: the prompt each sample came from (group estimators)"),
-}
-
-
-WHAT = "--dump-batch file, or a dict of tensors only (torch.from_numpy on arrays such as uid)"
-
-
-def is_foreign_batch(path) -> bool:
-    """True for a batch file in FOREIGN_BATCH's layout: a .npz, or a .pt holding any of its keys and no 'config'
-    (load_foreign_batch then names what is missing)."""
-    if str(path).endswith(".npz"):
-        return True
-    d = load_pt(Path(path), what=WHAT, map_location="cpu", mmap=True)  # mmap: the keys, not the tensors, are read
-    return isinstance(d, dict) and "config" not in d and any(k in d for k in FOREIGN_BATCH)
-
-
-def _foreign_tensor(k: str, v, fail):
-    """One FOREIGN_BATCH entry as a long (ids, masks, uid) or float32 tensor; anything else: an error with the fix."""
-    try:
-        v = torch.from_numpy(v) if isinstance(v, np.ndarray) else v
-        if not isinstance(v, torch.Tensor):
-            raise TypeError(type(v).__name__)
-        return v.long() if k in ("input_ids", "attention_mask", "responses", "uid") else v.float()
-    except (TypeError, ValueError) as e:
-        fix = " (uid: integer group ids, np.unique(uids, return_inverse=True)[1])" if k == "uid" else ""
-        raise fail(f"'{k}' is not a numeric array ({e}){fix}") from None
-
-
-def load_foreign_batch(path) -> dict:
-    """The tensors of a FOREIGN_BATCH file on the CPU (float32 / long), names, shapes and values checked: a missing
-    key, a tensor of another shape or kind, responses that are not input_ids' tail, NaN on a trained token or neither
-    advantages nor scores is an error naming the file, the key and the layout. Other keys are ignored."""
-    layout = "; ".join(f"{k}{'' if req else ' (optional)'}: {what}" for k, (req, what) in FOREIGN_BATCH.items())
-    fail = lambda msg: ValueError(f"{path}: {msg}. Layout (repro.py detail 4): {layout}")  # noqa: E731
-    if str(path).endswith(".npz"):
-        with np.load(path, allow_pickle=False) as z:  # object arrays (veRL's string uids) refused: no pickles
-            try:
-                raw = {k: z[k] for k in z.files if k in FOREIGN_BATCH}
-            except ValueError as e:
-                raise fail(f"an entry is not a numeric array ({e})") from None
-    else:
-        raw = load_pt(Path(path), what=WHAT, map_location="cpu")
-    if missing := [k for k, (req, _) in FOREIGN_BATCH.items() if req and k not in raw]:
-        raise fail(f"no {missing}")
-    if not any(k in raw for k in ("advantages", "token_level_scores", "token_level_rewards")):
-        raise fail("neither advantages nor token_level_scores / token_level_rewards: nothing to train on")
-    t = {k: _foreign_tensor(k, v, fail) for k, v in raw.items() if k in FOREIGN_BATCH}
-    for k in ("input_ids", "responses"):
-        if t[k].dim() != 2:
-            raise fail(f"'{k}' has shape {tuple(t[k].shape)}: expected 2 dimensions [B, tokens]")
-    (B, W), R = t["input_ids"].shape, t["responses"].shape[-1]
-    if tuple(t["attention_mask"].shape) != (B, W):
-        raise fail(f"'attention_mask' has shape {tuple(t['attention_mask'].shape)}, expected {[B, W]}")
-    t.setdefault("response_mask", t["attention_mask"][:, -R:].float())
-    for k, v in t.items():
-        want = (B,) if k == "uid" else (B, W) if k in ("input_ids", "attention_mask") else (B, R)
-        if tuple(v.shape) != want:
-            raise fail(f"'{k}' has shape {tuple(v.shape)}, expected {list(want)} (B = {B}, P+R = {W}, R = {R})")
-    if not t["response_mask"].any():
-        raise fail("'response_mask' is all 0: no token to train")
-    for k, v in t.items():
-        if v.is_floating_point() and not torch.isfinite(v[t["response_mask"] > 0] if v.dim() == 2 else v).all():
-            raise fail(f"'{k}' is NaN / inf on a trained token (response_mask 1)")
-    if not torch.equal(t["input_ids"][:, -R:], t["responses"]):
-        raise fail("'responses' differs from input_ids[:, -R:]: the response must be the right end of input_ids")
-    return t
-
-
-def token_diffs(pairs: dict, mask) -> list[dict]:
-    """One row per (name -> (ours [B, R], theirs [B, R])): max and mean |ours - theirs| over the trained tokens."""
-    rows = []
-    for name, (ours, theirs) in pairs.items():
-        d = (ours - theirs).abs()[mask > 0]
-        rows.append({"quantity": name, "max_abs_diff": d.max().item(), "mean_abs_diff": d.mean().item()})
-    return rows
 
 
 def describe_dump(path) -> None:
@@ -623,9 +463,9 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.dump:
         return describe_dump(args.dump)
-    print(f"{'--inject':20s} {'diagnosed as':22s} {'planted by':32s} {'stated config':40s} the bug")
+    print(f"{'--inject':20s} {'diagnosed as':22s} {'stated config':40s} the bug; planted by replacing")
     for name, inj in INJECTIONS.items():
-        print(f"{name:20s} {inj.diagnosed_as:22s} {inj.points:32s} {str(inj.config or 'default'):40s} {inj.bug}")
+        print(f"{name:20s} {inj.diagnosed_as:22s} {str(inj.config or 'default'):40s} {inj.bug}; {inj.points}")
 
 
 if __name__ == "__main__":

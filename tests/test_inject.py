@@ -1,4 +1,4 @@
-"""Bug-injection regression suite and deterministic replay (repro.INJECTIONS, --dump-batch, --replay).
+"""Bug-injection regression suite and deterministic replay (repro.INJECTIONS, --dump-batch, replay.py).
 
 Each classic bug runs in its stated config (repro.INJECTIONS) from the SFT warm start on a small batch
 (8 prompts x 8 samples). The live diagnosis (diagnose.LiveDiagnoser, fed by a train() hook exactly as the
@@ -16,6 +16,7 @@ from calibrated import REVERSE_T1
 
 import offpolicy
 import ppo_math
+import replay
 import repro
 import rollout
 import tasks
@@ -192,7 +193,7 @@ def test_replay_reproduces_the_dumped_update_bit_for_bit(sft_path, tmp_path, adv
     assert json.loads(saved["config"])["adv_estimator"] == adv
     logged = read_jsonl(tmp_path / "metrics.jsonl")[1]
     assert logged["step"] == 2
-    metrics, same = trainer.replay(str(path))
+    metrics, same = replay.replay(str(path))
     assert same, capsys.readouterr().out
     assert metrics == {k: logged[k] for k in metrics}  # the row the run logged for step 2
 
@@ -209,9 +210,9 @@ def test_a_crashing_update_is_dumped_with_its_error_and_replays_to_the_same_erro
         trainer.train(cfg)
     saved = torch.load(tmp_path / "batch-1.pt", weights_only=True)
     assert saved["error"].startswith("FloatingPointError") and saved["metrics"] is None
-    assert trainer.replay(str(tmp_path / "batch-1.pt")) == (None, True)  # the bug is still there: same error
+    assert replay.replay(str(tmp_path / "batch-1.pt")) == (None, True)  # the bug is still there: same error
     monkeypatch.setattr(offpolicy, "policy_loss", policy_loss)
-    assert trainer.replay(str(tmp_path / "batch-1.pt"))[1] is False  # fixed: the update now runs through
+    assert replay.replay(str(tmp_path / "batch-1.pt"))[1] is False  # fixed: the update now runs through
 
 
 def test_eos_mask_errors_known_answers():
@@ -237,7 +238,7 @@ def test_replay_detects_a_different_update(sft_path, tmp_path):
     saved = torch.load(path, weights_only=True)
     saved["batch"]["advantages"] = -saved["batch"]["advantages"]  # another update than the one recorded
     torch.save(saved, path)
-    assert trainer.replay(str(path))[1] is False
+    assert replay.replay(str(path))[1] is False
 
 
 def test_a_dump_in_the_earlier_dict_format_still_replays_bit_for_bit(sft_path, tmp_path, capsys):
@@ -255,10 +256,10 @@ def test_a_dump_in_the_earlier_dict_format_still_replays_bit_for_bit(sft_path, t
     legacy = {k: v for k, v in batch.items() if k not in ("old_values", "critic_returns", "shares")}
     legacy.update(clip_anchor=None, is_weights=None, token_weights=None, returns=batch["advantages"])
     torch.save({**saved, "batch": {**legacy, "kl_beta": 0.001, "policy_version": None}}, path)
-    assert trainer.replay(str(path))[1], capsys.readouterr().out
+    assert replay.replay(str(path))[1], capsys.readouterr().out
     torch.save({**saved, "batch": {**batch, "advantage": batch["advantages"]}}, path)  # a field no version has
     with pytest.raises(ValueError, match="'advantage'"):
-        trainer.replay(str(path))
+        replay.replay(str(path))
     torch.save({**saved, "batch": {k: v for k, v in batch.items() if k != "advantages"}}, path)  # one missing
     with pytest.raises(ValueError, match=r"lacks \['advantages'\]"):
-        trainer.replay(str(path))
+        replay.replay(str(path))
