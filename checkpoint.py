@@ -43,7 +43,7 @@ import lora
 
 MARKER = "checkpoint.json"
 RUN_FIELDS = ("out_dir", "save_every", "resume", "resume_allow", "tensorboard", "save_final", "strict", "dist_timeout")
-RUN_FIELDS += ("dump_batch", "replay", "lora_merge")  # where a run writes, how it reports: free to change on resume
+RUN_FIELDS += ("dump_batch", "lora_merge")  # where a run writes, how it reports: free to change on resume
 IDENTITY = ("task", "reward", "sft_target", "adv_estimator", "critic", "critic_model", "critic_depth", "n_critics")
 IDENTITY += (
     "fsdp",

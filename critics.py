@@ -51,6 +51,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+import ppo_math
 from cli import check_fields, parse_config
 from common import collective, masked_mean, masked_var, world_size
 from rollout import decode_responses, generate
@@ -283,6 +284,13 @@ def make_critics(cfg: CriticArgs, policy, tokenizer, device, *, adam_eps: float,
     n = cfg.n_critics if cfg.critic == "asyppo" else 1
     models = [make_value_model(policy, cfg.critic_model, tokenizer, cfg.critic_depth).to(device) for _ in range(n)]
     return Critics(models, lr=cfg.critic_lr, adam_eps=adam_eps, wrap=wrap)
+
+
+def critic_targets(cfg, token_rewards, all_values, mask, returns):
+    """Each critic's value target R^(m) = GAE(V_m) + V_m [B, M, R]; for M = 1 that is `returns` already."""
+    if len(all_values) == 1:
+        return returns[:, None]  # [B, 1, R]
+    return torch.stack([ppo_math.gae(token_rewards, v * mask, mask, cfg.gamma, cfg.lam)[1] for v in all_values], 1)
 
 
 def value_stats(values_mean, returns, mask, all_values, critic_returns) -> dict:

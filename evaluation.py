@@ -5,8 +5,8 @@
     python evaluation.py --model runs/ppo/policy --data my.parquet --reward my_reward.py --eval-samples 8
     python evaluation.py                          # the embedded model at random init: the metrics' floor, in seconds
 
-- `rollout_metrics`: the rollout/* metrics of a training batch; `eos_mask_errors`: responses whose mask breaks the
-  stop-token rule (stats/eos_mask_err_frac, the symptom of pad == eos).
+- `rollout_metrics`, `score_stats`: the rollout/* metrics of a training batch; `eos_mask_errors`: responses whose
+  mask breaks the stop-token rule (stats/eos_mask_err_frac, the symptom of pad == eos).
 - `evaluate`: greedy success (eval/acc) on held-out episodes, the trainer's every `eval_every` iterations.
 - `sampled_eval`: N samples per episode at the training sampling settings (`--eval-samples N`):
   eval/mean@N, the mean return (veRL's val-core/<data source>/reward/mean@N); eval/acc_mean@N, the mean success;
@@ -31,8 +31,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+import ppo_math
 from cli import check_fields, parse_config
-from common import all_reduce_sum, masked_mean
+from common import all_reduce_sum, masked_mean, masked_var
 from data import DataArgs, load_task
 from envs import EnvArgs, make_env, multi_turn, rollout_kw, sample_episodes
 from rewards import RewardArgs
@@ -190,6 +191,14 @@ class EvalConfig(TaskArgs, DataArgs, RewardArgs, SampleArgs, EnvArgs, EvalArgs):
         for base in EvalConfig.__bases__:
             if "__post_init__" in vars(base):
                 base.__post_init__(self)
+
+
+def score_stats(scores, group_ids) -> dict:
+    """Returns [B] -> rollout/reward_mean, reward_std (all ranks' samples), zero_std_frac (in groups of >= 2, equal)."""
+    _, group_std, group_n = ppo_math.group_stats(scores, group_ids)  # [B] per sample
+    std = masked_var(scores, torch.ones_like(scores), global_=True).sqrt().item()
+    zero = ((group_std < 1e-8) & (group_n > 1)).float().mean().item()
+    return {"rollout/reward_mean": scores.mean().item(), "rollout/reward_std": std, "rollout/zero_std_frac": zero}
 
 
 def main(argv=None) -> None:

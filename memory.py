@@ -15,6 +15,8 @@ The three ways (each a trainer flag):
   activations in backward (`checkpoint_layers`).
 And two that change what is held: `--fsdp` (common.py) shards weights, gradients and AdamW state over the ranks;
 `--lora-rank r` (lora.py) trains adapters only, with the reference as the policy with its adapters off.
+What one update holds is a `Batch` (the trainer builds it), cut into micro-batches by `Batch.micro_batches` and
+`Batch.part`; `critics_footprint` measures the critics' memory against an actor-sized one.
 
 What one rank holds (s = 4 bytes per fp32 parameter; weights and AdamW state stay fp32):
   static   policy: weights + 2 AdamW moments 3 N s; reference N s; critic m: 3 N_m s; at world > 1, DDP's gradient
@@ -46,7 +48,7 @@ others waiting in one.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import partial
 
 import torch
@@ -54,7 +56,7 @@ from torch.utils.checkpoint import checkpoint
 
 import common
 from cli import check_fields, parse_config
-from critics import ValueModel, make_value_model, saved_activation_bytes
+from critics import ValueModel, critic_footprint, make_value_model, saved_activation_bytes
 from envs import rollout_kw
 from lora import adapter_params
 from rollout import lm_head
@@ -291,6 +293,54 @@ def by_micro_batches(fn, input_ids, attention_mask, response_len: int, *, rows: 
         out = part.new_zeros(*part.shape[:-2], B, R) if out is None else out
         out[..., idx, :r] = part
     return out
+
+
+@dataclass
+class Batch:
+    """One iteration's training data (docs/design.md None3), built once in train() stanza 4, sliced into minibatches and
+    micro-batches (`part`): what one update holds."""
+
+    input_ids: torch.Tensor  # [B, P+R] prompt (left-padded) + response (right-padded)
+    attention_mask: torch.Tensor  # [B, P+R] 1 on real prompt, action and observation tokens
+    response_mask: torch.Tensor  # [B, R] 1 on action tokens, each action up to and including its stop token
+    loss_mask: torch.Tensor  # [B, R] float: what the policy's losses average over (rollout rejection: fewer tokens)
+    old_logprobs: torch.Tensor | None  # [B, R] the trainer's recompute; None: the update's first forward fills it
+    clip_anchor: torch.Tensor | None  # [B, R] the ratio's denominator: old_logprobs, or the sampler's (behav)
+    ref_logprobs: torch.Tensor | None  # [B, R] the frozen reference's; None on an iteration without its pass
+    advantages: torch.Tensor  # [B, R] GAE (whitened) or a group baseline broadcast over tokens; 0 where masked
+    token_weights: torch.Tensor  # [B, R] gamma_t multiplying A_t (attention credit), else 1
+    pg_mask: torch.Tensor  # [B, R] tokens whose policy term counts (AsyPPO), else response_mask
+    ent_mask: torch.Tensor  # [B, R] tokens whose entropy bonus counts (AsyPPO), else response_mask
+    is_weights: torch.Tensor | None  # [B, R] off-policy importance weights (detached), None without a correction
+    old_values: torch.Tensor | None  # [B, M, R] each critic's values before its update; None without a critic
+    critic_returns: torch.Tensor | None  # [B, M, R] each critic's own target R^(m) = GAE(V_m) + V_m
+    shares: torch.Tensor | None  # [B, M] bool: the rows critic m trains on (AsyPPO's partition)
+
+    def rows(self, idx) -> Batch:
+        """The sub-batch of rows idx (an index tensor or a slice)."""
+        return Batch(**{f.name: None if (v := getattr(self, f.name)) is None else v[idx] for f in fields(self)})
+
+    def micro_batches(self, cfg) -> list[tuple]:
+        """Its micro-batches (micro_batches): cfg.micro_batch rows each, or packed under cfg.micro_batch_tokens."""
+        plan = {"rows": cfg.micro_batch, "tokens": cfg.micro_batch_tokens, "response_mask": self.response_mask}
+        return micro_batches(self.attention_mask, self.response_mask.shape[1], **plan)
+
+    def part(self, idx, lo: int, r: int) -> Batch:
+        """A micro-batch (memory.micro_batches): rows idx, prompt columns from lo, the first r response columns."""
+        W, R, out = self.input_ids.shape[1], self.response_mask.shape[1], self.rows(idx)
+        for f in fields(out):
+            if (v := getattr(out, f.name)) is not None and f.name != "shares":  # [b, M]: no token axis
+                setattr(out, f.name, v[:, lo : W - R + r] if f.name in ("input_ids", "attention_mask") else v[..., :r])
+        return out
+
+
+def critics_footprint(cfg, critics, policy, token_id: int, n_local: int, device) -> dict:
+    """The critics' parameters and training memory against an actor-sized critic's (critics.critic_footprint), on
+    the largest micro-batch of a trainer run (cfg: its Config; whole models)."""
+    T = cfg.max_prompt_len + cfg.max_new_tokens
+    rows = largest_micro_batch(cfg.micro_batch, n_local // cfg.minibatches, cfg.micro_batch_tokens, T)
+    ids = torch.full((rows, T), token_id, device=device)
+    return critic_footprint(critics.models, policy, ids, torch.ones_like(ids), cfg.max_new_tokens)
 
 
 def report(est: dict[str, float]) -> str:

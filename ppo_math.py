@@ -17,7 +17,8 @@ All per-token tensors are [B, R] over response tokens; `mask` is 1 on the tokens
   PPO clip (Schulman et al. 2017, eq. 7), as a loss: L = max(-A r, -A clip(r, 1 - eps_lo, 1 + eps_hi)),
       r = exp(clamp(logp - old, +-20)); dual clip (Ye et al. 2020) for A < 0: L = min(L, -c A)
   value loss: L_V = 0.5 max((V - R)^2, (clip(V, V_old +- eps_v) - R)^2)
-  KL (Schulman's estimators), x = logp - ref: k1 = x, k2 = x^2 / 2, k3 = exp(-x) + x - 1 (clamped)
+  KL (Schulman's estimators), x = logp - ref: k1 = x, k2 = x^2 / 2, k3 = exp(-x) + x - 1 (clamped);
+      in the reward r_t = s_t - beta k1_t; entropy bonus: L - c H
 
 Implementation details
 1. Aggregation (veRL's loss_agg_mode): token-mean = sum(mask l) / n_tokens; seq-mean-token-mean / -sum average
@@ -136,6 +137,11 @@ def kl_estimate(logprobs, ref_logprobs, kind: str = "k1"):
     raise ValueError(f"unknown KL estimator {kind!r}: k1 | k2 | k3")
 
 
+def kl_reward(token_scores, kl, beta: float):
+    """KL in the reward: r_t = s_t - beta KL_t [B, R] (KL_t: kl_estimate k1 of the old policy against the reference)."""
+    return token_scores - beta * kl
+
+
 def kl_controller(beta: float, kl: float, n: int, kind: str, target: float = 0.1, horizon: int = 10000) -> float:
     """beta of KL in the reward after n sequences of mean per-sequence KL kl: fixed, or adaptive (Ziegler et al.
     2019; veRL's target and horizon): beta (1 + e n / horizon), e = clip(kl / target - 1, +-0.2)."""
@@ -192,6 +198,11 @@ def value_loss(values, old_values, returns, mask, *, clip=0.5, agg="token-mean",
     l_unclipped, l_clipped = (values - returns) ** 2, (v_clip - returns) ** 2
     loss = 0.5 * aggregate(torch.maximum(l_unclipped, l_clipped), mask, agg, denom, world)
     return loss, {"vf_clipfrac": masked_mean((l_clipped > l_unclipped).float(), mask).detach()}
+
+
+def entropy_bonus(loss, entropy, coef: float):
+    """The policy loss with an entropy bonus, L - c H (c > 0: the policy is paid to stay uncertain)."""
+    return loss - coef * entropy
 
 
 def lr_factor(step: int, total: int, warmup: int, schedule: str = "constant", min_ratio: float = 0.0) -> float:

@@ -1,145 +1,378 @@
-"""Bug hunting: fourteen classic RL-for-LLM bugs to plant on purpose, and one update saved to disk to replay.
+"""The bug catalogue: fourteen classic RL-for-LLM bugs to plant on purpose, and one update saved to disk.
 
-    python repro.py                                            # the injections: bug, planted by, config, diagnosis
-    python repro.py runs/ppo/batch-7.pt                        # what a --dump-batch file holds
-    python trainer.py --inject reward_scale --steps 40     # plant one; the live diagnosis must name it
-    python trainer.py --dump-batch 7 --steps 7             # save everything update 7 needs (batch-7.pt)
-    python trainer.py --replay runs/ppo/batch-7.pt         # re-run exactly that update, bit for bit
+    python repro.py                                       # the injections: bug, planted by, config, diagnosis
+    python repro.py runs/ppo/batch-7.pt                   # what a --dump-batch file holds
+    python trainer.py --inject reward_scale --steps 40    # plant one; the live diagnosis must name it
+    python trainer.py --dump-batch 7 --steps 7            # save everything update 7 needs (batch-7.pt)
+    python replay.py runs/ppo/batch-7.pt                  # re-run exactly that update, bit for bit (replay.py)
 
 Injections (their regression suite is tests/test_inject.py)
-1. Each bug is planted by the function named for its point of the loop (`at_stop_ids`, `at_engine` /
-   `sync_sampler`, `at_rollout`, `at_scores`, `at_score_placement`, `at_logprobs`, `stale_anchor` /
-   `resync_anchor`, `at_kl_coef`, `at_advantages`, `at_ent_coef`, `at_value_target`), called by the trainer on a
-   line marked "INJECT"; without --inject each returns its input (sync_sampler: does the sync).
+1. A bug is planted from outside the loop: `with planted(cfg.inject, trainer):` wraps trainer.train's run, and for
+   its duration each function an injection's `points` names ("module.function"; trainer: the trainer's own
+   helpers) is replaced by the bug's version, which its `plant` returns, defined here beside it; the originals are
+   put back on the way out. No line of the trainer names a bug. This works because the trainer calls these
+   functions through their module at call time (`ppo_math.value_loss(...)`, `rollout.rollout_env(...)`,
+   `offpolicy.sync_weights(...)`, its own helpers by their global name), never through a `from x import f` name
+   bound at import time. Other callers that import a function by name (evaluation.py's rollout_env) are out of
+   reach on purpose: the bugs live in the training loop only. One plant keeps state across the run's steps
+   (stale_old_logprobs: its frozen copy of the policy, one update behind).
 2. An injection's stated config, where the bug really hurts (reward_scale: KL in the reward, as group and GAE
    normalisation and Adam are nearly scale-invariant), fills the fields left at their default, each override
    printed. The live diagnosis must name the injection's failure-mode id.
 
-Replay
+Dump (the trainer writes it, replay.py reads it: it sits above the trainer, this file below)
 3. `dump_update` saves what one update reads (batch, model / optimizer states, shuffle and global RNG) in one
    weights_only file BEFORE it runs (a crashing update still leaves its inputs, then its error), then its metrics
-   and `state_digest` (sha256 of every weight and AdamW moment). World size 1. trainer.replay rebuilds the
-   models and re-runs `ppo_update` (set a breakpoint there); `report_replay` prints both rows: the same metrics
-   and digest (or error) on the same device, dtype and threads. Earlier versions' dumps replay too (batch_fields).
-4. A batch exported from another framework also replays: `python trainer.py --replay B.pt --model M [flags]`,
-   with the model that produced it and this project's flags for the update (the estimator, clip, loss_agg, ...).
-   B is a .pt (torch.save of a dict of tensors, read weights_only) or a .npz (numpy.savez), tensors named as in veRL's
-   DataProto `batch.batch` (FOREIGN_BATCH); veRL's `uid` strings as integer group ids. From veRL, after
-   compute_advantage in the trainer's step: torch.save({**batch.batch, "uid": ids}, "b.pt") with ids =
-   torch.from_numpy(np.unique(batch.non_tensor_batch["uid"], return_inverse=True)[1]) (tensors only: weights_only).
-   The replay recomputes the old (and reference) logprobs with M and, from the scores, the advantages; prints each
-   next to the file's, per token (token_diffs);
-   then runs one update on the batch as given (its old logprobs the anchor, its advantages; no critic: its weights
-   are not in the file) and prints its metrics under both names (ours, veRL's).
+   and `state_digest` (sha256 of every weight and AdamW moment). World size 1. `python replay.py FILE` rebuilds
+   the models, re-runs the update and compares; a batch another framework exported replays there too.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from functools import partial
 from typing import Literal, NamedTuple
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 import offpolicy
-from checkpoint import load_pt
+import ppo_math
+import rollout
+import tasks
 from cli import check_choice, check_range
-from critics import make_critics
 from envs import multi_turn
-from rollout import decode_responses, last_valid, position_ids_from_mask, sequence_logprobs
-from runlog import format_table
+from rollout import decode_responses, last_valid, position_ids_from_mask
 
 
 class Injection(NamedTuple):
-    """One planted bug: what goes wrong, where it hurts, how it is diagnosed, where it is planted."""
+    """One planted bug: what goes wrong, where it hurts, how it is diagnosed, what it replaces and how."""
 
     bug: str  # what goes wrong
     config: dict  # the stated config where it hurts (detail 2)
     diagnosed_as: str  # the failure-mode id diagnose.py must report (detail 2)
-    points: str  # the functions below that plant it, one per point of the loop
+    points: str  # the functions it replaces for the run, "module.function" (trainer: the trainer's own)
+    plant: Callable  # plant(trainer module) -> {(module, function name): the bug's version} (detail 1)
+
+
+def at_last_token(response_mask, scores):
+    """[B, R] each episode's return [B] on the last token of `response_mask` (a mask rebuilt by a bug)."""
+    return last_valid(response_mask).float() * scores[:, None]
+
+
+def scaled_scores(trainer, factor: float) -> dict:
+    """reward_scale (x 0.01), answer_format (x 0: the parser never matches): every score x factor."""
+    episode_rewards = trainer.episode_rewards
+
+    def scaled(cfg, samples):
+        samples, token_scores, _ = episode_rewards(cfg, samples)
+        token_scores = token_scores * factor  # [B, R]
+        return samples, token_scores, token_scores.sum(-1)
+
+    return {(trainer, "episode_rewards"): scaled}
+
+
+def plant_eos_unmasked(trainer) -> dict:
+    """eos_unmasked: the loss mask is all ones (the padding after EOS is trained too); as in the real bug, each
+    episode's return moves to the end of the new mask."""
+    episode_rewards = trainer.episode_rewards
+
+    def unmasked(cfg, samples):
+        samples, _, scores = episode_rewards(cfg, samples)
+        samples = replace(samples, response_mask=torch.ones_like(samples.response_mask))  # [B, R]
+        return samples, at_last_token(samples.response_mask, scores), scores
+
+    return {(trainer, "episode_rewards"): unmasked}
+
+
+def pad_with_eos(samples, eos_id: int):
+    """The pad_eq_eos bug: the response padded with EOS, then the mask rebuilt as ids != pad drops EOS itself."""
+    samples.response_ids = samples.response_ids.masked_fill(samples.response_mask == 0, eos_id)  # [B, R]
+    samples.response_mask = (samples.response_ids != eos_id).long()  # [B, R]
+    prompt_mask = samples.attention_mask[:, : samples.prompt_ids.shape[1]]  # [B, P]
+    samples.attention_mask = torch.cat([prompt_mask, samples.response_mask], 1)  # [B, P+R]
+    return samples
+
+
+def plant_pad_eq_eos(trainer) -> dict:
+    """pad_eq_eos: the sampled responses pass through pad_with_eos; each episode's return moves to the end of the
+    new mask (its EOS masked out)."""
+    rollout_env, episode_rewards = rollout.rollout_env, trainer.episode_rewards
+
+    def padded(model, tokenizer, envs, seeds, eos_ids, **kw):
+        samples, episodes = rollout_env(model, tokenizer, envs, seeds, eos_ids, **kw)
+        return pad_with_eos(samples, eos_ids[0]), episodes
+
+    def moved(cfg, samples):
+        samples, _, scores = episode_rewards(cfg, samples)
+        return samples, at_last_token(samples.response_mask, scores), scores
+
+    return {(rollout, "rollout_env"): padded, (trainer, "episode_rewards"): moved}
+
+
+def retokenized(samples, eos_id: int, pad_id: int):
+    """The retokenized_history bug: the episode's text re-encoded (decoded without special tokens, the last
+    action's stop token written again by the template) drops the stop token `eos_id` ending each non-empty earlier
+    action (other stop ids stay); ids, masks and rewards follow the new tokens (a dropped token's reward moves to the
+    action token before it), the sampler's logprobs stay where they were: from the second turn on they belong to
+    other tokens. A Python loop over rows and tokens: an injection, not a hot path."""
+    P, (B, R) = samples.prompt_ids.shape[1], samples.response_ids.shape
+    ids, mask, real = samples.response_ids, samples.response_mask, samples.attention_mask[:, P:]  # [B, R] each
+    new = {"ids": torch.full_like(ids, pad_id), "mask": torch.zeros_like(mask), "real": torch.zeros_like(real)}
+    scores = torch.zeros_like(samples.token_scores)  # [B, R]
+    for b in range(B):
+        acts, eos = mask[b].nonzero().flatten(), (ids[b] == eos_id) & mask[b].bool()  # [R] an action's stop token
+        last = int(acts[-1]) if len(acts) else -1  # the final action token: the template writes its EOS again
+        after_action = F.pad(mask[b, :-1].bool() & ~eos[:-1], (1, 0))  # [R] the token before is an action's own
+        drop = eos & after_action & (torch.arange(R, device=ids.device) < last)  # [R] inner end-of-turn tokens
+        keep = [t for t in range(int(real[b].sum())) if not drop[t]]
+        for k, t in enumerate(keep):  # each kept token takes the rewards of the dropped ones after it
+            new["ids"][b, k], new["mask"][b, k], new["real"][b, k] = ids[b, t], mask[b, t], 1
+            stop = keep[k + 1] if k + 1 < len(keep) else R
+            scores[b, k] = samples.token_scores[b, t:stop].sum()
+    attention_mask = torch.cat([samples.attention_mask[:, :P], new["real"]], 1)  # [B, P+R]
+    return replace(samples, response_ids=new["ids"], response_mask=new["mask"], attention_mask=attention_mask,
+                   token_scores=scores)  # fmt: skip
+
+
+def plant_retokenized_history(trainer) -> dict:
+    """retokenized_history: each multi-turn rollout passes through `retokenized`."""
+    rollout_env = rollout.rollout_env
+
+    def retokenizing(model, tokenizer, envs, seeds, eos_ids, **kw):
+        samples, episodes = rollout_env(model, tokenizer, envs, seeds, eos_ids, **kw)
+        return retokenized(samples, eos_ids[0], tokenizer.pad_token_id), episodes
+
+    return {(rollout, "rollout_env"): retokenizing}
+
+
+def plant_wrong_stop_id(trainer) -> dict:
+    """wrong_stop_id: the stop ids the sampler (and every mask built from them) uses become [pad]."""
+    stop_token_ids = tasks.stop_token_ids
+
+    def pad_only(model, tokenizer) -> list[int]:
+        eos_ids, pad_id = stop_token_ids(model, tokenizer), tokenizer.pad_token_id
+        if pad_id in eos_ids:
+            raise ValueError(f"config field 'inject' = 'wrong_stop_id' needs a pad id that is not a stop id {eos_ids}")
+        return [pad_id]
+
+    return {(tasks, "stop_token_ids"): pad_only}
+
+
+def plant_stale_sampler(trainer) -> dict:
+    """stale_sampler: the sampler is a frozen copy of the starting policy, and the weight sync never updates it."""
+    frozen_copy = lambda policy, dtype: copy.deepcopy(policy).requires_grad_(False)  # noqa: E731
+    return {(offpolicy, "inference_copy"): frozen_copy, (offpolicy, "sync_weights"): lambda engine, policy: None}
+
+
+def plant_no_temperature(trainer) -> dict:
+    """no_temperature: the trainer's logprobs (old, reference, the loss') skip logits / T."""
+    sequence_logprobs = rollout.sequence_logprobs
+
+    def untempered(*args, temperature, **kw):
+        return sequence_logprobs(*args, temperature=1.0, **kw)
+
+    return {(rollout, "sequence_logprobs"): untempered}
+
+
+def shifted_logprobs(model, input_ids, attention_mask, response_len, *, temperature, micro_batch, with_entropy, **_):
+    """The logprob_shift bug: token t scored by the logits AT t (they predict t+1); as sequence_logprobs', unchunked."""
+    pos, logps, ents, R = position_ids_from_mask(attention_mask), [], [], response_len
+    for i in range(0, input_ids.shape[0], micro_batch):
+        sl = slice(i, i + micro_batch)
+        out = model(input_ids=input_ids[sl], attention_mask=attention_mask[sl], position_ids=pos[sl], use_cache=False)
+        logp_all = F.log_softmax(out.logits[:, -R:].float() / temperature, -1)  # [b, R, V] one position late
+        logps.append(logp_all.gather(-1, input_ids[sl, -R:, None]).squeeze(-1))  # [b, R]
+        ents.append(-(logp_all.exp() * logp_all).sum(-1))  # [b, R]
+    return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
+
+
+def plant_logprob_shift(trainer) -> dict:
+    """logprob_shift: the trainer's logprobs (old, reference, the loss') come from shifted_logprobs."""
+    return {(rollout, "sequence_logprobs"): shifted_logprobs}
+
+
+def plant_stale_old_logprobs(trainer) -> dict:
+    """stale_old_logprobs: old logprobs come from a frozen copy of the policy re-synced only after its logprobs were
+    taken, so every step's anchor is one update behind. The copy is this plant's state across the run's steps."""
+    anchor_logprobs, held = trainer.anchor_logprobs, []
+
+    def stale(cfg, policy, *args):
+        if not held:  # the first step: a copy of the starting policy
+            held.append(copy.deepcopy(policy).requires_grad_(False))
+        out = anchor_logprobs(cfg, held[0], *args)
+        held[0].load_state_dict(policy.state_dict())  # the late re-sync, after its use
+        return out
+
+    return {(trainer, "anchor_logprobs"): stale}
+
+
+def plant_value_not_detached(trainer) -> dict:
+    """value_not_detached: the value target R - V_old + V (advantages + the live values): its gradient cancels."""
+    value_loss = ppo_math.value_loss
+
+    def undetached(values, old_values, returns, mask, **kw):
+        return value_loss(values, old_values, returns - old_values + values, mask, **kw)
+
+    return {(ppo_math, "value_loss"): undetached}
+
+
+def plant_adv_sign(trainer) -> dict:
+    """adv_sign: the advantages [B, R] negated (a gradient ascent on the loss)."""
+    compute_advantages = trainer.compute_advantages
+
+    def negated(*args):
+        token_rewards, adv, returns, kl, metrics = compute_advantages(*args)
+        return token_rewards, -adv, returns, kl, metrics
+
+    return {(trainer, "compute_advantages"): negated}
+
+
+def plant_kl_sign(trainer) -> dict:
+    """kl_sign: the KL-in-reward coefficient enters negated (r_t = score + beta KL_t)."""
+    kl_reward = ppo_math.kl_reward
+    return {(ppo_math, "kl_reward"): lambda token_scores, kl, beta: kl_reward(token_scores, kl, -beta)}
+
+
+def plant_ent_sign(trainer) -> dict:
+    """ent_sign: the entropy bonus' coefficient negated (loss + c H instead of loss - c H)."""
+    entropy_bonus = ppo_math.entropy_bonus
+    return {(ppo_math, "entropy_bonus"): lambda loss, entropy, coef: entropy_bonus(loss, entropy, -coef)}
 
 
 INJECTIONS = {
     "reward_scale": Injection(
-        "the task score is multiplied by 0.01", {"kl_in_reward": True, "kl_coef": 0.05}, "reward_scale", "at_scores"
+        "the task score is multiplied by 0.01",
+        {"kl_in_reward": True, "kl_coef": 0.05},
+        "reward_scale",
+        "trainer.episode_rewards",
+        partial(scaled_scores, factor=0.01),
     ),
     "eos_unmasked": Injection(
-        "the loss mask is all ones: padding after EOS is trained too", {}, "eos_mask", "at_scores, at_score_placement"
+        "the loss mask is all ones: padding after EOS is trained too",
+        {},
+        "eos_mask",
+        "trainer.episode_rewards",
+        plant_eos_unmasked,
     ),
     "logprob_shift": Injection(
-        "the trainer scores each token with the logits at its own position", {}, "logprob_mismatch", "at_logprobs"
+        "the trainer scores each token with the logits at its own position",
+        {},
+        "logprob_mismatch",
+        "rollout.sequence_logprobs",
+        plant_logprob_shift,
     ),
     "pad_eq_eos": Injection(
-        "pad id == EOS id, the mask rebuilt from ids: EOS masked out", {}, "eos_mask", "at_rollout, at_score_placement"
+        "pad id == EOS id, the mask rebuilt from ids: EOS masked out",
+        {},
+        "eos_mask",
+        "rollout.rollout_env, trainer.episode_rewards",
+        plant_pad_eq_eos,
     ),
     "stale_old_logprobs": Injection(
-        "old logprobs come from a policy copy never re-synced", {}, "logprob_mismatch", "stale_anchor, resync_anchor"
+        "old logprobs come from a policy copy never re-synced",
+        {},
+        "logprob_mismatch",
+        "trainer.anchor_logprobs",
+        plant_stale_old_logprobs,
     ),
     "no_temperature": Injection(
-        "the trainer's logprobs skip logits / T", {"temperature": 0.7}, "logprob_mismatch", "at_logprobs"
+        "the trainer's logprobs skip logits / T",
+        {"temperature": 0.7},
+        "logprob_mismatch",
+        "rollout.sequence_logprobs",
+        plant_no_temperature,
     ),
     "value_not_detached": Injection(
-        "the value target is advantages + the live values", {}, "value_divergence", "at_value_target"
+        "the value target is advantages + the live values",
+        {},
+        "value_divergence",
+        "ppo_math.value_loss",
+        plant_value_not_detached,
     ),
     "answer_format": Injection(
         "the reward parser expects a format the policy never writes: every score is 0",
         {},
         "zero_variance_groups",
-        "at_scores",
+        "trainer.episode_rewards",
+        partial(scaled_scores, factor=0.0),
     ),
     "adv_sign": Injection(
-        "the advantages enter the loss with the wrong sign: the policy unlearns", {}, "reward_decline", "at_advantages"
+        "the advantages enter the loss with the wrong sign: the policy unlearns",
+        {},
+        "reward_decline",
+        "trainer.compute_advantages",
+        plant_adv_sign,
     ),
     "kl_sign": Injection(
         "the KL-in-reward penalty is added, not subtracted: the policy is paid to leave the reference",
         {"kl_in_reward": True, "kl_coef": 0.1},
         "kl_blowup",
-        "at_kl_coef",
+        "ppo_math.kl_reward",
+        plant_kl_sign,
     ),
     "ent_sign": Injection(
         "the entropy term enters the loss with the wrong sign: the policy is paid to be certain",
         {"ent_coef": 1.0},
         "entropy_collapse",
-        "at_ent_coef",
+        "ppo_math.entropy_bonus",
+        plant_ent_sign,
     ),
     "wrong_stop_id": Injection(
         "the sampler stops at a token the model never writes (pad), not at its end-of-turn token",
         {},
         "high_truncation",
-        "at_stop_ids",
+        "tasks.stop_token_ids",
+        plant_wrong_stop_id,
     ),
     "retokenized_history": Injection(
         "multi-turn: the history is re-tokenised from its text, losing the end-of-turn tokens between turns",
         {},
         "template_drift",
-        "at_rollout",
+        "rollout.rollout_env",
+        plant_retokenized_history,
     ),
     "stale_sampler": Injection(
         "the sampler never receives the trained weights (a broken weight sync)",
         {},
         "logprob_mismatch",
-        "at_engine, sync_sampler",
+        "offpolicy.inference_copy, offpolicy.sync_weights",
+        plant_stale_sampler,
     ),
 }
 INJECT_NAMES = tuple(INJECTIONS)
 
 
+@contextlib.contextmanager
+def planted(inject: str | None, trainer):
+    """Detail 1: while the block runs, the functions INJECTIONS[inject].points names are the bug's (`trainer`: the
+    trainer's module, whose own helpers some bugs replace); put back on the way out, even on an error. None: none."""
+    bug = INJECTIONS[inject].plant(trainer) if inject is not None else {}
+    saved = {(module, name): getattr(module, name) for module, name in bug}
+    try:
+        for (module, name), fn in bug.items():
+            setattr(module, name, fn)
+        yield
+    finally:
+        for (module, name), fn in saved.items():
+            setattr(module, name, fn)
+
+
 @dataclass
 class ReproArgs:
-    """Bug injection and one-update replay (the trainer's Config inherits these fields)."""
+    """Bug injection and one update dumped for replay.py (the trainer's Config inherits these fields)."""
 
     inject: Literal[INJECT_NAMES] | None = None
     """Plant a classic bug (`python repro.py` lists them); its stated config applies to fields left at their default."""
     dump_batch: int = 0
-    """Save everything the update of this iteration needs to out_dir/batch-STEP.pt (0 = never; world size 1)."""
-    replay: str | None = None
-    """Re-run the update saved by --dump-batch in this file, print its metrics and check them against the run's."""
+    """Save everything the update of this iteration needs to out_dir/batch-STEP.pt (0 = never; world size 1;
+    `python replay.py FILE` re-runs it)."""
 
     def __post_init__(self):
         check_range("dump_batch", self.dump_batch, 0, self.steps)  # steps: the trainer's Config
@@ -158,134 +391,6 @@ def apply_stated_config(cfg) -> None:
         raise ValueError("config field 'inject' = 'value_not_detached' needs adv_estimator 'gae' (a critic)")
     if cfg.inject == "retokenized_history" and not multi_turn(cfg):
         raise ValueError("config field 'inject' = 'retokenized_history' needs a multi-turn task (--task calc, guess)")
-
-
-def at_rollout(inject, rollout, eos_id: int, pad_id: int):
-    """INJECT pad_eq_eos: the response padded with EOS, then the mask rebuilt as ids != pad drops EOS itself;
-    retokenized_history: retokenized(rollout)."""
-    if inject == "pad_eq_eos":
-        rollout.response_ids = rollout.response_ids.masked_fill(rollout.response_mask == 0, eos_id)  # [B, R]
-        rollout.response_mask = (rollout.response_ids != eos_id).long()  # [B, R]
-        prompt_mask = rollout.attention_mask[:, : rollout.prompt_ids.shape[1]]  # [B, P]
-        rollout.attention_mask = torch.cat([prompt_mask, rollout.response_mask], 1)  # [B, P+R]
-    return retokenized(rollout, eos_id, pad_id) if inject == "retokenized_history" else rollout
-
-
-def retokenized(rollout, eos_id: int, pad_id: int):
-    """The retokenized_history bug: the episode's text re-encoded (decoded without special tokens, the last
-    action's stop token written again by the template) drops the stop token `eos_id` ending each non-empty earlier
-    action (other stop ids stay); ids, masks and rewards follow the new tokens (a dropped token's reward moves to the
-    action token before it), the sampler's logprobs stay where they were: from the second turn on they belong to
-    other tokens. A Python loop over rows and tokens: an injection, not a hot path."""
-    P, (B, R) = rollout.prompt_ids.shape[1], rollout.response_ids.shape
-    ids, mask, real = rollout.response_ids, rollout.response_mask, rollout.attention_mask[:, P:]  # [B, R] each
-    new = {"ids": torch.full_like(ids, pad_id), "mask": torch.zeros_like(mask), "real": torch.zeros_like(real)}
-    scores = torch.zeros_like(rollout.token_scores)  # [B, R]
-    for b in range(B):
-        acts, eos = mask[b].nonzero().flatten(), (ids[b] == eos_id) & mask[b].bool()  # [R] an action's stop token
-        last = int(acts[-1]) if len(acts) else -1  # the final action token: the template writes its EOS again
-        after_action = F.pad(mask[b, :-1].bool() & ~eos[:-1], (1, 0))  # [R] the token before is an action's own
-        drop = eos & after_action & (torch.arange(R, device=ids.device) < last)  # [R] inner end-of-turn tokens
-        keep = [t for t in range(int(real[b].sum())) if not drop[t]]
-        for k, t in enumerate(keep):  # each kept token takes the rewards of the dropped ones after it
-            new["ids"][b, k], new["mask"][b, k], new["real"][b, k] = ids[b, t], mask[b, t], 1
-            stop = keep[k + 1] if k + 1 < len(keep) else R
-            scores[b, k] = rollout.token_scores[b, t:stop].sum()
-    attention_mask = torch.cat([rollout.attention_mask[:, :P], new["real"]], 1)  # [B, P+R]
-    return replace(rollout, response_ids=new["ids"], response_mask=new["mask"], attention_mask=attention_mask,
-                   token_scores=scores)  # fmt: skip
-
-
-def at_stop_ids(inject, eos_ids: list[int], pad_id: int) -> list[int]:
-    """INJECT wrong_stop_id: the stop ids the sampler (and every mask built from them) uses become [pad]."""
-    if inject == "wrong_stop_id":
-        if pad_id in eos_ids:
-            raise ValueError(f"config field 'inject' = 'wrong_stop_id' needs a pad id that is not a stop id {eos_ids}")
-        return [pad_id]
-    return eos_ids
-
-
-def at_engine(inject, engine, policy):
-    """INJECT stale_sampler: the sampler is a frozen copy of the starting policy (sync_sampler never updates it)."""
-    return copy.deepcopy(policy).requires_grad_(False) if inject == "stale_sampler" else engine
-
-
-def sync_sampler(inject, engine, policy) -> None:
-    """The weight sync before each rollout (offpolicy.sync_weights); INJECT stale_sampler: skipped."""
-    if inject != "stale_sampler":
-        offpolicy.sync_weights(engine, policy)
-
-
-def at_scores(inject, rollout, token_scores):
-    """INJECT reward_scale: every score x 0.01; answer_format: every score 0; eos_unmasked: the loss mask becomes all
-    ones. Returns (rollout, token_scores [B, R])."""
-    if inject == "reward_scale":
-        token_scores = token_scores * 0.01
-    if inject == "answer_format":
-        token_scores = token_scores * 0.0
-    if inject == "eos_unmasked":  # every position of the response counts, the padding after EOS too
-        rollout = replace(rollout, response_mask=torch.ones_like(rollout.response_mask))
-    return rollout, token_scores
-
-
-def at_score_placement(inject, response_mask, token_scores, scores):
-    """INJECT pad_eq_eos, eos_unmasked: as in the real bugs, each episode's return moves to the end of the new mask."""
-    if inject in ("pad_eq_eos", "eos_unmasked"):
-        return last_valid(response_mask).float() * scores[:, None]  # [B, R]
-    return token_scores
-
-
-def at_logprobs(inject, temperature: float):
-    """INJECT no_temperature, logprob_shift: (the function the trainer scores tokens with, the temperature it uses)."""
-    if inject == "no_temperature":  # the recompute forgets logits / T
-        return sequence_logprobs, 1.0
-    if inject == "logprob_shift":
-        return shifted_logprobs, temperature
-    return sequence_logprobs, temperature
-
-
-def shifted_logprobs(model, input_ids, attention_mask, response_len, *, temperature, micro_batch, with_entropy, **_):
-    """The logprob_shift bug: token t scored by the logits AT t (they predict t+1); as sequence_logprobs', unchunked."""
-    pos, logps, ents, R = position_ids_from_mask(attention_mask), [], [], response_len
-    for i in range(0, input_ids.shape[0], micro_batch):
-        sl = slice(i, i + micro_batch)
-        out = model(input_ids=input_ids[sl], attention_mask=attention_mask[sl], position_ids=pos[sl], use_cache=False)
-        logp_all = F.log_softmax(out.logits[:, -R:].float() / temperature, -1)  # [b, R, V] one position late
-        logps.append(logp_all.gather(-1, input_ids[sl, -R:, None]).squeeze(-1))  # [b, R]
-        ents.append(-(logp_all.exp() * logp_all).sum(-1))  # [b, R]
-    return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
-
-
-def stale_anchor(inject, policy):
-    """INJECT stale_old_logprobs: the model old logprobs come from: the policy, or a copy that resync_anchor
-    brings up to date only after its logprobs were taken, so every step's anchor is one update behind."""
-    return copy.deepcopy(policy).requires_grad_(False) if inject == "stale_old_logprobs" else policy
-
-
-def resync_anchor(anchor, policy) -> None:
-    """INJECT stale_old_logprobs: the late re-sync (a no-op when the anchor is the policy itself)."""
-    if anchor is not policy:
-        anchor.load_state_dict(policy.state_dict())
-
-
-def at_kl_coef(inject, kl_beta: float) -> float:
-    """INJECT kl_sign: the KL-in-reward coefficient enters negated (r_t = score + beta KL_t)."""
-    return -kl_beta if inject == "kl_sign" else kl_beta
-
-
-def at_advantages(inject, advantages):
-    """INJECT adv_sign: the advantages [B, R] negated (a gradient ascent on the loss)."""
-    return -advantages if inject == "adv_sign" else advantages
-
-
-def at_ent_coef(inject, ent_coef: float) -> float:
-    """INJECT ent_sign: the entropy bonus' coefficient negated (loss + c H instead of loss - c H)."""
-    return -ent_coef if inject == "ent_sign" else ent_coef
-
-
-def at_value_target(inject, returns, old_values, values):
-    """INJECT value_not_detached: the target R - V_old + V (advantages + the live values): its gradient cancels."""
-    return returns - old_values + values if inject == "value_not_detached" else returns
 
 
 def update_inputs(policy, opt, critics, shuffle_gen) -> dict:
@@ -308,7 +413,7 @@ def state_digest(policy, opt, critics) -> str:
     return h.hexdigest()
 
 
-def dump_update(path, tokenizer, rollout, extra: dict, update, args: dict):
+def dump_update(path, tokenizer, samples, extra: dict, update, args: dict):
     """Run update(**args), ppo_update's keyword arguments at world size 1 (policy_train is the policy): save first
     what it reads (the batch, model / optimizer / RNG states) in one weights_only file, with the decoded prompts and
     responses and `extra` (the rewards) for a reader; then add its metrics and the digest of the state after it.
@@ -319,9 +424,9 @@ def dump_update(path, tokenizer, rollout, extra: dict, update, args: dict):
         "model_config": policy.config.to_json_string(),
         "batch": {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in vars(args["batch"]).items()},
         **{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in extra.items()},
-        "prompts": tokenizer.batch_decode(rollout.prompt_ids, skip_special_tokens=True),
-        "responses": decode_responses(tokenizer, rollout),
-        "policy_version": rollout.policy_version,  # [B] the weights version each sample started with (async)
+        "prompts": tokenizer.batch_decode(samples.prompt_ids, skip_special_tokens=True),
+        "responses": decode_responses(tokenizer, samples),
+        "policy_version": samples.policy_version,  # [B] the weights version each sample started with (async)
         "update_actor": args["update_actor"],
         **update_inputs(policy, opt, critics, args["gen"]),
         "metrics": None,
@@ -336,151 +441,8 @@ def dump_update(path, tokenizer, rollout, extra: dict, update, args: dict):
         raise
     record["state_after"] = state_digest(policy, opt, critics)
     torch.save(record, path)
-    print(f"[minrl] saved the update of this step to {path}; rerun it: python trainer.py --replay {path}")
+    print(f"[minrl] saved the update of this step to {path}; rerun it: python replay.py {path}")
     return record["metrics"]
-
-
-def restore_update(d: dict, cfg, device):
-    """The policy, its AdamW, the critics and the shuffle generator of a dumped update, as they were before it."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    model_config = json.loads(d["model_config"])
-    policy = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_config.pop("model_type"), **model_config))
-    policy.load_state_dict(d["policy"])
-    policy.to(device).eval()
-    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps, weight_decay=0.0)
-    opt.load_state_dict(d["opt"])
-    critics = make_critics(cfg, policy, None, device, adam_eps=cfg.adam_eps) if d["critics"] else None
-    for k, state in enumerate(d["critics"]):
-        critics.models[k].load_state_dict(state)
-        critics.opts[k].load_state_dict(d["critic_opts"][k])
-    return policy, opt, critics, torch.Generator().set_state(d["shuffle_gen"])
-
-
-def batch_fields(saved: dict, names: list[str], where: str) -> dict:
-    """The Batch fields `names` of a dumped batch; a dump from before Batch (a dict with kl_beta, policy_version,
-    returns, None for a neutral anchor or weight, no critic keys without a critic) gets them spelled out."""
-    if unknown := saved.keys() - {*names, "kl_beta", "policy_version", "returns"}:
-        raise ValueError(f"{where}: the batch has fields {sorted(unknown)} that Batch lacks (its fields: {names})")
-    mask, old = saved["response_mask"], saved.get("old_logprobs")  # old None: the anchor is the first forward's
-    ones = torch.ones_like(mask, dtype=torch.float32)
-    neutral = {"clip_anchor": old, "token_weights": ones, "pg_mask": mask, "ent_mask": mask, "loss_mask": mask.float()}
-    fields = {k: neutral[k] if saved.get(k) is None and k in neutral else saved.get(k) for k in names}
-    optional = ("old_values", "critic_returns", "shares", "old_logprobs", "clip_anchor", "ref_logprobs", "is_weights")
-    if missing := [k for k, v in fields.items() if v is None and k not in optional]:
-        raise ValueError(f"{where}: the batch lacks {missing}: only critic fields, anchors, ref_logprobs may be None")
-    return fields
-
-
-def report_replay(path, saved: dict, metrics: dict | None, error: str | None, digest: str | None) -> bool:
-    """Print how a replay compares with the saved update; True iff identical (or the same error)."""
-    if error is not None:
-        print(f"[minrl] replay of {path} raised {error}\n[minrl] the original update raised {saved['error']}")
-        return error == saved["error"]
-    if saved["error"] is not None:
-        print(f"[minrl] replay of {path} ran through, but the original update raised {saved['error']}")
-        return False
-    same = lambda x, y: x == y or (x != x and y != y)  # noqa: E731  NaN (x != x) equals NaN: the same update
-    diff = [k for k in sorted(metrics | saved["metrics"]) if not same(metrics.get(k), saved["metrics"].get(k))]
-    same_state = digest == saved["state_after"]
-    rows = [{"step": "original", **saved["metrics"]}, {"step": "replay", **metrics}]
-    print(format_table(rows, ["step", *sorted(metrics)]))
-    print(
-        f"[minrl] replay of {path}: metrics {'identical' if not diff else 'differ in ' + ', '.join(diff)}; weights and "
-        f"optimizer state (sha256) {'identical' if same_state else 'differ'}"
-        + ("" if same_state and not diff else " (same device, dtype and OMP_NUM_THREADS as the run?)")
-    )
-    return same_state and not diff
-
-
-FOREIGN_BATCH = {  # name (veRL's DataProto) -> (required, what it holds); [B, R]: response tokens, right-padded
-    "input_ids": (True, "[B, P+R] int: prompt (left-padded) + response ids"),
-    "attention_mask": (True, "[B, P+R] int: 1 on real prompt and response tokens"),
-    "responses": (True, "[B, R] int: the response ids (= input_ids[:, -R:])"),
-    "response_mask": (False, "[B, R]: 1 on the tokens the loss trains (default: attention_mask[:, -R:], as veRL)"),
-    "old_log_probs": (True, "[B, R] float: the trainer's logprobs before the update (the PPO anchor)"),
-    "ref_log_prob": (False, "[B, R] float: the reference model's"),
-    "rollout_log_probs": (False, "[B, R] float: the sampler's"),
-    "values": (False, "[B, R] float: the critic's, before the update (GAE)"),
-    "advantages": (False, "[B, R] float: the advantages the update used"),
-    "returns": (False, "[B, R] float: the returns (GAE: the critic's target)"),
-    "token_level_scores": (False, "[B, R] float: the task's scores (each at its sequence's last token)"),
-    "token_level_rewards": (False, "[B, R] float: the scores with the in-reward KL penalty, if any"),
-    "uid": (False, "[B] int: the prompt each sample came from (group estimators)"),
-}
-
-
-WHAT = "--dump-batch file, or a dict of tensors only (torch.from_numpy on arrays such as uid)"
-
-
-def is_foreign_batch(path) -> bool:
-    """True for a batch file in FOREIGN_BATCH's layout: a .npz, or a .pt holding any of its keys and no 'config'
-    (load_foreign_batch then names what is missing)."""
-    if str(path).endswith(".npz"):
-        return True
-    d = load_pt(Path(path), what=WHAT, map_location="cpu", mmap=True)  # mmap: the keys, not the tensors, are read
-    return isinstance(d, dict) and "config" not in d and any(k in d for k in FOREIGN_BATCH)
-
-
-def _foreign_tensor(k: str, v, fail):
-    """One FOREIGN_BATCH entry as a long (ids, masks, uid) or float32 tensor; anything else: an error with the fix."""
-    try:
-        v = torch.from_numpy(v) if isinstance(v, np.ndarray) else v
-        if not isinstance(v, torch.Tensor):
-            raise TypeError(type(v).__name__)
-        return v.long() if k in ("input_ids", "attention_mask", "responses", "uid") else v.float()
-    except (TypeError, ValueError) as e:
-        fix = " (uid: integer group ids, np.unique(uids, return_inverse=True)[1])" if k == "uid" else ""
-        raise fail(f"'{k}' is not a numeric array ({e}){fix}") from None
-
-
-def load_foreign_batch(path) -> dict:
-    """The tensors of a FOREIGN_BATCH file on the CPU (float32 / long), names, shapes and values checked: a missing
-    key, a tensor of another shape or kind, responses that are not input_ids' tail, NaN on a trained token or neither
-    advantages nor scores is an error naming the file, the key and the layout. Other keys are ignored."""
-    layout = "; ".join(f"{k}{'' if req else ' (optional)'}: {what}" for k, (req, what) in FOREIGN_BATCH.items())
-    fail = lambda msg: ValueError(f"{path}: {msg}. Layout (repro.py detail 4): {layout}")  # noqa: E731
-    if str(path).endswith(".npz"):
-        with np.load(path, allow_pickle=False) as z:  # object arrays (veRL's string uids) refused: no pickles
-            try:
-                raw = {k: z[k] for k in z.files if k in FOREIGN_BATCH}
-            except ValueError as e:
-                raise fail(f"an entry is not a numeric array ({e})") from None
-    else:
-        raw = load_pt(Path(path), what=WHAT, map_location="cpu")
-    if missing := [k for k, (req, _) in FOREIGN_BATCH.items() if req and k not in raw]:
-        raise fail(f"no {missing}")
-    if not any(k in raw for k in ("advantages", "token_level_scores", "token_level_rewards")):
-        raise fail("neither advantages nor token_level_scores / token_level_rewards: nothing to train on")
-    t = {k: _foreign_tensor(k, v, fail) for k, v in raw.items() if k in FOREIGN_BATCH}
-    for k in ("input_ids", "responses"):
-        if t[k].dim() != 2:
-            raise fail(f"'{k}' has shape {tuple(t[k].shape)}: expected 2 dimensions [B, tokens]")
-    (B, W), R = t["input_ids"].shape, t["responses"].shape[-1]
-    if tuple(t["attention_mask"].shape) != (B, W):
-        raise fail(f"'attention_mask' has shape {tuple(t['attention_mask'].shape)}, expected {[B, W]}")
-    t.setdefault("response_mask", t["attention_mask"][:, -R:].float())
-    for k, v in t.items():
-        want = (B,) if k == "uid" else (B, W) if k in ("input_ids", "attention_mask") else (B, R)
-        if tuple(v.shape) != want:
-            raise fail(f"'{k}' has shape {tuple(v.shape)}, expected {list(want)} (B = {B}, P+R = {W}, R = {R})")
-    if not t["response_mask"].any():
-        raise fail("'response_mask' is all 0: no token to train")
-    for k, v in t.items():
-        if v.is_floating_point() and not torch.isfinite(v[t["response_mask"] > 0] if v.dim() == 2 else v).all():
-            raise fail(f"'{k}' is NaN / inf on a trained token (response_mask 1)")
-    if not torch.equal(t["input_ids"][:, -R:], t["responses"]):
-        raise fail("'responses' differs from input_ids[:, -R:]: the response must be the right end of input_ids")
-    return t
-
-
-def token_diffs(pairs: dict, mask) -> list[dict]:
-    """One row per (name -> (ours [B, R], theirs [B, R])): max and mean |ours - theirs| over the trained tokens."""
-    rows = []
-    for name, (ours, theirs) in pairs.items():
-        d = (ours - theirs).abs()[mask > 0]
-        rows.append({"quantity": name, "max_abs_diff": d.max().item(), "mean_abs_diff": d.mean().item()})
-    return rows
 
 
 def describe_dump(path) -> None:
@@ -501,9 +463,9 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.dump:
         return describe_dump(args.dump)
-    print(f"{'--inject':20s} {'diagnosed as':22s} {'planted by':32s} {'stated config':40s} the bug")
+    print(f"{'--inject':20s} {'diagnosed as':22s} {'stated config':40s} the bug; planted by replacing")
     for name, inj in INJECTIONS.items():
-        print(f"{name:20s} {inj.diagnosed_as:22s} {inj.points:32s} {str(inj.config or 'default'):40s} {inj.bug}")
+        print(f"{name:20s} {inj.diagnosed_as:22s} {str(inj.config or 'default'):40s} {inj.bug}; {inj.points}")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,13 @@
-"""PPO and GRPO for causal LMs with veRL's semantics: the math, one update, the training loop, replay.
+"""PPO and GRPO for causal LMs with veRL's semantics: the math, one update, the training loop.
 
     python trainer.py                                     # PPO (critic + GAE) on the embedded default, CPU
     python trainer.py --adv-estimator grpo                # GRPO: a group baseline, no critic
     python trainer.py --model PATH_OR_HUB_ID --data my.jsonl --reward math_exact
     python trainer.py --task calc --adv-estimator grpo    # multi-turn tool use (envs.py)
     torchrun --standalone --nproc_per_node=2 trainer.py   # data parallel: gloo on CPU, nccl on GPU
-    python trainer.py --dump-batch 7 --steps 7 && python trainer.py --replay runs/ppo/batch-7.pt
+    python trainer.py --dump-batch 7 --steps 7 && python replay.py runs/ppo/batch-7.pt   # one update, again
 
-One iteration, train()'s numbered stanzas (DESIGN.md 4): 1 rollout, G episodes per prompt -> 2 rewards -> 3 old
+One iteration, train()'s numbered stanzas (docs/design.md None4): 1 rollout, G episodes per prompt -> 2 rewards -> 3 old
 logprobs (the PPO anchor), reference logprobs, values -> 4 the Batch: token rewards, advantages (GAE then
 whitening, or a group baseline), off-policy weights and rejections, token weights and masks -> 5 ppo_epochs x
 minibatches of the policy loss (PPO's clip, or a family of offpolicy.py) (+ value loss), gradients accumulated over
@@ -34,11 +34,14 @@ Implementation details (deviations from veRL marked "ours")
    are 0 at masked positions (veRL leaves pass-through values there).
 5. Extension points: the advantage estimator; `Batch.token_weights`, `pg_mask`, `ent_mask` after whitening
    (shape_advantages; masks multiply per-token terms, the denominator counts every valid token); the critics;
-   `train(cfg, hooks=[fn(step, metrics)])`; the live diagnosis; the bug-injection points (INJECT, repro.py).
+   `train(cfg, hooks=[fn(step, metrics)])`; the live diagnosis; the bug injections (repro.planted wraps the run:
+   a bug replaces a function the loop calls through its module, `ppo_math.gae(...)`, `rollout.rollout_env(...)`,
+   `offpolicy.sync_weights(...)`, or one of this file's helpers by its global name; so never `from x import f` a
+   function a bug may replace).
 6. ours: the embedded default starts from an SFT warm start (warm_start.py), its recipe measured in RESULTS.md;
    KL is off in the reward and as a loss (as in veRL), stats/kl logged every kl_metric_every iterations.
 7. `--dtype bfloat16` autocasts; weights and AdamW state stay fp32. CPU runs are bitwise reproducible for a seed
-   and thread count, resumed runs too (every RNG stream is checkpointed), and so is `--replay` (repro.py).
+   and thread count, resumed runs too (every RNG stream is checkpointed), and so is a replay (replay.py).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -57,29 +60,33 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import checks
 import common
 import env_service
 import memory
 import offpolicy
 import ppo_math
 import repro
+import rollout
+import tasks
 from attention_credit import CreditArgs, credit_weights
-from checkpoint import check_resume, load_pt, resume_checkpoint, run_fingerprint, save_checkpoint, save_policy
+from checkpoint import check_resume, resume_checkpoint, run_fingerprint, save_checkpoint, save_policy
+from checks import sequences_per_rank
 from cli import check_fields, check_range, parse_config
-from common import DistArgs, make_autocast, masked_mean, masked_whiten
-from critics import CriticArgs, Critics, asyppo_masks, critic_footprint, make_critics, partition_shares, value_stats
+from common import DistArgs, clipped_step, host_floats, make_autocast, masked_mean, masked_whiten
+from critics import CriticArgs, Critics, asyppo_masks, critic_targets, make_critics, partition_shares, value_stats
 from data import DataArgs, DataTask, load_task
 from diagnose import LiveDiagnoser, verl_aliases
-from envs import ENVS, EnvArgs, multi_turn, rollout_kw, sample_episodes
-from evaluation import EvalArgs, evaluate, evaluate_all, first_action_mask, held_out, rollout_metrics
+from envs import EnvArgs, multi_turn, rollout_kw, sample_episodes
+from evaluation import EvalArgs, evaluate, evaluate_all, first_action_mask, held_out, rollout_metrics, score_stats
 from lora import LoraArgs, adapters_off, add_adapters
-from memory import MemoryArgs
+from memory import Batch, MemoryArgs, critics_footprint
 from offpolicy import OffPolicyArgs
 from repro import ReproArgs
 from rewards import RewardArgs
-from rollout import SampleArgs, last_valid, rollout_env
-from runlog import MetricsLogger, RunArgs, format_table, write_result
-from tasks import TASKS, TaskArgs, load_policy, stop_token_ids
+from rollout import SampleArgs, last_valid
+from runlog import MetricsLogger, RunArgs, write_result
+from tasks import TaskArgs, load_policy
 from warm_start import sft_config_for, sft_target_for, sft_warm_start
 
 ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")  # Config.adv_estimator
@@ -162,71 +169,44 @@ class Config(TaskArgs, DataArgs, RewardArgs, SampleArgs, EvalArgs, CriticArgs, C
 
     def __post_init__(self):
         repro.apply_stated_config(self)  # first: an injection's stated config fills fields left at their default
-        check_fields(self, RANGES)  # PPO's own fields (a None derived below passes)
+        check_fields(self, checks.RANGES)  # PPO's own fields (a None derived below passes)
         for base in [b for b in Config.__bases__ if "__post_init__" in vars(b)]:  # each concept's checks, its own
             base.__post_init__(self)
         if self.ent_coef is None:  # derived once here, printed with the config
             self.ent_coef = 1e-3 if self.critic == "asyppo" and self.adv_estimator == "gae" else 0.0
         self.sft_target = sft_target_for(self.task) if self.sft_target is None else self.sft_target  # derived, too
-        if self.data is None and not self.task.startswith("gem:") and self.task not in TASKS + tuple(ENVS):
-            raise ValueError(f"config field 'task' = {self.task!r}: must be one of {[*TASKS, *ENVS]} or gem:<id>")
         if self.data is not None and self.model is None and os.environ.get("RANK", "0") == "0":
             print("[minrl] WARNING --data without --model trains the character-level tiny model on your text")
-        need = getattr(ENVS.get(self.task), "action_tokens", 0)  # an embedded env's longest scripted action
-        for bad, why in (
-            (self.task.startswith("gem:") and self.data is None and self.model is None,
-             f"'task' = {self.task!r}: a gem environment needs --model (it has no SFT solver)"),
-            (self.min_lr_ratio and self.lr_schedule != "cosine",
-             f"'min_lr_ratio' = {self.min_lr_ratio} needs lr_schedule 'cosine' (a constant lr has no floor)"),
-            (self.critic == "asyppo" and self.group_size % self.n_critics,
-             f"'group_size' = {self.group_size} must divide by n_critics = {self.n_critics}"),
-            (self.critic_warmup_steps and self.adv_estimator != "gae", f"'critic_warmup_steps' = "
-             f"{self.critic_warmup_steps} needs adv_estimator 'gae', not {self.adv_estimator!r} (it has no critic)"),
-            (self.critic_warmup_steps and self.critic_warmup_steps >= self.steps, f"'critic_warmup_steps' = "
-             f"{self.critic_warmup_steps} >= steps = {self.steps}: the actor would never update (lower it)"),
-            (self.critic == "asyppo" and self.adv_estimator != "gae", f"'critic' = 'asyppo' needs adv_estimator "
-             f"'gae', not {self.adv_estimator!r}: {self.adv_estimator} has no critic, the flag would do nothing"),
-            (self.kl_ctrl == "adaptive" and not self.kl_in_reward, "'kl_ctrl' = 'adaptive' needs --kl-in-reward: "
-             "the controller adapts the KL-in-reward coefficient (the KL loss' kl_loss_coef is fixed)"),
-            (self.adv_estimator not in ("gae", "reinforce_plus_plus") and self.group_size < 2,
-             f"'group_size' = {self.group_size}: {self.adv_estimator} needs >= 2"),
-            (self.loss_mode == "geo_mean" and (self.adv_estimator in ("gae", "reinforce_plus_plus") or self.credit
-             != "none"), "'loss_mode' = 'geo_mean' needs one advantage per sequence (GMPO): adv_estimator grpo, rloo "
-             f"or reinforce_plus_plus_baseline and no credit, not {self.adv_estimator!r} / {self.credit!r}"),
-            (self.prompts_per_step * self.group_size < 2, f"'prompts_per_step' x 'group_size' = "
-             f"{self.prompts_per_step * self.group_size}: a batch needs >= 2 samples (reward std, whitening)"),
-            (self.lora_merge and not self.save_final, "'lora_merge' needs --save-final: it shapes that folder alone"),
-            (multi_turn(self) and self.max_new_tokens < need, f"'max_new_tokens' = {self.max_new_tokens}: "
-             f"{self.task}'s actions need {need} tokens (raise it)"),
-            ((self.fsdp or self.lora_rank) and (self.dump_batch or self.credit != "none" or self.inject),
-             "'fsdp' / 'lora_rank' do not combine with dump_batch, credit or inject yet (one process, whole models)"),
-            (self.fsdp and self.rollout_dtype != "float32",
-             f"'rollout_dtype' = {self.rollout_dtype!r} needs whole weights to copy: not with --fsdp yet"),
-        ):  # fmt: skip
-            if bad:
-                raise ValueError(f"config field {why}")
+        checks.check_config(self)  # the checks across fields (checks.py)
         if multi_turn(self):  # single-turn runs use max_prompt_len + max_new_tokens
             check_range("max_context", self.max_context, self.max_prompt_len + 1)
         if self.loss_agg == "seq-mean-token-sum-norm" and self.loss_scale_factor is None:  # derived, as above
             self.loss_scale_factor = self.max_context if multi_turn(self) else self.max_new_tokens
 
 
-RANGES = {  # allowed interval -> fields, checked at construction (cli.check_fields)
-    "[0, inf)": ("steps", "warmup_steps", "lr", "kl_coef", "kl_loss_coef", "ent_coef", "seed",
-                 "kl_metric_every"),
-    "[1, inf)": ("prompts_per_step", "group_size", "ppo_epochs", "minibatches", "micro_batch"),
-    "(0, inf)": ("clip_high", "value_clip", "adam_eps", "grad_clip", "loss_scale_factor"),
-    "[0, 1]": ("gamma", "lam", "min_lr_ratio"),
-    "(0, 1]": ("sft_target",), "(0, 1)": ("clip_low",), "(1, inf)": ("dual_clip",), "(-inf, inf)": ("no_eos_penalty",),
-}  # fmt: skip
+def sample_here(cfg, step, policy, *, engine, tokenizer, eos_ids, task, make_env, rng, gen, autocast, rank, n_local):
+    """train()'s sampler when none is given: G episodes per prompt or env seed (a rank-local group), sampled by
+    `engine` (the policy, or its --rollout-dtype copy after the weight sync). Returns (rollout, episode infos,
+    group_ids [B], the sampler's metrics: none)."""
+    n, G = n_local // cfg.group_size, cfg.group_size
+    envs, seeds = zip(*sample_episodes(task, cfg.task, "train", n, rng, G, cfg.env_latency, make_env))
+    group_ids = torch.arange(n_local, device=gen.device) // G + rank * n_local  # [B]
+    offpolicy.sync_weights(engine, policy)  # --rollout-dtype bfloat16: the trained weights, rounded
+    with autocast(), common.gathered(policy):  # FSDP2: whole weights, ranks' forwards may differ in number
+        samples, episodes = rollout.rollout_env(
+            engine, tokenizer, envs, seeds, eos_ids, **rollout_kw(cfg), generator=gen
+        )
+    return samples, episodes, group_ids, {}
 
 
-def score_stats(scores, group_ids) -> dict:
-    """Returns [B] -> rollout/reward_mean, reward_std (all ranks' samples), zero_std_frac (in groups of >= 2, equal)."""
-    _, group_std, group_n = ppo_math.group_stats(scores, group_ids)  # [B] per sample
-    std = common.masked_var(scores, torch.ones_like(scores), global_=True).sqrt().item()
-    zero = ((group_std < 1e-8) & (group_n > 1)).float().mean().item()
-    return {"rollout/reward_mean": scores.mean().item(), "rollout/reward_std": std, "rollout/zero_std_frac": zero}
+def episode_rewards(cfg: Config, samples):
+    """Stanza 2: (the rollout, its token rewards [B, R], each episode's return [B]): the environment's rewards, each
+    turn's at its last action token; a truncated episode's whole return replaced by no_eos_penalty (detail 3)."""
+    token_scores = samples.token_scores  # [B, R]
+    if cfg.no_eos_penalty is not None:
+        penalty = last_valid(samples.response_mask).float() * cfg.no_eos_penalty  # [B, R]
+        token_scores = torch.where(samples.truncated[:, None], penalty, token_scores)
+    return samples, token_scores, token_scores.sum(-1)
 
 
 def ungroup_failed(group_ids, episodes: list[dict]):
@@ -236,53 +216,20 @@ def ungroup_failed(group_ids, episodes: list[dict]):
     return torch.where(failed, -1 - torch.arange(len(failed), device=group_ids.device), group_ids)
 
 
-@dataclass
-class Batch:
-    """One iteration's training data (DESIGN.md 3), built once in train() stanza 4, sliced into minibatches."""
-
-    input_ids: torch.Tensor  # [B, P+R] prompt (left-padded) + response (right-padded)
-    attention_mask: torch.Tensor  # [B, P+R] 1 on real prompt, action and observation tokens
-    response_mask: torch.Tensor  # [B, R] 1 on action tokens, each action up to and including its stop token
-    loss_mask: torch.Tensor  # [B, R] float: what the policy's losses average over (rollout rejection: fewer tokens)
-    old_logprobs: torch.Tensor | None  # [B, R] the trainer's recompute; None: the update's first forward fills it
-    clip_anchor: torch.Tensor | None  # [B, R] the ratio's denominator: old_logprobs, or the sampler's (behav)
-    ref_logprobs: torch.Tensor | None  # [B, R] the frozen reference's; None on an iteration without its pass
-    advantages: torch.Tensor  # [B, R] GAE (whitened) or a group baseline broadcast over tokens; 0 where masked
-    token_weights: torch.Tensor  # [B, R] gamma_t multiplying A_t (attention credit), else 1
-    pg_mask: torch.Tensor  # [B, R] tokens whose policy term counts (AsyPPO), else response_mask
-    ent_mask: torch.Tensor  # [B, R] tokens whose entropy bonus counts (AsyPPO), else response_mask
-    is_weights: torch.Tensor | None  # [B, R] off-policy importance weights (detached), None without a correction
-    old_values: torch.Tensor | None  # [B, M, R] each critic's values before its update; None without a critic
-    critic_returns: torch.Tensor | None  # [B, M, R] each critic's own target R^(m) = GAE(V_m) + V_m
-    shares: torch.Tensor | None  # [B, M] bool: the rows critic m trains on (AsyPPO's partition)
-
-    def rows(self, idx) -> Batch:
-        """The sub-batch of rows idx (an index tensor or a slice)."""
-        return Batch(**{f.name: None if (v := getattr(self, f.name)) is None else v[idx] for f in fields(self)})
-
-    def part(self, idx, lo: int, r: int) -> Batch:
-        """A micro-batch (memory.micro_batches): rows idx, prompt columns from lo, the first r response columns."""
-        W, R, out = self.input_ids.shape[1], self.response_mask.shape[1], self.rows(idx)
-        for f in fields(out):
-            if (v := getattr(out, f.name)) is not None and f.name != "shares":  # [b, M]: no token axis
-                setattr(out, f.name, v[:, lo : W - R + r] if f.name in ("input_ids", "attention_mask") else v[..., :r])
-        return out
-
-
 def trainer_logprobs(cfg: Config, model, input_ids, attention_mask, R: int, with_entropy=False, micro_batch=None):
     """The trainer's logprobs (and entropies, with grad for an entropy bonus) [B, R] with the sampling temperature
     (detail 1), the LM head in chunks of logit_chunk tokens (rollout.py detail 4), micro_batch rows per forward
     (default cfg.micro_batch): old, ref, loss."""
-    logprob_fn, temperature = repro.at_logprobs(cfg.inject, cfg.temperature)  # INJECT no_temperature, logprob_shift
+    logprob_fn = rollout.sequence_logprobs
     logprob_fn = partial(common.collective, logprob_fn) if cfg.fsdp else logprob_fn  # FSDP2: gathers, a dead rank named
     chunks = {"entropy_grad": cfg.ent_coef > 0, "logit_chunk": cfg.logit_chunk}
     rows = micro_batch or cfg.micro_batch
-    return logprob_fn(model, input_ids, attention_mask, R, temperature=temperature, micro_batch=rows,
+    return logprob_fn(model, input_ids, attention_mask, R, temperature=cfg.temperature, micro_batch=rows,
                       with_entropy=with_entropy, **chunks)  # fmt: skip
 
 
 def compute_advantages(cfg: Config, token_scores, response_mask, old_logp, ref_logp, kl_beta, group_ids, values):
-    """Token rewards, advantages and returns [B, R] (whitened for GAE only, DESIGN.md 7.1), the k1 KL [B, R] (0 if
+    """Token rewards, advantages and returns [B, R] (whitened for GAE only, docs/design.md None5.1), the k1 KL [B, R] (0 if
     old_logp or ref_logp is None: KL in the reward needs both) and their metrics. token_scores: [B] one outcome per
     sequence, placed on its last valid token, or [B, R] the environment's rewards already placed (each turn's at its
     last action token); one on a masked token is an error."""
@@ -297,8 +244,7 @@ def compute_advantages(cfg: Config, token_scores, response_mask, old_logp, ref_l
         raise ValueError("KL in the reward needs old and reference logprobs before the update (got None)")
     both = old_logp is not None and ref_logp is not None
     kl = ppo_math.kl_estimate(old_logp, ref_logp, "k1") * mask if both else torch.zeros_like(mask)  # [B, R]
-    kl_beta = repro.at_kl_coef(cfg.inject, kl_beta)  # INJECT kl_sign
-    token_rewards = token_scores - kl_beta * kl if cfg.kl_in_reward else token_scores.clone()  # [B, R]
+    token_rewards = ppo_math.kl_reward(token_scores, kl, kl_beta) if cfg.kl_in_reward else token_scores.clone()
     seq_score = token_rewards.sum(-1)  # [B] veRL: an outcome estimator's score is the sum of token rewards
     if cfg.adv_estimator == "gae":
         adv, returns = ppo_math.gae(token_rewards, values, mask, cfg.gamma, cfg.lam)
@@ -313,7 +259,6 @@ def compute_advantages(cfg: Config, token_scores, response_mask, old_logp, ref_l
         else:
             seq_adv = ppo_math.rloo_advantages(seq_score, group_ids)
         adv = returns = seq_adv[:, None] * mask  # [B, R] broadcast over valid tokens
-    adv = repro.at_advantages(cfg.inject, adv)  # INJECT adv_sign
     mean = lambda x: float(masked_mean(x, mask, global_=True))  # noqa: E731  (token statistics of all ranks)
     metrics = {"stats/adv_abs_mean": mean(adv.abs()), "stats/return_mean": mean(returns)}
     metrics["stats/return_std"] = float(common.masked_var(returns, mask, global_=True).sqrt())
@@ -349,7 +294,7 @@ def ppo_update(cfg, policy_train, opt, critics, batch: Batch, world: int, gen, a
         perm = torch.randperm(B, generator=gen) if cfg.minibatches > 1 else torch.arange(B)
         for j, rows_j in enumerate(perm.tensor_split(cfg.minibatches)):  # B not a multiple (a proxy batch): no row lost
             mb = batch.rows(rows_j)
-            where, plan = f"epoch {epoch} minibatch {j}", micro_batches_of(cfg, mb)  # the critics' too
+            where, plan = f"epoch {epoch} minibatch {j}", mb.micro_batches(cfg)  # the critics' too
             rows, row, logps = policy_step(cfg, policy_train, opt, mb, world, autocast, update_actor, where, plan)
             first = first or rows  # the first minibatch, before any optimizer step: the ratio must be 1
             if batch.old_logprobs is None:  # one epoch of one minibatch, in order: the batch's anchor
@@ -368,28 +313,12 @@ def ppo_update(cfg, policy_train, opt, critics, batch: Batch, world: int, gen, a
     return {**out, "stats/ratio_max": max(r["stats/ratio_max"] for r in micro_rows)}
 
 
-def micro_batches_of(cfg: Config, mb: Batch) -> list[tuple]:
-    """The minibatch's micro-batches: micro_batch rows each, or packed under micro_batch_tokens (memory.py)."""
-    R = mb.response_mask.shape[1]
-    plan = {"rows": cfg.micro_batch, "tokens": cfg.micro_batch_tokens, "response_mask": mb.response_mask}
-    return memory.micro_batches(mb.attention_mask, R, **plan)
-
-
-def host_floats(rows: list[dict]) -> None:
-    """Every 0-d tensor value of the metric dicts `rows` replaced by its Python float, in one copy (one GPU sync)."""
-    keys = [(r, k) for r in rows for k, v in r.items() if isinstance(v, torch.Tensor)]
-    dev = next((r[k].device for r, k in keys if r[k].device.type != "cpu"), torch.device("cpu"))  # the GPU's, if any
-    values = torch.stack([r[k].detach().to(dev, torch.float64).reshape(()) for r, k in keys]).tolist() if keys else []
-    for (r, k), v in zip(keys, values):
-        r[k] = v
-
-
 def policy_step(cfg: Config, policy_train, opt, mb: Batch, world, autocast, update_actor, where: str, plan=None):
     """One optimizer step of the policy on a minibatch, gradients accumulated over its micro-batches (plan:
     memory.micro_batches). Returns each micro-batch's stats (0-d tensors; its max |ratio - 1| as "ratio_dev"), the
     step's losses and gradient norm, and the minibatch's logprobs [b, R] (detached; None unless the batch has no
     anchor: then they are its anchor)."""
-    mask, plan = mb.loss_mask, plan or micro_batches_of(cfg, mb)
+    mask, plan = mb.loss_mask, plan or mb.micro_batches(cfg)
     # every kept token, pg_mask or not
     denom = ppo_math.agg_denominator(mask, cfg.loss_agg, scale=cfg.loss_scale_factor)
     agg = {"mode": cfg.loss_agg, "denom": denom, "world": world}
@@ -420,7 +349,7 @@ def policy_step(cfg: Config, policy_train, opt, mb: Batch, world, autocast, upda
                 )
             loss = pg + (cfg.kl_loss_coef * terms["loss/kl"] if cfg.kl_loss else 0.0)
             if cfg.ent_coef > 0:  # the entropy term joins the graph only when it is used
-                loss = loss - repro.at_ent_coef(cfg.inject, cfg.ent_coef) * ent_loss  # INJECT ent_sign
+                loss = ppo_math.entropy_bonus(loss, ent_loss, cfg.ent_coef)
         if update_actor:  # DDP all-reduces inside backward: common.collective names a rank that never joins it
             common.collective(loss.backward)
         for k, v in terms.items():  # a micro-batch's loss is its share of the minibatch's (summed in fp64)
@@ -434,22 +363,11 @@ def policy_step(cfg: Config, policy_train, opt, mb: Batch, world, autocast, upda
     return rows, {"stats/grad_norm": gn, **losses}, logps
 
 
-def clipped_step(model, opt, max_norm: float, where: str, step: bool = True):
-    """Clip the gradient norm (returned), refuse a non-finite one (never a NaN into the weights), step, zero grads."""
-    gn = common.clip_grad_norm(model.parameters(), max_norm)  # (FSDP2: over every rank's shards)
-    if not torch.isfinite(gn):
-        raise FloatingPointError(f"{where}: gradient norm is {gn.item()}")
-    if step:
-        opt.step()
-    opt.zero_grad(set_to_none=True)
-    return gn
-
-
 def critic_update(cfg: Config, critics: Critics, mb: Batch, world: int, autocast, plan=None) -> dict:
     """One optimizer step per critic on a minibatch (micro-batches: plan, as the policy's): critic m on its share's
     rows, the clipped value loss (7.1) to its own target R^(m) over its share's tokens, in old_values' precision
     (autocast: the clip is centred there)."""
-    metrics, dev, plan = {}, mb.response_mask.device, plan or micro_batches_of(cfg, mb)
+    metrics, dev, plan = {}, mb.response_mask.device, plan or mb.micro_batches(cfg)
     clipped = torch.zeros(2, dtype=torch.float64, device=dev)  # [clipped, valid] tokens
     for k, (model, opt) in enumerate(zip(critics.train_models, critics.opts)):
         mask = mb.response_mask.float() * mb.shares[:, k, None]  # [b, R] critic k's rows only
@@ -461,8 +379,7 @@ def critic_update(cfg: Config, critics: Critics, mb: Batch, world: int, autocast
             mmask = mi.response_mask.float() * mi.shares[:, k, None]  # [b, r]
             with autocast():
                 values, old = model(mi.input_ids, mi.attention_mask, r), mi.old_values[:, k]  # [b, r]
-            target = repro.at_value_target(cfg.inject, mi.critic_returns[:, k], old, values)  # INJECT
-            loss, m = ppo_math.value_loss(values, old, target, mmask, **loss_args)
+            loss, m = ppo_math.value_loss(values, old, mi.critic_returns[:, k], mmask, **loss_args)
             common.collective(loss.backward)  # (DDP: as in policy_step)
             losses.append(loss.detach())
             n = mmask.sum().double()
@@ -542,23 +459,47 @@ def needs_reference(cfg: Config, step: int) -> bool:
     return cfg.kl_in_reward or cfg.kl_loss or (cfg.kl_metric_every > 0 and step % cfg.kl_metric_every == 0)
 
 
-def sequences_per_rank(cfg: Config, world: int) -> int:
-    """Sequences each rank samples per iteration; the batch split must be exact (and a dump needs one process)."""
-    n_local = cfg.prompts_per_step // world * cfg.group_size
-    if cfg.prompts_per_step % world:
-        raise ValueError(f"config field 'prompts_per_step' = {cfg.prompts_per_step} must divide by world size {world}")
-    if n_local % cfg.minibatches:
-        raise ValueError(f"config field 'minibatches' = {cfg.minibatches} must divide the {n_local} sequences per rank")
-    if cfg.dump_batch and world > 1:
-        raise ValueError(f"config field 'dump_batch' needs world size 1, not {world} (the replay is one process)")
-    return n_local
+def make_batch(cfg: Config, samples, token_scores, group_ids, logps: tuple, all_values, values, kl_beta, critics, gens):
+    """Stanza 4: the Batch (off-policy weights and rejections, token rewards and advantages, token weights and
+    masks), the token rewards, returns and k1 KL [B, R], and their metrics. logps: (old_logprobs, ref_logprobs,
+    attention credit's gamma) [B, R] each or None; all_values [M, B, R] and values [B, R]: None without critics."""
+    old_logprobs, ref_logprobs, gamma = logps
+    response_mask = samples.response_mask  # [B, R]
+    behav = samples.rollout_logprobs  # [B, R] the sampler's logprobs
+    mask = response_mask.float()  # [B, R]
+    is_weights, loss_mask, off_stats = offpolicy.corrections(cfg, old_logprobs, behav, mask)  # weights, rejections
+    token_rewards, adv, returns, kl, adv_stats = compute_advantages(
+        cfg, token_scores, response_mask, old_logprobs, ref_logprobs, kl_beta, group_ids, values
+    )
+    weights, pg_mask, ent_mask, shaped = shape_advantages(
+        cfg, response_mask, adv, all_values, gens["shuffle_gen"], gamma
+    )
+    batch = Batch(
+        input_ids=samples.input_ids, attention_mask=samples.attention_mask, response_mask=response_mask,
+        loss_mask=loss_mask, old_logprobs=old_logprobs,
+        clip_anchor=behav if cfg.off_policy == "behav" else old_logprobs, ref_logprobs=ref_logprobs,  # (a) behav
+        advantages=adv, token_weights=weights, pg_mask=pg_mask, ent_mask=ent_mask, is_weights=is_weights,
+        old_values=all_values.transpose(0, 1) if critics else None,  # [B, M, R] batch-first for minibatches
+        critic_returns=critic_targets(cfg, token_rewards, all_values, mask, returns) if critics else None,
+        shares=partition_shares(group_ids, len(critics.models), gens["part_gen"]) if critics else None,  # [B, M]
+    )  # fmt: skip
+    return batch, token_rewards, returns, kl, {**adv_stats, **shaped, **off_stats}
 
 
-def critic_targets(cfg: Config, token_rewards, all_values, mask, returns):
-    """Each critic's value target R^(m) = GAE(V_m) + V_m [B, M, R]; for M = 1 that is `returns` already."""
-    if len(all_values) == 1:
-        return returns[:, None]  # [B, 1, R]
-    return torch.stack([ppo_math.gae(token_rewards, v * mask, mask, cfg.gamma, cfg.lam)[1] for v in all_values], 1)
+def logprob_stats(cfg: Config, old_logprobs, ref_logprobs, samples, episodes, step: int) -> dict:
+    """Stanza 6's logprob metrics: stats/kl (old vs reference, on an iteration with its pass) and the sampler's gap
+    to the trainer (offpolicy.gap_stats; multi-turn: the first turn's too). old_logprobs: the batch's (reuse: the
+    update's first forward filled them)."""
+    mask, m = samples.response_mask.float(), {}  # [B, R]
+    if ref_logprobs is not None:
+        kl = ppo_math.kl_estimate(old_logprobs, ref_logprobs) * mask  # [B, R]
+        m["stats/kl"] = float(masked_mean(kl, mask, global_=True))
+    first = first_action_mask(episodes, samples.response_mask) if multi_turn(cfg) else None  # [B, R] the first turn's
+    behav = samples.rollout_logprobs  # [B, R] the sampler's logprobs
+    return {
+        **m,
+        **offpolicy.gap_stats(old_logprobs, behav, mask, samples.policy_version, step, cfg.reports_gap(), first),
+    }
 
 
 def build_models(cfg: Config, device, world: int):
@@ -593,7 +534,7 @@ def build_models(cfg: Config, device, world: int):
     policy_train = prepare(policy)
     opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr, eps=cfg.adam_eps,
                             weight_decay=0.0)  # fmt: skip
-    eos_ids = repro.at_stop_ids(cfg.inject, stop_token_ids(policy, tokenizer), tokenizer.pad_token_id)  # INJECT
+    eos_ids = tasks.stop_token_ids(policy, tokenizer)
     return policy, policy_train, opt, ref, tokenizer, eos_ids, critics, fingerprint
 
 
@@ -617,235 +558,127 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
     """The RL loop: the last metrics row plus "eval_history" [(step, acc)], also in out_dir/result.json. sampler:
     None samples here with the current policy; else `sampler(step, policy)` returns (rollout with policy_version,
     episode infos, group_ids, metrics) from elsewhere (async_loop.py's rollout ranks)."""
-    # --- 0. processes, models (policy, frozen reference, critics), optimizer, random streams, resume
-    rank, _, world, device = common.setup_dist(timeout_s=cfg.dist_timeout, device=cfg.device, group=cfg.fsdp)
-    n_local, autocast = sequences_per_rank(cfg, world), make_autocast(cfg.dtype, device)
-    sampling = rollout_kw(cfg)  # rollout_env's limits and sampling settings (envs.py)
-    policy, policy_train, opt, ref, tokenizer, eos_ids, critics, fingerprint = build_models(cfg, device, world)
-    anchor = repro.stale_anchor(cfg.inject, policy)  # computes old_logprobs: the policy; INJECT stale_old_logprobs
-    engine = repro.at_engine(cfg.inject, offpolicy.inference_copy(policy, cfg.rollout_dtype), policy)  # INJECT
-    task = None if multi_turn(cfg) else load_task(cfg, tokenizer, device)  # a procedural task, or --data's rows
-    kl_beta = cfg.kl_coef  # beta of KL in the reward (ppo_math.kl_controller)
-    rng = np.random.default_rng(cfg.seed + rank)  # tasks and env seeds: seed + rank
-    sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + rank)  # the sampler: seed + rank
-    shuffle_gen = torch.Generator().manual_seed(cfg.seed)  # minibatches: the same on every rank
-    part_gen = torch.Generator().manual_seed(cfg.seed + rank)  # AsyPPO's partition: its own stream
-    gens = {"sample_gen": sample_gen, "shuffle_gen": shuffle_gen, "part_gen": part_gen}  # (checkpointed)
-    make_env = env_service.env_maker(cfg)  # envs.make_env, or --env-url: RemoteEnvs on those servers
-    eval_sets = held_out(task, cfg.task, cfg.eval_n, cfg.eval_samples, make_env)  # (greedy, sampled N times)
-    start, history, diag = 0, {"eval": []}, LiveDiagnoser()
-    if cfg.resume:  # checked in build_models; the lr is recomputed every iteration from the (allowed) config
-        state = resume_checkpoint(cfg.resume, rank, policy, opt, critics, rng, gens, cfg.fsdp)
-        start, history, kl_beta = state["step"], json.loads(state["history"]), state["kl_beta"]
-        diag.load_state(state.get("diag", "{}"))  # the live diagnosis goes on from its baselines (older: anew)
-    out_dir, metrics, footprint = Path(cfg.out_dir), {}, {}
-    logger = open_run_log(cfg, task, policy, start, rank, world, device, n_local)
-    if critics is not None and not cfg.fsdp:  # critic params and training memory vs an actor-sized one (whole models)
-        T = cfg.max_prompt_len + cfg.max_new_tokens
-        rows = memory.largest_micro_batch(cfg.micro_batch, n_local // cfg.minibatches, cfg.micro_batch_tokens, T)
-        ids = torch.full((rows, T), eos_ids[0], device=device)
-        footprint = critic_footprint(critics.models, policy, ids, torch.ones_like(ids), cfg.max_new_tokens)
-    if cfg.eval_every and start == 0 and cfg.steps > 0:  # the starting point, before any update
-        with autocast(), common.gathered(policy):
-            history["eval"].append((0, evaluate(policy, tokenizer, eval_sets[0], eos_ids, rank, world, **sampling)))
-        if rank == 0:
-            print(f"[minrl] eval/acc before training: {history['eval'][0][1]:.3f}")
-    for step in range(start, cfg.steps):
-        t0 = time.perf_counter()
-        update_actor = set_learning_rates(cfg, step, opt, critics)
-
-        # --- 1. rollout: G episodes per prompt or env seed, a rank-local group; rewards come from the envs
-        sampled = {}  # the sampler's own metrics (staleness, drops)
-        if sampler is None:
-            n, G = n_local // cfg.group_size, cfg.group_size
-            envs, seeds = zip(*sample_episodes(task, cfg.task, "train", n, rng, G, cfg.env_latency, make_env))
-            group_ids = torch.arange(n_local, device=device) // G + rank * n_local  # [B]
-            repro.sync_sampler(cfg.inject, engine, policy)  # --rollout-dtype bfloat16's sync; INJECT stale_sampler
-            with autocast(), common.gathered(policy):  # FSDP2: whole weights, ranks' forwards may differ in number
-                rollout, episodes = rollout_env(engine, tokenizer, envs, seeds, eos_ids, **sampling,
-                                                generator=sample_gen)  # fmt: skip
-        else:
-            rollout, episodes, group_ids, sampled = sampler(step, policy)
-        group_ids = ungroup_failed(group_ids, episodes)  # --env-url: a failed episode joins no group
-        rollout = repro.at_rollout(cfg.inject, rollout, eos_ids[0], tokenizer.pad_token_id)  # INJECT (2 bugs)
-        t1 = time.perf_counter()
-
-        # --- 2. rewards: each turn's at its last action token (a single-turn task's score at its stop token)
-        token_scores = rollout.token_scores  # [B, R]
-        if cfg.no_eos_penalty is not None:  # detail 3: the whole return of a truncated episode is replaced
-            penalty = last_valid(rollout.response_mask).float() * cfg.no_eos_penalty  # [B, R]
-            token_scores = torch.where(rollout.truncated[:, None], penalty, token_scores)
-        rollout, token_scores = repro.at_scores(cfg.inject, rollout, token_scores)  # INJECT reward_scale, eos_unmasked
-        scores, response_mask = token_scores.sum(-1), rollout.response_mask  # [B] episode return, [B, R]
-        token_scores = repro.at_score_placement(cfg.inject, response_mask, token_scores, scores)  # INJECT
-        t2 = time.perf_counter()
-
-        # --- 3. old logprobs (the PPO anchor), reference logprobs, values: no gradient
-        ids, attn = rollout.input_ids, rollout.attention_mask  # [B, P+R] each
-        mask = response_mask.float()  # [B, R]
-        with torch.no_grad(), autocast():  # [B, R] each; None: given by the update's first forward, or not due
-            old_logprobs, ref_logprobs, gamma, credit = anchor_logprobs(
-                cfg, anchor, ref, ids, attn, response_mask, step
-            )
-            repro.resync_anchor(anchor, policy)  # INJECT stale_old_logprobs: re-synced only after its use
-            all_values = critic_values(cfg, critics, ids, attn, response_mask) if critics else None  # [M, B, R]
-        values = all_values.mean(0) * mask if critics else None  # [B, R] the ensemble mean V̄
-
-        # --- 4. the batch: off-policy weights, token rewards and advantages, then token weights and masks
-        behav = rollout.rollout_logprobs  # [B, R] the sampler's logprobs
-        is_weights, loss_mask, off_stats = offpolicy.corrections(cfg, old_logprobs, behav, mask)  # weights, rejections
-        token_rewards, adv, returns, kl, adv_stats = compute_advantages(
-            cfg, token_scores, response_mask, old_logprobs, ref_logprobs, kl_beta, group_ids, values
-        )
-        weights, pg_mask, ent_mask, shaped = shape_advantages(cfg, response_mask, adv, all_values, shuffle_gen, gamma)
-        batch = Batch(
-            input_ids=ids, attention_mask=attn, response_mask=response_mask, loss_mask=loss_mask,
-            old_logprobs=old_logprobs,
-            clip_anchor=behav if cfg.off_policy == "behav" else old_logprobs, ref_logprobs=ref_logprobs,  # (a) behav
-            advantages=adv, token_weights=weights, pg_mask=pg_mask, ent_mask=ent_mask,
-            is_weights=is_weights,
-            old_values=all_values.transpose(0, 1) if critics else None,  # [B, M, R] batch-first for minibatches
-            critic_returns=critic_targets(cfg, token_rewards, all_values, mask, returns) if critics else None,
-            shares=partition_shares(group_ids, len(critics.models), part_gen) if critics else None,  # [B, M]
-        )  # fmt: skip
-
-        # --- 5. update: ppo_epochs x minibatches; --dump-batch saves its inputs first, then its outcome (repro.py)
-        update_args = dict(cfg=cfg, policy_train=policy_train, opt=opt, critics=critics, batch=batch, world=world)
-        update_args.update(gen=shuffle_gen, autocast=autocast, update_actor=update_actor)
-        if cfg.dump_batch == step + 1:
-            path, extra = out_dir / f"batch-{step + 1}.pt", {"token_rewards": token_rewards, "scores": scores}
-            upd = repro.dump_update(path, tokenizer, rollout, extra, ppo_update, update_args)
-        else:
-            upd = ppo_update(**update_args)
-        if cfg.kl_in_reward:  # adaptive controller: batch mean of per-sequence mean KL, n = sequences
-            seq_kl = common.reduce_metrics({"kl": (kl.sum(-1) / mask.sum(-1).clamp(min=1)).mean().item()}, device)
-            kl_beta = ppo_math.kl_controller(kl_beta, seq_kl["kl"], n_local * world, cfg.kl_ctrl)
-        t3 = time.perf_counter()
-
-        # --- 6. metrics (reduced over ranks), eval, live diagnosis, hooks, checkpoint
-        m = {**score_stats(scores, group_ids), **adv_stats, **upd, **shaped, **credit, **off_stats, **sampled}
-        m.update({**footprint, **rollout_metrics(rollout, episodes, eos_ids, cfg.max_new_tokens)})
-        old_logprobs = batch.old_logprobs  # (reuse: the update's first forward filled it)
-        if ref_logprobs is not None:
-            m["stats/kl"] = float(
-                masked_mean(ppo_math.kl_estimate(old_logprobs, ref_logprobs) * mask, mask, global_=True)
-            )
-        first = first_action_mask(episodes, response_mask) if multi_turn(cfg) else None  # [B, R] the first turn's
-        m.update(offpolicy.gap_stats(old_logprobs, behav, mask, rollout.policy_version, step, cfg.reports_gap(), first))
-        m.update({"stats/kl_coef": kl_beta, "stats/lr": opt.param_groups[0]["lr"], "time/rollout": t1 - t0})
-        m.update({"perf/tokens_per_s": mask.sum().item() / (t3 - t0), "time/train": t3 - t2})
-        if "time/credit" in credit:  # attention credit: what it adds to the recompute, as a share of the step
-            m["perf/credit_overhead"] = credit["time/credit"] / (t3 - t0)
-        if device.type == "cuda":
-            m["perf/max_mem_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-        if critics is not None:
-            m.update(value_stats(values, returns, mask, all_values, batch.critic_returns))
-            m["loss/value"] = float(np.mean([v for k, v in upd.items() if k.startswith("critic/loss_")]))
-        metrics = m = common.reduce_metrics(m, device)  # pooled over ranks; the last iteration's row is the result
-        if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
+    with repro.planted(cfg.inject, sys.modules[__name__]):  # --inject: the bug's functions for the run
+        # --- 0. processes, models (policy, frozen reference, critics), optimizer, random streams, resume
+        rank, _, world, device = common.setup_dist(timeout_s=cfg.dist_timeout, device=cfg.device, group=cfg.fsdp)
+        n_local, autocast = sequences_per_rank(cfg, world), make_autocast(cfg.dtype, device)
+        sampling = rollout_kw(cfg)  # rollout_env's limits and sampling settings (envs.py)
+        policy, policy_train, opt, ref, tokenizer, eos_ids, critics, fingerprint = build_models(cfg, device, world)
+        task = None if multi_turn(cfg) else load_task(cfg, tokenizer, device)  # a procedural task, or --data's rows
+        kl_beta = cfg.kl_coef  # beta of KL in the reward (ppo_math.kl_controller)
+        rng = np.random.default_rng(cfg.seed + rank)  # tasks and env seeds: seed + rank
+        sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + rank)  # the sampler: seed + rank
+        shuffle_gen = torch.Generator().manual_seed(cfg.seed)  # minibatches: the same on every rank
+        part_gen = torch.Generator().manual_seed(cfg.seed + rank)  # AsyPPO's partition: its own stream
+        gens = {"sample_gen": sample_gen, "shuffle_gen": shuffle_gen, "part_gen": part_gen}  # (checkpointed)
+        make_env = env_service.env_maker(cfg)  # envs.make_env, or --env-url: RemoteEnvs on those servers
+        eval_sets = held_out(task, cfg.task, cfg.eval_n, cfg.eval_samples, make_env)  # (greedy, sampled N times)
+        start, history, diag = 0, {"eval": []}, LiveDiagnoser()
+        if cfg.resume:  # checked in build_models; the lr is recomputed every iteration from the (allowed) config
+            state = resume_checkpoint(cfg.resume, rank, policy, opt, critics, rng, gens, cfg.fsdp)
+            start, history, kl_beta = state["step"], json.loads(state["history"]), state["kl_beta"]
+            diag.load_state(state.get("diag", "{}"))  # the live diagnosis goes on from its baselines (older: anew)
+        out_dir, metrics, footprint = Path(cfg.out_dir), {}, {}
+        logger = open_run_log(cfg, task, policy, start, rank, world, device, n_local)
+        if critics is not None and not cfg.fsdp:  # critic params and training memory vs an actor-sized one
+            footprint = critics_footprint(cfg, critics, policy, eos_ids[0], n_local, device)
+        if cfg.eval_every and start == 0 and cfg.steps > 0:  # the starting point, before any update
             with autocast(), common.gathered(policy):
-                m.update(evaluate_all(policy, tokenizer, eval_sets, eos_ids, cfg.eval_samples, rank, world, **sampling))
-            history["eval"].append((step + 1, m["eval/acc"]))
-        logger.log(step + 1, m)
-        findings = diag.update(step + 1, m)  # diagnose.py, on every rank: one reduced row, so the same findings
-        for finding in findings if rank == 0 else []:
-            print(f"[minrl] WARNING {finding}", flush=True)
-        if cfg.strict and findings:  # every rank stops at this step: none waits in a collective for the others
-            raise RuntimeError(f"--strict: stopping at step {step + 1} on {findings[0]}")
-        for h in hooks:
-            h(step + 1, m)
-        if cfg.save_every and (step + 1) % cfg.save_every == 0:  # models as safetensors, the rest in state.pt
-            state = {"step": step + 1, "kl_beta": kl_beta, "history": json.dumps(history), "diag": diag.state()}
-            ckpt = out_dir / f"ckpt-{step + 1}"  # atomic: ckpt-N.tmp, fsync, completion marker, rename
-            save_checkpoint(ckpt, rank, fingerprint, state, policy, tokenizer, opt, critics, rng, gens)
-    result = {**metrics, "eval_history": history["eval"]}
-    logger.close()  # W&B's offline run folder complete
-    if isinstance(task, DataTask):  # the reward workers stop
-        task.close()
-    if cfg.save_final:  # the policy as a save_pretrained folder (every rank: FSDP2 gathers it), LoRA's adapters
-        save_policy(policy, tokenizer, out_dir / "policy", rank, asdict(cfg), cfg.lora_merge)
-    if rank == 0:  # result.json, curves.png
-        write_result(out_dir, result, curves=cfg.steps > start, saved=cfg.save_final)
-    return result
+                history["eval"].append((0, evaluate(policy, tokenizer, eval_sets[0], eos_ids, rank, world, **sampling)))
+            if rank == 0:
+                print(f"[minrl] eval/acc before training: {history['eval'][0][1]:.3f}")
+        local = dict(engine=offpolicy.inference_copy(policy, cfg.rollout_dtype), tokenizer=tokenizer, task=task)
+        local.update(eos_ids=eos_ids, make_env=make_env, rng=rng, gen=sample_gen, autocast=autocast, rank=rank)
+        sampler = sampler or partial(sample_here, cfg, **local, n_local=n_local)  # None: sampled here, with the policy
+        for step in range(start, cfg.steps):
+            t0 = time.perf_counter()
+            update_actor = set_learning_rates(cfg, step, opt, critics)
 
+            # --- 1. rollout: G episodes per prompt or env seed, a rank-local group; rewards come from the envs
+            rollout, episodes, group_ids, sampled = sampler(step, policy)  # sampled: the sampler's own metrics
+            group_ids = ungroup_failed(group_ids, episodes)  # --env-url: a failed episode joins no group
+            t1 = time.perf_counter()
 
-def replay(path: str) -> tuple[dict | None, bool]:
-    """Re-run a --dump-batch update (break in ppo_update to step in): (metrics, same metrics + digest or error?)."""
-    d = load_pt(Path(path), need=("batch", "config", "policy"), what="--dump-batch file", map_location="cpu")
-    saved = json.loads(d["config"])  # a subclass's fields (async_loop.AsyncConfig) do not enter the update
-    names = {f.name for f in fields(Config)}  # older dumps lack newer fields: those take their defaults
-    cfg = Config(**{**{k: v for k, v in saved.items() if k in names}, "dump_batch": 0, "replay": None, "resume": None})
-    _, _, _, device = common.setup_dist(device=cfg.device)
-    policy, opt, critics, gen = repro.restore_update(d, cfg, device)
-    saved_batch = repro.batch_fields(d["batch"], [f.name for f in fields(Batch)], path)  # also older dumps
-    batch = Batch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in saved_batch.items()})
-    torch.set_rng_state(d["torch_rng"])  # last: building the models above draws from the global RNG
-    metrics, error, autocast = None, None, make_autocast(cfg.dtype, device)
-    try:
-        metrics = ppo_update(cfg, policy, opt, critics, batch, 1, gen, autocast, d["update_actor"])
-    except Exception as e:
-        error = f"{type(e).__name__}: {e}"
-    digest = repro.state_digest(policy, opt, critics) if error is None else None
-    return metrics, repro.report_replay(path, d, metrics, error, digest)
+            # --- 2. rewards: each turn's at its last action token (a single-turn task's score at its stop token)
+            rollout, token_scores, scores = episode_rewards(cfg, rollout)  # [B, R], [B] episode return
+            response_mask = rollout.response_mask  # [B, R]
+            t2 = time.perf_counter()
 
+            # --- 3. old logprobs (the PPO anchor), reference logprobs, values: no gradient
+            ids, attn = rollout.input_ids, rollout.attention_mask  # [B, P+R] each
+            mask = response_mask.float()  # [B, R]
+            with torch.no_grad(), autocast():  # [B, R] each; None: given by the update's first forward, or not due
+                old_logprobs, ref_logprobs, gamma, credit = anchor_logprobs(
+                    cfg, policy, ref, ids, attn, response_mask, step
+                )
+                all_values = critic_values(cfg, critics, ids, attn, response_mask) if critics else None  # [M, B, R]
+            values = all_values.mean(0) * mask if critics else None  # [B, R] the ensemble mean V̄
 
-def replay_foreign(cfg: Config) -> tuple[dict, list[dict]]:
-    """--replay of a batch another framework exported (repro.py detail 4): its logprobs (and, from its scores, its
-    advantages) recomputed with --model and compared per token, then one update on the batch as given (with this
-    config's rollout corrections, from its rollout_log_probs). Returns (the update's metrics, the comparison rows)."""
-    where = f"--replay {cfg.replay}"
-    if cfg.model is None:
-        raise ValueError(f"{where}: a batch from another framework needs --model (the weights that made it)")
-    _, _, _, device = common.setup_dist(device=cfg.device)
-    t = {k: v.to(device) for k, v in repro.load_foreign_batch(cfg.replay).items()}
-    policy, _, opt, ref, *_ = build_models(cfg, device, 1)  # (a critic's weights are not in the file: none trains)
-    ids, attn, mask, theirs = t["input_ids"], t["attention_mask"], t["response_mask"], t["old_log_probs"]
-    R, ref_logp, autocast = mask.shape[1], t.get("ref_log_prob"), make_autocast(cfg.dtype, device)
-    if ref_logp is None and (cfg.kl_loss or cfg.kl_in_reward):
-        raise ValueError(f"{where}: --kl-loss / --kl-in-reward need the batch's 'ref_log_prob'")
-    with torch.no_grad(), autocast():
-        pairs = {"old_log_probs": (trainer_logprobs(cfg, policy, ids, attn, R)[0], theirs)}  # [B, R] each
-        with adapters_off(ref, cfg.lora_rank > 0 and ref_logp is not None):  # LoRA: the reference is its base
-            ours_ref = trainer_logprobs(cfg, ref, ids, attn, R)[0] if ref_logp is not None else None
-    pairs |= {"ref_log_prob": (ours_ref, ref_logp)} if ref_logp is not None else {}
-    if "rollout_log_probs" in t:  # the file's own sampler-trainer gap
-        pairs["rollout_log_probs (vs their old)"] = (theirs, t["rollout_log_probs"])
-    elif cfg.rollout_is or cfg.rollout_rs or cfg.off_policy != "none":
-        raise ValueError(f"{where}: a rollout correction needs the batch's 'rollout_log_probs'")
-    scores = t.get("token_level_scores" if cfg.kl_in_reward else "token_level_rewards", t.get("token_level_scores"))
-    adv = t.get("advantages")
-    if scores is not None and (cfg.adv_estimator != "gae" or "values" in t):  # ours from their scores and values
-        if "uid" not in t and cfg.adv_estimator in ("grpo", "rloo", "reinforce_plus_plus_baseline"):
-            raise ValueError(f"{where}: adv_estimator {cfg.adv_estimator!r} needs the batch's 'uid' (group ids)")
-        groups = t.get("uid", torch.arange(len(ids), device=device))  # (gae, reinforce++: no groups)
-        _, ours, returns, _, _ = compute_advantages(cfg, scores, mask, theirs, ref_logp, cfg.kl_coef, groups,
-                                                    t.get("values"))  # fmt: skip
-        pairs |= {k: (v, t[k]) for k, v in (("advantages", ours), ("returns", returns)) if k in t}
-        adv = ours if adv is None else adv
-    if adv is None:
-        raise ValueError(f"{where}: no 'advantages', and adv_estimator 'gae' needs 'values' to compute them")
-    is_weights, loss_mask, _ = offpolicy.corrections(cfg, theirs, t.get("rollout_log_probs", theirs), mask)
-    m = mask.long()
-    batch = Batch(input_ids=ids, attention_mask=attn, response_mask=m, loss_mask=loss_mask, old_logprobs=theirs,
-                  clip_anchor=theirs, ref_logprobs=ref_logp, advantages=adv * mask, token_weights=torch.ones_like(mask),
-                  pg_mask=m, ent_mask=m, is_weights=is_weights, old_values=None, critic_returns=None,
-                  shares=None)  # fmt: skip
-    metrics = ppo_update(cfg, policy, opt, None, batch, 1, torch.Generator().manual_seed(cfg.seed), autocast)
-    rows = repro.token_diffs(pairs, mask)
-    print(f"[minrl] {cfg.replay}: per-token |ours - theirs| over {int(mask.sum())} trained tokens")
-    print(format_table(rows, ["quantity", "max_abs_diff", "mean_abs_diff"]))
-    named = {**metrics, **verl_aliases(metrics, cfg.task)}  # the update's metrics, also under veRL's names
-    print(format_table([{"metric": k, "value": v} for k, v in sorted(named.items())], ["metric", "value"]))
-    return metrics, rows
+            # --- 4. the batch: off-policy weights, token rewards and advantages, then token weights and masks
+            logps = (old_logprobs, ref_logprobs, gamma)  # [B, R] each, or None
+            batch, token_rewards, returns, kl, stats = make_batch(
+                cfg, rollout, token_scores, group_ids, logps, all_values, values, kl_beta, critics, gens
+            )
+
+            # --- 5. update: ppo_epochs x minibatches; --dump-batch saves its inputs first, then its outcome (repro.py)
+            update_args = dict(cfg=cfg, policy_train=policy_train, opt=opt, critics=critics, batch=batch, world=world)
+            update_args.update(gen=shuffle_gen, autocast=autocast, update_actor=update_actor)
+            if cfg.dump_batch == step + 1:
+                path, extra = out_dir / f"batch-{step + 1}.pt", {"token_rewards": token_rewards, "scores": scores}
+                upd = repro.dump_update(path, tokenizer, rollout, extra, ppo_update, update_args)
+            else:
+                upd = ppo_update(**update_args)
+            if cfg.kl_in_reward:  # adaptive controller: batch mean of per-sequence mean KL, n = sequences
+                seq_kl = common.reduce_metrics({"kl": (kl.sum(-1) / mask.sum(-1).clamp(min=1)).mean().item()}, device)
+                kl_beta = ppo_math.kl_controller(kl_beta, seq_kl["kl"], n_local * world, cfg.kl_ctrl)
+            t3 = time.perf_counter()
+
+            # --- 6. metrics (reduced over ranks), eval, live diagnosis, hooks, checkpoint
+            m = {**score_stats(scores, group_ids), **stats, **upd, **credit, **sampled}
+            m.update({**footprint, **rollout_metrics(rollout, episodes, eos_ids, cfg.max_new_tokens)})
+            m.update(logprob_stats(cfg, batch.old_logprobs, ref_logprobs, rollout, episodes, step))
+            m.update({"stats/kl_coef": kl_beta, "stats/lr": opt.param_groups[0]["lr"], "time/rollout": t1 - t0})
+            m.update({"perf/tokens_per_s": mask.sum().item() / (t3 - t0), "time/train": t3 - t2})
+            if "time/credit" in credit:  # attention credit: what it adds to the recompute, as a share of the step
+                m["perf/credit_overhead"] = credit["time/credit"] / (t3 - t0)
+            if device.type == "cuda":
+                m["perf/max_mem_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+            if critics is not None:
+                m.update(value_stats(values, returns, mask, all_values, batch.critic_returns))
+                m["loss/value"] = float(np.mean([v for k, v in upd.items() if k.startswith("critic/loss_")]))
+            metrics = m = common.reduce_metrics(m, device)  # pooled over ranks; the last iteration's row is the result
+            if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
+                with autocast(), common.gathered(policy):
+                    m.update(
+                        evaluate_all(policy, tokenizer, eval_sets, eos_ids, cfg.eval_samples, rank, world, **sampling)
+                    )
+                history["eval"].append((step + 1, m["eval/acc"]))
+            logger.log(step + 1, m)
+            findings = diag.update(step + 1, m)  # diagnose.py, on every rank: one reduced row, so the same findings
+            for finding in findings if rank == 0 else []:
+                print(f"[minrl] WARNING {finding}", flush=True)
+            if cfg.strict and findings:  # every rank stops at this step: none waits in a collective for the others
+                raise RuntimeError(f"--strict: stopping at step {step + 1} on {findings[0]}")
+            for h in hooks:
+                h(step + 1, m)
+            if cfg.save_every and (step + 1) % cfg.save_every == 0:  # models as safetensors, the rest in state.pt
+                state = {"step": step + 1, "kl_beta": kl_beta, "history": json.dumps(history), "diag": diag.state()}
+                ckpt = out_dir / f"ckpt-{step + 1}"  # atomic: ckpt-N.tmp, fsync, completion marker, rename
+                save_checkpoint(ckpt, rank, fingerprint, state, policy, tokenizer, opt, critics, rng, gens)
+        result = {**metrics, "eval_history": history["eval"]}
+        logger.close()  # W&B's offline run folder complete
+        if isinstance(task, DataTask):  # the reward workers stop
+            task.close()
+        if cfg.save_final:  # the policy as a save_pretrained folder (every rank: FSDP2 gathers it), LoRA's adapters
+            save_policy(policy, tokenizer, out_dir / "policy", rank, asdict(cfg), cfg.lora_merge)
+        if rank == 0:  # result.json, curves.png
+            write_result(out_dir, result, curves=cfg.steps > start, saved=cfg.save_final)
+        return result
 
 
 def main(argv=None):
-    """`python trainer.py [flags]`: train (or --replay one saved update) and print the eval history."""
+    """`python trainer.py [flags]`: train and print the eval history."""
     cfg = parse_config(Config, argv)
-    if cfg.replay and repro.is_foreign_batch(cfg.replay):  # another framework's batch (repro.py detail 4)
-        return replay_foreign(cfg)
-    if cfg.replay:
-        sys.exit(0 if replay(cfg.replay)[1] else 1)
     if cfg.dry_run_memory:  # the per-rank estimate of memory.py; nothing is loaded or trained
         world = int(os.environ.get("WORLD_SIZE", "1"))
         print(memory.report(memory.trainer_estimate(cfg, sequences_per_rank(cfg, world), world)))

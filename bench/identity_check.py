@@ -9,7 +9,7 @@ with the reference, after dropping the fields that measure wall time (TIME_FIELD
 sorted keys (so that the order in which a metrics dict is built does not count). It also checks the two
 reproducibility promises of the trainer on the same runs:
   - replay: `--dump-batch` saves one update and its state digest (sha256 of weights and AdamW moments after it);
-    `--replay` must reproduce it, and the digest must equal the reference's;
+    `python replay.py` must reproduce it, and the digest must equal the reference's;
   - resume: a run resumed from its step-3 checkpoint must write the same rows as the uninterrupted run.
 The reference is machine-specific (CPU kernels): record it on the machine that checks. The configs run through
 the command line (`python trainer.py ...`), so flag names are part of what is checked.
@@ -119,7 +119,7 @@ def run_one(name: str, work: Path) -> dict:
     if dumps:
         result["digest"] = torch.load(dumps[0], weights_only=True)["state_after"]
         try:
-            sh([TRAINER, "--replay", str(dumps[0])], log)
+            sh(["replay.py", str(dumps[0])], log)
             result["replay"] = "identical"
         except RuntimeError as e:
             result["replay"] = f"differs: {e}"

@@ -16,9 +16,9 @@ import torch
 
 import async_loop
 from offpolicy import off_policy_weights, policy_loss
+from replay import replay
 from rollout import Rollout
 from tasks import make_tiny_model, make_tokenizer
-from trainer import replay
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -18,6 +18,7 @@ import cli
 import common
 import critics
 import data
+import replay
 import tasks
 import trainer
 from experiments import asyppo, credit
@@ -325,10 +326,10 @@ def test_replay_of_a_file_that_is_not_a_dump(tmp_path):
     (tmp_path / "random.pt").write_bytes(os.urandom(4096))
     torch.save({"step": 3, "config": "{}"}, tmp_path / "state.pt")  # a checkpoint's state.pt, say
     with pytest.raises(ValueError, match=r"random.pt: not a readable --dump-batch file \(\w+\)") as e:
-        trainer.replay(str(tmp_path / "random.pt"))
+        replay.replay(str(tmp_path / "random.pt"))
     assert "weights_only" not in str(e.value)  # never the advice to unpickle it
     with pytest.raises(ValueError, match=r"state.pt: not a --dump-batch file \(it has no \['batch', 'policy'\]\)"):
-        trainer.replay(str(tmp_path / "state.pt"))
+        replay.replay(str(tmp_path / "state.pt"))
 
 
 def test_device_cuda_without_cuda_names_the_field(monkeypatch):

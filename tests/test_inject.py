@@ -1,4 +1,4 @@
-"""Bug-injection regression suite and deterministic replay (repro.INJECTIONS, --dump-batch, --replay).
+"""Bug-injection regression suite and deterministic replay (repro.INJECTIONS, --dump-batch, replay.py).
 
 Each classic bug runs in its stated config (repro.INJECTIONS) from the SFT warm start on a small batch
 (8 prompts x 8 samples). The live diagnosis (diagnose.LiveDiagnoser, fed by a train() hook exactly as the
@@ -8,13 +8,18 @@ batch) for 45 steps, long enough for the 40-step flat-reward window: a check tha
 """
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 from calibrated import REVERSE_T1
 
 import offpolicy
+import ppo_math
+import replay
 import repro
+import rollout
+import tasks
 import trainer
 from diagnose import LiveDiagnoser
 from evaluation import eos_mask_errors
@@ -80,9 +85,24 @@ def test_every_injection_has_a_bound_and_a_known_failure_id():
 
     assert set(FIRES_BY) == set(INJECTIONS)
     assert {inj.diagnosed_as for inj in INJECTIONS.values()} <= {cid for cid, _, _ in CHECKS}
-    for name, inj in INJECTIONS.items():  # each planting function exists in repro.py and names the bug it plants
-        for point in inj.points.split(", "):
-            assert name in getattr(repro, point).__doc__, f"repro.{point} does not name {name} in its docstring"
+    for name, inj in INJECTIONS.items():  # each plant replaces what `points` names, and names the bug it plants
+        planted = inj.plant(trainer)
+        assert ", ".join(f"{m.__name__}.{f}" for m, f in planted) == inj.points, name
+        assert all(callable(getattr(m, f)) for m, f in planted), name  # an existing function of that module
+        plant = getattr(inj.plant, "func", inj.plant)  # (reward_scale, answer_format: partial(scaled_scores))
+        assert name in plant.__doc__, f"{plant.__name__} does not name {name} in its docstring"
+
+
+def test_planted_replaces_the_functions_for_the_block_only_and_puts_them_back():
+    before = offpolicy.sync_weights, rollout.rollout_env, trainer.episode_rewards
+    with repro.planted("stale_sampler", trainer):
+        assert offpolicy.sync_weights is not before[0] and rollout.rollout_env is before[1]
+    with pytest.raises(RuntimeError, match="inside"), repro.planted("pad_eq_eos", trainer):
+        assert rollout.rollout_env is not before[1] and trainer.episode_rewards is not before[2]
+        raise RuntimeError("an error inside the block")
+    assert (offpolicy.sync_weights, rollout.rollout_env, trainer.episode_rewards) == before
+    with repro.planted(None, trainer):
+        assert (offpolicy.sync_weights, rollout.rollout_env, trainer.episode_rewards) == before
 
 
 @pytest.mark.parametrize("name", list(INJECTIONS))
@@ -114,7 +134,6 @@ def test_retokenized_history_drops_the_inner_end_of_turn_tokens_and_keeps_the_re
     assert out.attention_mask.tolist() == [[1, 1, 1, 1, 1, 1, 0, 0]]
     assert out.token_scores.tolist() == [[0, 0.5, 0, 0, 1.0, 0, 0]]  # the lost EOS' reward on the token before it
     assert torch.equal(out.rollout_logprobs, r.rollout_logprobs)  # where they were: off by one from turn 2 on
-    assert repro.at_rollout(None, r, eos, pad) is r
     # an empty action (its EOS alone, reward 0.25) keeps its EOS: its reward cannot move onto the observation before it
     r = Rollout(prompt_ids=t([[1]]), response_ids=t([[5, 2, 9, 2, 8, 7, 2]]), attention_mask=t([[1] * 8]),
                 response_mask=t([[1, 1, 0, 1, 0, 1, 1]]), rollout_logprobs=torch.zeros(1, 7), truncated=t([False]),
@@ -126,16 +145,27 @@ def test_retokenized_history_drops_the_inner_end_of_turn_tokens_and_keeps_the_re
     assert out.token_scores.tolist() == [[0, 0, 0.25, 0, 0, 1.0, 0]]
 
 
-def test_the_sampler_and_stop_injections_plant_what_they_say():
+def test_the_sampler_stop_and_sign_injections_plant_what_they_say():
     policy = torch.nn.Linear(2, 2)
-    engine = repro.at_engine("stale_sampler", policy, policy)
-    with torch.no_grad():
-        policy.weight.add_(1.0)
-    repro.sync_sampler("stale_sampler", engine, policy)
-    assert not torch.equal(engine.weight, policy.weight)  # never synced
-    assert repro.at_engine(None, policy, policy) is policy
-    assert repro.at_stop_ids("wrong_stop_id", [2, 7], pad_id=0) == [0] and repro.at_stop_ids(None, [2], 0) == [2]
-    assert repro.at_kl_coef("kl_sign", 0.1) == -0.1 and repro.at_ent_coef("ent_sign", 1.0) == -1.0
+    with repro.planted("stale_sampler", trainer):
+        engine = offpolicy.inference_copy(policy, "float32")  # a frozen copy, not the policy itself
+        with torch.no_grad():
+            policy.weight.add_(1.0)
+        offpolicy.sync_weights(engine, policy)
+    assert engine is not policy and not torch.equal(engine.weight, policy.weight)  # never synced
+    assert offpolicy.inference_copy(policy, "float32") is policy
+    tokenizer = SimpleNamespace(eos_token_id=2, pad_token_id=0)
+    with repro.planted("wrong_stop_id", trainer):
+        assert tasks.stop_token_ids(None, tokenizer) == [0]
+        with pytest.raises(ValueError, match="wrong_stop_id"):
+            tasks.stop_token_ids(None, SimpleNamespace(eos_token_id=2, pad_token_id=2))
+    assert tasks.stop_token_ids(None, tokenizer) == [2]
+    one, x = torch.ones(2), torch.tensor([1.0, -2.0])
+    with repro.planted("kl_sign", trainer):
+        assert torch.equal(ppo_math.kl_reward(one, x, 0.1), one + 0.1 * x)  # the penalty added
+    with repro.planted("ent_sign", trainer):
+        assert torch.equal(ppo_math.entropy_bonus(one, x, 1.0), one + x)  # loss + c H
+    assert torch.equal(ppo_math.entropy_bonus(one, x, 1.0), one - x)
 
 
 def test_injection_config_applies_to_defaults_only_and_names_are_checked():
@@ -163,7 +193,7 @@ def test_replay_reproduces_the_dumped_update_bit_for_bit(sft_path, tmp_path, adv
     assert json.loads(saved["config"])["adv_estimator"] == adv
     logged = read_jsonl(tmp_path / "metrics.jsonl")[1]
     assert logged["step"] == 2
-    metrics, same = trainer.replay(str(path))
+    metrics, same = replay.replay(str(path))
     assert same, capsys.readouterr().out
     assert metrics == {k: logged[k] for k in metrics}  # the row the run logged for step 2
 
@@ -180,9 +210,9 @@ def test_a_crashing_update_is_dumped_with_its_error_and_replays_to_the_same_erro
         trainer.train(cfg)
     saved = torch.load(tmp_path / "batch-1.pt", weights_only=True)
     assert saved["error"].startswith("FloatingPointError") and saved["metrics"] is None
-    assert trainer.replay(str(tmp_path / "batch-1.pt")) == (None, True)  # the bug is still there: same error
+    assert replay.replay(str(tmp_path / "batch-1.pt")) == (None, True)  # the bug is still there: same error
     monkeypatch.setattr(offpolicy, "policy_loss", policy_loss)
-    assert trainer.replay(str(tmp_path / "batch-1.pt"))[1] is False  # fixed: the update now runs through
+    assert replay.replay(str(tmp_path / "batch-1.pt"))[1] is False  # fixed: the update now runs through
 
 
 def test_eos_mask_errors_known_answers():
@@ -208,7 +238,7 @@ def test_replay_detects_a_different_update(sft_path, tmp_path):
     saved = torch.load(path, weights_only=True)
     saved["batch"]["advantages"] = -saved["batch"]["advantages"]  # another update than the one recorded
     torch.save(saved, path)
-    assert trainer.replay(str(path))[1] is False
+    assert replay.replay(str(path))[1] is False
 
 
 def test_a_dump_in_the_earlier_dict_format_still_replays_bit_for_bit(sft_path, tmp_path, capsys):
@@ -226,10 +256,10 @@ def test_a_dump_in_the_earlier_dict_format_still_replays_bit_for_bit(sft_path, t
     legacy = {k: v for k, v in batch.items() if k not in ("old_values", "critic_returns", "shares")}
     legacy.update(clip_anchor=None, is_weights=None, token_weights=None, returns=batch["advantages"])
     torch.save({**saved, "batch": {**legacy, "kl_beta": 0.001, "policy_version": None}}, path)
-    assert trainer.replay(str(path))[1], capsys.readouterr().out
+    assert replay.replay(str(path))[1], capsys.readouterr().out
     torch.save({**saved, "batch": {**batch, "advantage": batch["advantages"]}}, path)  # a field no version has
     with pytest.raises(ValueError, match="'advantage'"):
-        trainer.replay(str(path))
+        replay.replay(str(path))
     torch.save({**saved, "batch": {k: v for k, v in batch.items() if k != "advantages"}}, path)  # one missing
     with pytest.raises(ValueError, match=r"lacks \['advantages'\]"):
-        trainer.replay(str(path))
+        replay.replay(str(path))

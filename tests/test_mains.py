@@ -134,16 +134,20 @@ def test_curves_plot_the_eval_history_from_step_0(tmp_path, monkeypatch):
     assert plotted["rollout/reward_mean"] == [(1, 0.1)] and (tmp_path / "curves.png").stat().st_size > 0
 
 
-def test_repro_runlog_and_checkpoint_mains_read_a_run(tmp_path, tiny_model):
+def test_repro_replay_checks_runlog_and_checkpoint_mains_read_a_run(tmp_path, tiny_model):
     run_dir = tmp_path / "run"
     flags = f"--model {tiny_model} --task reverse --steps 2 --prompts-per-step 2 --group-size 2 --eval-every 0"
     run("trainer.py", *flags.split(), "--dump-batch", "1", "--save-every", "1", "--out-dir", str(run_dir))
     about = run("checkpoint.py", str(run_dir))  # the checkpoint --resume would take, and the run it is of
     assert f"{run_dir / 'ckpt-2'}: complete, step 2 of 2" in about and "tokenizer_sha256" in about, about
     table = run("repro.py")
-    assert all(name in table for name in ("reward_scale", "pad_eq_eos", "value_not_detached", "at_logprobs"))
+    names = ("reward_scale", "pad_eq_eos", "value_not_detached", "rollout.sequence_logprobs")
+    assert all(name in table for name in names), table
     dump = run("repro.py", str(run_dir / "batch-1.pt"))
     assert "batch['advantages']: (4," in dump and "state after:" in dump
+    again = run("replay.py", str(run_dir / "batch-1.pt"))  # exits 0 only if the update is the same, bit for bit
+    assert "metrics identical; weights and optimizer state (sha256) identical" in again, again
+    assert "checks pass" in run("checks.py", str(run_dir / "config.json"))
     rows = run("runlog.py", str(run_dir))
     assert [line.split()[0] for line in rows.strip().splitlines()[:3]] == ["step", "1", "2"]  # the table's rows
     assert (run_dir / "curves.png").stat().st_size > 0

@@ -1,4 +1,4 @@
-"""--replay of a batch exported by another framework (repro.py detail 4, FOREIGN_BATCH).
+"""replay.py on a batch exported by another framework (replay.py detail 2, FOREIGN_BATCH).
 
 The batch is built here in veRL's DataProto layout from this project's own sampler and trainer (a random-init tiny
 model saved as a Hugging Face folder), so every per-token number the replay recomputes must match the file's, and its
@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import repro
+import replay
 import trainer
 from rollout import generate, sequence_logprobs
 from tasks import format_prompt, make_task, make_tiny_model, make_tokenizer, tokenize_prompts
@@ -69,9 +69,9 @@ def test_a_verl_batch_replays_with_matching_per_token_numbers_and_the_same_updat
                                                                                   suffix):  # fmt: skip
     batch = verl_batch(model_dir, estimator)
     path = save(batch, tmp_path / f"b{suffix}")
-    assert repro.is_foreign_batch(path)
-    cfg = config(model_dir, estimator, replay=path)
-    metrics, rows = trainer.replay_foreign(cfg)
+    assert replay.is_foreign_batch(path)
+    cfg = config(model_dir, estimator)
+    metrics, rows = replay.replay_foreign(path, cfg)
     diffs = {r["quantity"]: r["max_abs_diff"] for r in rows}
     assert set(diffs) == {"old_log_probs", "ref_log_prob", "rollout_log_probs (vs their old)", "advantages", "returns"}
     assert diffs["old_log_probs"] < 1e-5 and diffs["ref_log_prob"] < 1e-5  # the same weights, the same recompute
@@ -96,7 +96,7 @@ def test_a_planted_difference_shows_in_the_comparison(model_dir, tmp_path):
     batch = verl_batch(model_dir, "grpo")
     batch["old_log_probs"][0, 0] += 0.5  # their trainer scored one token differently
     batch["advantages"] = -batch["advantages"]  # and their estimator has the opposite sign
-    rows = trainer.replay_foreign(config(model_dir, "grpo", replay=save(batch, tmp_path / "b.pt")))[1]
+    rows = replay.replay_foreign(save(batch, tmp_path / "b.pt"), config(model_dir, "grpo"))[1]
     diffs = {r["quantity"]: r["max_abs_diff"] for r in rows}
     assert abs(diffs["old_log_probs"] - 0.5) < 1e-5
     assert diffs["advantages"] > 0.1
@@ -104,7 +104,7 @@ def test_a_planted_difference_shows_in_the_comparison(model_dir, tmp_path):
 
 def test_the_cli_replays_a_foreign_batch(model_dir, tmp_path, capsys):
     path = save(verl_batch(model_dir, "grpo"), tmp_path / "b.npz")
-    trainer.main(["--replay", path, "--model", str(model_dir), "--task", "reverse", "--adv-estimator", "grpo",
+    replay.main([path, "--model", str(model_dir), "--task", "reverse", "--adv-estimator", "grpo",
              "--group-size", str(G), "--prompts-per-step", "4", "--temperature", "1.0"])  # fmt: skip
     out = capsys.readouterr().out
     assert "per-token |ours - theirs|" in out and "old_log_probs" in out and "actor/pg_loss" in out
@@ -125,28 +125,28 @@ def test_a_malformed_batch_is_refused_naming_the_key(model_dir, tmp_path, edit, 
     edit(batch)
     batch["response_mask"][0, 0] = 1  # the NaN above sits on a trained token
     with pytest.raises(ValueError, match=match):
-        repro.load_foreign_batch(save(batch, tmp_path / "b.pt"))
+        replay.load_foreign_batch(save(batch, tmp_path / "b.pt"))
 
 
 def test_a_foreign_replay_needs_the_model_and_what_its_estimator_reads(model_dir, tmp_path):
     batch = verl_batch(model_dir, "gae")
     path = save(batch, tmp_path / "b.pt")
     with pytest.raises(ValueError, match="needs --model"):
-        trainer.replay_foreign(trainer.Config(task="reverse", replay=path))
+        replay.replay_foreign(path, trainer.Config(task="reverse"))
     for k in ("advantages", "values"):
         batch.pop(k)
     with pytest.raises(ValueError, match="'gae' needs 'values'"):
-        trainer.replay_foreign(config(model_dir, "gae", replay=save(batch, tmp_path / "c.pt")))
+        replay.replay_foreign(save(batch, tmp_path / "c.pt"), config(model_dir, "gae"))
     with pytest.raises(ValueError, match="needs the batch's 'rollout_log_probs'"):
         b = verl_batch(model_dir, "grpo")
         b.pop("rollout_log_probs")
-        trainer.replay_foreign(config(model_dir, "grpo", replay=save(b, tmp_path / "d.pt"), rollout_is="token"))
+        replay.replay_foreign(save(b, tmp_path / "d.pt"), config(model_dir, "grpo", rollout_is="token"))
 
 
 def test_a_pt_with_numpy_arrays_is_refused_with_the_fix(tmp_path):
     torch.save({"old_log_probs": torch.zeros(2, 3), "uid": np.arange(2)}, tmp_path / "b.pt")  # not weights_only
     with pytest.raises(ValueError, match="torch.from_numpy"):
-        repro.is_foreign_batch(tmp_path / "b.pt")
+        replay.is_foreign_batch(tmp_path / "b.pt")
 
 
 def test_grpo_advantages_from_the_files_scores_are_verls_by_hand(model_dir, tmp_path):
@@ -157,7 +157,7 @@ def test_grpo_advantages_from_the_files_scores_are_verls_by_hand(model_dir, tmp_
     s = batch["token_level_scores"].sum(-1)  # [B] one score per sample, pairs by uid
     d = s - s.view(-1, G).flip(1).reshape(-1)  # [B] minus its partner's score: mean +-d/2, unbiased std |d|/sqrt(2)
     batch["advantages"] = (d / 2 / (d.abs() / 2**0.5 + 1e-6))[:, None] * mask  # the hand answer
-    rows = trainer.replay_foreign(config(model_dir, "grpo", replay=save(batch, tmp_path / "b.pt")))[1]
+    rows = replay.replay_foreign(save(batch, tmp_path / "b.pt"), config(model_dir, "grpo"))[1]
     assert {r["quantity"]: r["max_abs_diff"] for r in rows}["advantages"] < 1e-5
 
 
@@ -165,11 +165,11 @@ def test_a_group_estimator_needs_uid_and_a_kl_term_needs_ref_log_prob(model_dir,
     batch = verl_batch(model_dir, "grpo")
     batch.pop("uid")
     with pytest.raises(ValueError, match="'grpo' needs the batch's 'uid'"):
-        trainer.replay_foreign(config(model_dir, "grpo", replay=save(batch, tmp_path / "b.pt")))
+        replay.replay_foreign(save(batch, tmp_path / "b.pt"), config(model_dir, "grpo"))
     batch = verl_batch(model_dir, "grpo")
     batch.pop("ref_log_prob")
     with pytest.raises(ValueError, match="need the batch's 'ref_log_prob'"):
-        trainer.replay_foreign(config(model_dir, "grpo", replay=save(batch, tmp_path / "c.pt"), kl_loss=True))
+        replay.replay_foreign(save(batch, tmp_path / "c.pt"), config(model_dir, "grpo", kl_loss=True))
 
 
 def test_foreign_files_with_the_wrong_kinds_of_entries_name_the_key(model_dir, tmp_path):
@@ -177,13 +177,13 @@ def test_foreign_files_with_the_wrong_kinds_of_entries_name_the_key(model_dir, t
     arrays = {k: v.numpy() for k, v in batch.items()}
     np.savez(tmp_path / "s.npz", **{**arrays, "uid": np.array(["a", "b"] * (len(arrays["uid"]) // 2))})
     with pytest.raises(ValueError, match="'uid' is not a numeric array.*return_inverse"):
-        repro.load_foreign_batch(tmp_path / "s.npz")  # veRL's raw string uids
+        replay.load_foreign_batch(tmp_path / "s.npz")  # veRL's raw string uids
     np.savez(tmp_path / "f.npz", **{**arrays, "input_ids": arrays["input_ids"][0]})
     with pytest.raises(ValueError, match="'input_ids' has shape .*2 dimensions"):
-        repro.load_foreign_batch(tmp_path / "f.npz")
+        replay.load_foreign_batch(tmp_path / "f.npz")
     np.savez(tmp_path / "x.npz", **arrays, extra=np.array(["ignored"]))  # other keys are not read
-    assert set(repro.load_foreign_batch(tmp_path / "x.npz")) == set(batch)
+    assert set(replay.load_foreign_batch(tmp_path / "x.npz")) == set(batch)
     torch.save({k: v for k, v in batch.items() if k != "old_log_probs"}, tmp_path / "m.pt")
-    assert repro.is_foreign_batch(tmp_path / "m.pt")  # so the replay names what is missing, not a dump's keys
+    assert replay.is_foreign_batch(tmp_path / "m.pt")  # so the replay names what is missing, not a dump's keys
     with pytest.raises(ValueError, match=r"no \['old_log_probs'\]"):
-        trainer.replay_foreign(config(model_dir, "grpo", replay=str(tmp_path / "m.pt")))
+        replay.replay_foreign(str(tmp_path / "m.pt"), config(model_dir, "grpo"))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import replay
 import trainer
 from tasks import DigitTask, make_tiny_model, make_tokenizer
 
@@ -75,7 +76,7 @@ def test_replay_of_an_update_without_an_anchor(folder, tmp_path):
     run(folder, tmp_path, "dump", adv_estimator="grpo", dump_batch=2, kl_metric_every=2)
     saved = torch.load(tmp_path / "dump" / "batch-2.pt", weights_only=True)["batch"]
     assert saved["old_logprobs"] is None and saved["ref_logprobs"] is None  # what the update did not get before
-    metrics, same = trainer.replay(str(tmp_path / "dump" / "batch-2.pt"))
+    metrics, same = replay.replay(str(tmp_path / "dump" / "batch-2.pt"))
     assert same and metrics is not None and "loss/kl" not in metrics  # iteration 2: no reference pass
 
 

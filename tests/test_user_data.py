@@ -345,11 +345,12 @@ def doc_commands(md: Path) -> list[list[str]]:
 def run_command(argv: list[str], model: Path, data_dir: Path, capsys) -> tuple[int, str]:
     """One guide command, in this process: $MODEL and $DATA filled in, the trainer's evaluation kept small."""
     import diagnose
+    import replay
     import repro
     import rewards
 
     mains = {"trainer.py": trainer.main, "diagnose.py": diagnose.main, "data.py": data.main,
-             "rewards.py": rewards.main, "repro.py": repro.main}  # fmt: skip
+             "rewards.py": rewards.main, "repro.py": repro.main, "replay.py": replay.main}  # fmt: skip
     args = [a.replace("$MODEL", str(model)).replace("$DATA", str(data_dir)) for a in argv[1:]]
     if argv[0] == "trainer.py":
         args += ["--eval-n", "16", "--max-new-tokens", "8", "--no-save-final"] + ["--steps", "2"] * (

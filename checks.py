@@ -1,0 +1,166 @@
+"""The trainer Config's checks across fields: one table of (bad, why), each why naming the field and the fix.
+
+    python checks.py runs/ppo/config.json     # a run's saved config against every check: the ones it fails
+
+Each concept's Args class checks its own fields (cli.check_fields, in its __post_init__); what no single class
+can check, because it ties fields of several concepts together, is here. trainer.Config runs `check_config(cfg)`
+after its concepts' checks and its derived values; the first check that fails raises ValueError("config field
+<why>"). `RANGES` holds the allowed intervals of PPO's own fields (cli.check_fields); `sequences_per_rank(cfg,
+world)` the checks that need the world size, at the start of a run. This file sits above the concept files (it
+reads envs.py's and tasks.py's names) and below the trainer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from types import SimpleNamespace
+
+from envs import ENVS, multi_turn
+from tasks import TASKS
+
+RANGES = {  # allowed interval -> trainer.Config's own fields, checked at construction (cli.check_fields)
+    "[0, inf)": ("steps", "warmup_steps", "lr", "kl_coef", "kl_loss_coef", "ent_coef", "seed", "kl_metric_every"),
+    "[1, inf)": ("prompts_per_step", "group_size", "ppo_epochs", "minibatches", "micro_batch"),
+    "(0, inf)": ("clip_high", "value_clip", "adam_eps", "grad_clip", "loss_scale_factor"),
+    "[0, 1]": ("gamma", "lam", "min_lr_ratio"),
+    "(0, 1]": ("sft_target",),
+    "(0, 1)": ("clip_low",),
+    "(1, inf)": ("dual_clip",),
+    "(-inf, inf)": ("no_eos_penalty",),
+}
+
+
+def action_tokens(cfg) -> int:
+    """The longest scripted action of cfg's embedded environment, in tokens (0: not an embedded env)."""
+    return getattr(ENVS.get(cfg.task), "action_tokens", 0)
+
+
+def one_advantage_per_sequence(cfg) -> bool:
+    """An estimator and credit that give each sequence one advantage (GMPO's geometric mean needs it)."""
+    return cfg.adv_estimator not in ("gae", "reinforce_plus_plus") and cfg.credit == "none"
+
+
+CHECKS = (  # (bad(cfg), why(cfg)), in the order they are checked
+    (
+        lambda c: c.data is None and not c.task.startswith("gem:") and c.task not in TASKS + tuple(ENVS),
+        lambda c: f"'task' = {c.task!r}: must be one of {[*TASKS, *ENVS]} or gem:<id>",
+    ),
+    (
+        lambda c: c.task.startswith("gem:") and c.data is None and c.model is None,
+        lambda c: f"'task' = {c.task!r}: a gem environment needs --model (it has no SFT solver)",
+    ),
+    (
+        lambda c: c.min_lr_ratio and c.lr_schedule != "cosine",
+        lambda c: f"'min_lr_ratio' = {c.min_lr_ratio} needs lr_schedule 'cosine' (a constant lr has no floor)",
+    ),
+    (
+        lambda c: c.critic == "asyppo" and c.group_size % c.n_critics,
+        lambda c: f"'group_size' = {c.group_size} must divide by n_critics = {c.n_critics}",
+    ),
+    (
+        lambda c: c.critic_warmup_steps and c.adv_estimator != "gae",
+        lambda c: (
+            f"'critic_warmup_steps' = {c.critic_warmup_steps} needs adv_estimator 'gae', "
+            f"not {c.adv_estimator!r} (it has no critic)"
+        ),
+    ),
+    (
+        lambda c: c.critic_warmup_steps and c.critic_warmup_steps >= c.steps,
+        lambda c: (
+            f"'critic_warmup_steps' = {c.critic_warmup_steps} >= steps = {c.steps}: "
+            "the actor would never update (lower it)"
+        ),
+    ),
+    (
+        lambda c: c.critic == "asyppo" and c.adv_estimator != "gae",
+        lambda c: (
+            f"'critic' = 'asyppo' needs adv_estimator 'gae', not {c.adv_estimator!r}: "
+            f"{c.adv_estimator} has no critic, the flag would do nothing"
+        ),
+    ),
+    (
+        lambda c: c.kl_ctrl == "adaptive" and not c.kl_in_reward,
+        lambda c: (
+            "'kl_ctrl' = 'adaptive' needs --kl-in-reward: the controller adapts the KL-in-reward "
+            "coefficient (the KL loss' kl_loss_coef is fixed)"
+        ),
+    ),
+    (
+        lambda c: c.adv_estimator not in ("gae", "reinforce_plus_plus") and c.group_size < 2,
+        lambda c: f"'group_size' = {c.group_size}: {c.adv_estimator} needs >= 2",
+    ),
+    (
+        lambda c: c.loss_mode == "geo_mean" and not one_advantage_per_sequence(c),
+        lambda c: (
+            "'loss_mode' = 'geo_mean' needs one advantage per sequence (GMPO): adv_estimator grpo, rloo "
+            f"or reinforce_plus_plus_baseline and no credit, not {c.adv_estimator!r} / {c.credit!r}"
+        ),
+    ),
+    (
+        lambda c: c.prompts_per_step * c.group_size < 2,
+        lambda c: (
+            f"'prompts_per_step' x 'group_size' = {c.prompts_per_step * c.group_size}: "
+            "a batch needs >= 2 samples (reward std, whitening)"
+        ),
+    ),
+    (
+        lambda c: c.lora_merge and not c.save_final,
+        lambda c: "'lora_merge' needs --save-final: it shapes that folder alone",
+    ),
+    (
+        lambda c: multi_turn(c) and c.max_new_tokens < action_tokens(c),
+        lambda c: (
+            f"'max_new_tokens' = {c.max_new_tokens}: {c.task}'s actions need {action_tokens(c)} tokens (raise it)"
+        ),
+    ),
+    (
+        lambda c: (c.fsdp or c.lora_rank) and (c.dump_batch or c.credit != "none" or c.inject),
+        lambda c: (
+            "'fsdp' / 'lora_rank' do not combine with dump_batch, credit or inject yet (one process, whole models)"
+        ),
+    ),
+    (
+        lambda c: c.fsdp and c.rollout_dtype != "float32",
+        lambda c: f"'rollout_dtype' = {c.rollout_dtype!r} needs whole weights to copy: not with --fsdp yet",
+    ),
+)
+
+
+def failed(cfg) -> list[str]:
+    """The why of every check `cfg` fails, in order (empty: all pass)."""
+    return [why(cfg) for bad, why in CHECKS if bad(cfg)]
+
+
+def check_config(cfg) -> None:
+    """Raise ValueError("config field <why>") for the first check `cfg` fails."""
+    for bad, why in CHECKS:
+        if bad(cfg):
+            raise ValueError(f"config field {why(cfg)}")
+
+
+def sequences_per_rank(cfg, world: int) -> int:
+    """Sequences each rank samples per iteration; the batch split must be exact (and a dump needs one process)."""
+    n_local = cfg.prompts_per_step // world * cfg.group_size
+    if cfg.prompts_per_step % world:
+        raise ValueError(f"config field 'prompts_per_step' = {cfg.prompts_per_step} must divide by world size {world}")
+    if n_local % cfg.minibatches:
+        raise ValueError(f"config field 'minibatches' = {cfg.minibatches} must divide the {n_local} sequences per rank")
+    if cfg.dump_batch and world > 1:
+        raise ValueError(f"config field 'dump_batch' needs world size 1, not {world} (the replay is one process)")
+    return n_local
+
+
+def main(argv=None) -> None:
+    """`python checks.py CONFIG_JSON`: the checks a run's saved config (out_dir/config.json) fails, or ok."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("config", help="a run's config.json (trainer.py writes it to its out_dir)")
+    args = ap.parse_args(argv)
+    with open(args.config) as f:
+        cfg = SimpleNamespace(**json.load(f))
+    bad = failed(cfg)
+    print("\n".join(f"config field {why}" for why in bad) if bad else f"{args.config}: all {len(CHECKS)} checks pass")
+
+
+if __name__ == "__main__":
+    main()
