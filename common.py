@@ -4,9 +4,8 @@ rank, masked reductions (the CLI and validation are cli.py's).
     torchrun --standalone --nproc_per_node=2 common.py     # check the process group: ranks, devices, an all-reduce
 
 - `DistArgs`, `setup_dist()` -> (rank, local_rank, world_size, device), `(0, 0, 1, cpu|cuda)` without torchrun;
-  `shard_or_replicate` (DDP or FSDP2), `gathered`, `clip_grad_norm`, `clipped_step` (clip, refuse a NaN, step),
-  `host_floats` (metrics to the host in one copy); collective helpers return at
-  once for world size 1, so the algorithm never branches on it; `make_autocast`.
+  `shard_or_replicate` (DDP or FSDP2), `gathered`, `clip_grad_norm`; collective helpers return at once for world
+  size 1, so the algorithm never branches on it; `make_autocast`.
 - Masked reductions (veRL semantics; `mask` 0/1 like x; `global_=True` all-reduces the sums: statistics of the
   whole batch over the ranks): `masked_sum`, `masked_mean`, `masked_var`, `masked_whiten`.
 """
@@ -283,30 +282,6 @@ def masked_whiten(x, mask, shift_mean: bool = True, global_: bool = False):
     var = masked_var(x, mask, global_=global_)
     out = (x - mean) * (var + 1e-8).rsqrt()
     return out if shift_mean else out + mean
-
-
-def host_floats(rows: list[dict]) -> None:
-    """Every 0-d tensor value of the metric dicts `rows` replaced by its Python float, in one copy (one GPU sync)."""
-    import torch
-
-    keys = [(r, k) for r in rows for k, v in r.items() if isinstance(v, torch.Tensor)]
-    dev = next((r[k].device for r, k in keys if r[k].device.type != "cpu"), torch.device("cpu"))  # the GPU's, if any
-    values = torch.stack([r[k].detach().to(dev, torch.float64).reshape(()) for r, k in keys]).tolist() if keys else []
-    for (r, k), v in zip(keys, values):
-        r[k] = v
-
-
-def clipped_step(model, opt, max_norm: float, where: str, step: bool = True):
-    """Clip the gradient norm (returned), refuse a non-finite one (never a NaN into the weights), step, zero grads."""
-    import torch
-
-    gn = clip_grad_norm(model.parameters(), max_norm)  # (FSDP2: over every rank's shards)
-    if not torch.isfinite(gn):
-        raise FloatingPointError(f"{where}: gradient norm is {gn.item()}")
-    if step:
-        opt.step()
-    opt.zero_grad(set_to_none=True)
-    return gn
 
 
 def main() -> None:

@@ -16,7 +16,9 @@ The three ways (each a trainer flag):
 And two that change what is held: `--fsdp` (common.py) shards weights, gradients and AdamW state over the ranks;
 `--lora-rank r` (lora.py) trains adapters only, with the reference as the policy with its adapters off.
 What one update holds is a `Batch` (the trainer builds it), cut into micro-batches by `Batch.micro_batches` and
-`Batch.part`; `critics_footprint` measures the critics' memory against an actor-sized one.
+`Batch.part`; `critics_footprint` measures the critics' memory against an actor-sized one. Each optimizer step is
+`clipped_step` (clip the gradient norm, refuse a non-finite one, step); `host_floats` copies an update's metrics to
+the host at once (one GPU sync).
 
 What one rank holds (s = 4 bytes per fp32 parameter; weights and AdamW state stay fp32):
   static   policy: weights + 2 AdamW moments 3 N s; reference N s; critic m: 3 N_m s; at world > 1, DDP's gradient
@@ -297,7 +299,7 @@ def by_micro_batches(fn, input_ids, attention_mask, response_len: int, *, rows: 
 
 @dataclass
 class Batch:
-    """One iteration's training data (docs/design.md None3), built once in train() stanza 4, sliced into minibatches and
+    """One iteration's training data (docs/design.md 3), built once in train() stanza 4, sliced into minibatches and
     micro-batches (`part`): what one update holds."""
 
     input_ids: torch.Tensor  # [B, P+R] prompt (left-padded) + response (right-padded)
@@ -365,6 +367,26 @@ class DemoConfig(MemoryArgs):
     """Response tokens."""
     critics: int = 1
     """Critics (0 = GRPO)."""
+
+
+def host_floats(rows: list[dict]) -> None:
+    """Every 0-d tensor value of the metric dicts `rows` replaced by its Python float, in one copy (one GPU sync)."""
+    keys = [(r, k) for r in rows for k, v in r.items() if isinstance(v, torch.Tensor)]
+    dev = next((r[k].device for r, k in keys if r[k].device.type != "cpu"), torch.device("cpu"))  # the GPU's, if any
+    values = torch.stack([r[k].detach().to(dev, torch.float64).reshape(()) for r, k in keys]).tolist() if keys else []
+    for (r, k), v in zip(keys, values):
+        r[k] = v
+
+
+def clipped_step(model, opt, max_norm: float, where: str, step: bool = True):
+    """Clip the gradient norm (returned), refuse a non-finite one (never a NaN into the weights), step, zero grads."""
+    gn = common.clip_grad_norm(model.parameters(), max_norm)  # (FSDP2: over every rank's shards)
+    if not torch.isfinite(gn):
+        raise FloatingPointError(f"{where}: gradient norm is {gn.item()}")
+    if step:
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    return gn
 
 
 def main(argv=None) -> None:

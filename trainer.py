@@ -7,7 +7,7 @@
     torchrun --standalone --nproc_per_node=2 trainer.py   # data parallel: gloo on CPU, nccl on GPU
     python trainer.py --dump-batch 7 --steps 7 && python replay.py runs/ppo/batch-7.pt   # one update, again
 
-One iteration, train()'s numbered stanzas (docs/design.md None4): 1 rollout, G episodes per prompt -> 2 rewards -> 3 old
+One iteration, train()'s numbered stanzas (docs/design.md 4): 1 rollout, G episodes per prompt -> 2 rewards -> 3 old
 logprobs (the PPO anchor), reference logprobs, values -> 4 the Batch: token rewards, advantages (GAE then
 whitening, or a group baseline), off-policy weights and rejections, token weights and masks -> 5 ppo_epochs x
 minibatches of the policy loss (PPO's clip, or a family of offpolicy.py) (+ value loss), gradients accumulated over
@@ -73,14 +73,14 @@ from attention_credit import CreditArgs, credit_weights
 from checkpoint import check_resume, resume_checkpoint, run_fingerprint, save_checkpoint, save_policy
 from checks import sequences_per_rank
 from cli import check_fields, check_range, parse_config
-from common import DistArgs, clipped_step, host_floats, make_autocast, masked_mean, masked_whiten
+from common import DistArgs, make_autocast, masked_mean, masked_whiten
 from critics import CriticArgs, Critics, asyppo_masks, critic_targets, make_critics, partition_shares, value_stats
 from data import DataArgs, DataTask, load_task
 from diagnose import LiveDiagnoser, verl_aliases
 from envs import EnvArgs, multi_turn, rollout_kw, sample_episodes
 from evaluation import EvalArgs, evaluate, evaluate_all, first_action_mask, held_out, rollout_metrics, score_stats
 from lora import LoraArgs, adapters_off, add_adapters
-from memory import Batch, MemoryArgs, critics_footprint
+from memory import Batch, MemoryArgs, clipped_step, critics_footprint, host_floats
 from offpolicy import OffPolicyArgs
 from repro import ReproArgs
 from rewards import RewardArgs
@@ -229,7 +229,7 @@ def trainer_logprobs(cfg: Config, model, input_ids, attention_mask, R: int, with
 
 
 def compute_advantages(cfg: Config, token_scores, response_mask, old_logp, ref_logp, kl_beta, group_ids, values):
-    """Token rewards, advantages and returns [B, R] (whitened for GAE only, docs/design.md None5.1), the k1 KL [B, R] (0 if
+    """Token rewards, advantages and returns [B, R] (whitened for GAE only, docs/design.md 5.1), the k1 KL [B, R] (0 if
     old_logp or ref_logp is None: KL in the reward needs both) and their metrics. token_scores: [B] one outcome per
     sequence, placed on its last valid token, or [B, R] the environment's rewards already placed (each turn's at its
     last action token); one on a masked token is an error."""
