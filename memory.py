@@ -56,8 +56,8 @@ import common
 from cli import check_fields, parse_config
 from critics import ValueModel, make_value_model, saved_activation_bytes
 from envs import rollout_kw
+from logits import lm_head
 from lora import adapter_params
-from rollout import lm_head
 from tasks import make_tiny_model, make_tokenizer
 
 GiB = 2**30

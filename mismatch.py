@@ -49,8 +49,9 @@ import torch
 
 from cli import check_fields, parse_config
 from common import make_autocast
+from logits import _last_logits_kw
 from offpolicy import gap_metrics, inference_copy, rollout_is_weights, rollout_rejection_mask
-from rollout import _last_logits_kw, cat_rollouts, generate, position_ids_from_mask, sequence_logprobs
+from rollout import cat_rollouts, generate, position_ids_from_mask, sequence_logprobs
 from tasks import (
     TASKS,
     format_prompt,
