@@ -68,7 +68,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from cli import check_fields, parse_config
 from common import all_reduce_sum, masked_mean
-from rollout import generate, lm_head, position_ids_from_mask
+from logits import lm_head
+from rollout import generate, position_ids_from_mask
 from tasks import format_prompt, load_policy, make_task, tokenize_prompts
 from warm_start import SFTConfig, sft_warm_start
 
@@ -218,10 +219,9 @@ def attention_modules(model) -> list:
         raise TypeError(f"{type(model).__name__} declares no module returning attention weights, so no maps")
     cls, suffix = getattr(target, "target_class", target), getattr(target, "layer_name", None)  # class or recorder
     mods = [m for n, m in model.named_modules() if isinstance(m, cls) and (suffix is None or n.endswith(suffix))]
-    if len(mods) != model.config.num_hidden_layers:  # exactly one attention module per layer
-        raise RuntimeError(
-            f"{type(model).__name__}: {len(mods)} attention modules for {model.config.num_hidden_layers} layers"
-        )
+    n_layers = model.config.num_hidden_layers
+    if len(mods) != n_layers:  # exactly one attention module per layer
+        raise RuntimeError(f"{type(model).__name__}: {len(mods)} attention modules for {n_layers} layers")
     return [(m, getattr(target, "index", 1)) for m in mods]
 
 
@@ -305,10 +305,9 @@ def run_with_maps(model, input_ids, attention_mask, layers: list[int], on_map, m
         backbone, pos = getattr(model, "base_model", model), position_ids_from_mask(attention_mask)
         for i in range(0, input_ids.shape[0], micro_batch) if not inside else ():
             sl = slice(i, i + micro_batch)
+            rows_in = {"input_ids": input_ids[sl], "attention_mask": attention_mask[sl], "position_ids": pos[sl]}
             with torch.no_grad():
-                backbone(
-                    input_ids=input_ids[sl], attention_mask=attention_mask[sl], position_ids=pos[sl], use_cache=False
-                )
+                backbone(**rows_in, use_cache=False)
         if not inside:  # the pass of its own is over: the model as it was for forward()
             model.set_attn_implementation(prev)
             for h in handles:  # (removing twice is a no-op)
@@ -316,8 +315,8 @@ def run_with_maps(model, input_ids, attention_mask, layers: list[int], on_map, m
         out = None if forward is None else forward()
         n = len(state["seen"]) // len(layers)  # micro-batches seen: each has every kept layer once, in order
         if state["next"] != input_ids.shape[0] or not n or state["seen"] != list(range(len(layers))) * n:
-            raise RuntimeError(f"{name}: maps of kept layers {layers} came in the order {state['seen'][:12]} for "
-                               f"{state['next']} of {input_ids.shape[0]} rows (every row once, in order)")  # fmt: skip
+            order = f"came in the order {state['seen'][:12]} for {state['next']} of {input_ids.shape[0]} rows"
+            raise RuntimeError(f"{name}: maps of kept layers {layers} {order} (every row once, in order)")
         return out, state["spent"]
     finally:
         for h in handles:
@@ -351,8 +350,8 @@ def attention_stats(model, input_ids, attention_mask, response_mask, micro_batch
     spans = all_reduce_sum(torch.cat([span_sum[j].double() for j in range(len(layers))])) / n_rows.clamp(min=1)
     js, starts = range(len(layers)), sorted({start for start, _ in parts})  # the forward's own micro-batches
     cat = lambda i: torch.cat([torch.cat([parts[s, j][i] for j in js], 1) for s in starts])  # [B, nH, R], nH = j*H + h
-    return {"waad": cat(0), "fai": cat(1), "spans": spans.float(), "has_window": has_window, "layers": layers,
-            "map_s": map_s}  # fmt: skip
+    maps = {"waad": cat(0), "fai": cat(1), "spans": spans.float(), "has_window": has_window}
+    return {**maps, "layers": layers, "map_s": map_s}
 
 
 def compute_credit(model, input_ids, attention_mask, response_mask, *, mode="coupled", q=0.4, intro_window=2,

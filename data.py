@@ -86,8 +86,8 @@ def _read_jsonl(p: Path) -> list[tuple[dict, str]]:
             line = raw.decode("utf-8-sig" if i == 1 else "utf-8")
         except UnicodeDecodeError as e:
             bad = raw[e.start : e.start + 4]
-            raise ValueError(f"{p}:{i}: not UTF-8 (byte {e.start + 1} of the line: {bad!r}): re-encode "
-                             f"the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None  # fmt: skip
+            fix = "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+            raise ValueError(f"{p}:{i}: not UTF-8 (byte {e.start + 1} of the line: {bad!r}): {fix}") from None
         if not line.strip():
             continue
         try:
@@ -103,8 +103,8 @@ def _read_jsonl(p: Path) -> list[tuple[dict, str]]:
 def _read_dataset_folder(p: Path, split: str) -> list[tuple[dict, str]]:
     """A datasets.save_to_disk folder: a Dataset, or a DatasetDict's train / test-or-validation split."""
     if not any((p / f).is_file() for f in ("dataset_info.json", "state.json", "dataset_dict.json")):
-        raise FileNotFoundError(f"data folder {str(p)!r} is not a datasets.save_to_disk folder (no state.json, "
-                                f"dataset_info.json or dataset_dict.json)")  # fmt: skip
+        missing = "no state.json, dataset_info.json or dataset_dict.json"
+        raise FileNotFoundError(f"data folder {str(p)!r} is not a datasets.save_to_disk folder ({missing})")
     try:
         import datasets
     except ImportError as e:
@@ -148,8 +148,8 @@ def normalize_row(row: dict, where: str, default_source: str) -> dict:
     extra = row.get("extra_info") or {}  # veRL passes {} for a row without one
     columns = {k: v for k, v in row.items() if k != "prompt"}  # what TRL passes its reward functions
     source = row.get("data_source") or default_source
-    return {"prompt": prompt, "ground_truth": truth, "data_source": source, "extra_info": extra,
-            "columns": columns, "where": where}  # fmt: skip
+    verl_fields = {"prompt": prompt, "ground_truth": truth, "data_source": source, "extra_info": extra}
+    return {**verl_fields, "columns": columns, "where": where}
 
 
 def prompt_text(prompt) -> str:
@@ -191,15 +191,15 @@ def check_rows(rows: list[dict], rewards: list[str], tokenizer=None, max_prompt_
 
 def check_lengths(rows: list[dict], tokenizer, max_prompt_len: int, source: str) -> None:
     """Prompts longer than max_prompt_len tokens as the model sees them are an error; unknown characters are told."""
-    lengths = [len(ids) for ids in tokenizer([format_prompt(tokenizer, r["prompt"]) for r in rows],
-                                             add_special_tokens=False).input_ids]  # fmt: skip
+    prompts = [format_prompt(tokenizer, r["prompt"]) for r in rows]
+    lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=False).input_ids]
     over = [(r["where"], n) for r, n in zip(rows, lengths) if n > max_prompt_len]
     if over:
         shown = ", ".join(f"{at} ({n} tokens)" for at, n in over[:3])
         what = f"{len(over)} prompts are longer than max_prompt_len={max_prompt_len} tokens as the model sees them"
         raise ValueError(f"{source}: {what}: {shown}{', ...' * (len(over) > 3)}; raise --max-prompt-len or drop them")
     unk = tokenizer.unk_token_id
-    texts = {"prompt": [format_prompt(tokenizer, r["prompt"]) for r in rows]}
+    texts = {"prompt": prompts}
     texts["ground_truth"] = [as_text(r["ground_truth"]) for r in rows if isinstance(as_text(r["ground_truth"]), str)]
     for key in texts if unk is not None else ():
         counts = collections.Counter(c for t in texts[key] for c in t)
@@ -249,8 +249,8 @@ class DataTask:
         self.source = sources.pop() if len(sources) == 1 else self.name
         chat = any(isinstance(r["prompt"], list) for r in train + held)
         if chat and tokenizer is not None and not getattr(tokenizer, "chat_template", None):
-            print(f"[minrl] {args.data}: chat prompts, and the tokenizer has no chat template: the model reads each "
-                  f"prompt's user messages joined by newlines")  # fmt: skip
+            how = "the model reads each prompt's user messages joined by newlines"
+            print(f"[minrl] {args.data}: chat prompts, and the tokenizer has no chat template: {how}")
 
     def sample(self, n: int, split: str, rng: np.random.Generator) -> list[dict]:
         """Training: n rows drawn with replacement. Held out: the first n rows once each (detail 1); the training

@@ -83,8 +83,8 @@ class ServiceArgs:
     """A session's sandbox limits (the shell's `limits` option) may be at most this multiple of sandbox.Limits'."""
 
     def __post_init__(self):
-        check_fields(self, {"[0, 65535]": ("port",), "[1, inf)": ("max_sessions", "max_body_bytes", "max_action_chars"),
-                            "(0.0, inf)": ("idle_timeout", "session_timeout", "limit_ceiling")})  # fmt: skip
+        ranges = {"[0, 65535]": ("port",), "[1, inf)": ("max_sessions", "max_body_bytes", "max_action_chars")}
+        check_fields(self, {**ranges, "(0.0, inf)": ("idle_timeout", "session_timeout", "limit_ceiling")})
 
 
 class HTTPError(Exception):
@@ -123,9 +123,9 @@ class EnvService:
         """The open session `sid`, under its lock; 404 / 410 saying why not (also when closed while waiting)."""
         with self.lock:
             s = self.sessions.get(sid)
-            if s is None:
-                raise HTTPError(410, f"session {sid} was closed: {self.gone[sid]}") if sid in self.gone else \
-                    HTTPError(404, f"unknown session {sid}")  # fmt: skip
+            if s is None:  # closed, and remembered as gone (410), or never opened here (404)
+                closed = HTTPError(410, f"session {sid} was closed: {self.gone.get(sid)}")
+                raise closed if sid in self.gone else HTTPError(404, f"unknown session {sid}")
         with s.lock:
             if s.closed:
                 raise HTTPError(410, f"session {sid} was closed: {s.closed}")
@@ -135,8 +135,8 @@ class EnvService:
         """A new session holding a fresh environment."""
         name, split, options = required(body, "env", str), body.get("split", "train"), body.get("options", {})
         if split not in ("train", "eval") or not isinstance(options, dict) or "workspace_dir" in options:
-            raise HTTPError(400, "'split' must be 'train' or 'eval' and 'options' an object, without 'workspace_dir' "
-                            "(a path on the server's host: the server's to choose)")  # fmt: skip
+            no_dir = "without 'workspace_dir' (a path on the server's host: the server's to choose)"
+            raise HTTPError(400, f"'split' must be 'train' or 'eval' and 'options' an object, {no_dir}")
         if name not in ENVS and not name.startswith("gem:"):
             raise HTTPError(400, f"unknown environment {name!r}: one of {sorted(ENVS)} or gem:<env id>")
         with self.lock:
@@ -172,8 +172,8 @@ class EnvService:
             raise HTTPError(413, f"action of {len(action)} characters > max_action_chars {self.args.max_action_chars}")
         with self.held(sid) as s:
             if s.state != "running":
-                raise HTTPError(409, f"session {sid}: step before reset" if s.state == "created" else
-                                f"session {sid}: the episode has ended; reset it")  # fmt: skip
+                why = "step before reset" if s.state == "created" else "the episode has ended; reset it"
+                raise HTTPError(409, f"session {sid}: {why}")
             obs, reward, terminated, truncated, info = run_env(s, "step", action=action)
             s.state = "done" if terminated or truncated else "running"
         with self.lock:
@@ -216,8 +216,8 @@ class EnvService:
     def health(self) -> dict:
         """What the server holds."""
         with self.lock:
-            return {"status": "ok", "sessions": len(self.sessions), "max_sessions": self.args.max_sessions,
-                    "envs": sorted(ENVS), "steps": self.steps}  # fmt: skip
+            held = {"sessions": len(self.sessions), "max_sessions": self.args.max_sessions}
+            return {"status": "ok", **held, "envs": sorted(ENVS), "steps": self.steps}
 
 
 def required(body: dict, name: str, kind: type):
@@ -354,8 +354,8 @@ class Servers:
         """Count a failure of `url`, log it, and skip it for new sessions for retry_s seconds."""
         with self.lock:
             self.failures[url], self.down_until[url] = self.failures[url] + 1, time.monotonic() + self.retry_s
-        print(f"[minrl] env server {url} failed ({self.failures[url]} so far): {reason}; new sessions avoid it for "
-              f"{self.retry_s:.0f} s", file=sys.stderr)  # fmt: skip
+        avoid = f"new sessions avoid it for {self.retry_s:.0f} s"
+        print(f"[minrl] env server {url} failed ({self.failures[url]} so far): {reason}; {avoid}", file=sys.stderr)
 
     def count(self, url: str, delta: int) -> None:  # a session opened (+1) or closed (-1) on url
         with self.lock:

@@ -60,8 +60,8 @@ import common
 from cli import check_fields, parse_config
 from critics import ValueModel, critic_footprint, make_value_model, saved_activation_bytes
 from envs import rollout_kw
+from logits import lm_head
 from lora import adapter_params
-from rollout import lm_head
 from tasks import make_tiny_model, make_tokenizer
 
 GiB = 2**30
@@ -122,8 +122,10 @@ def checkpoint_layers(model) -> int:
     Hugging Face model, in eval mode too (transformers' own switch acts only in train mode, which would turn dropout
     on): the layer's forward runs under torch.utils.checkpoint. Returns the number of layers wrapped."""
     if not (layers := common.decoder_layers(model)):
-        raise ValueError(f"--grad-checkpointing: {type(model).__name__} has no decoder layers transformers marks as "
-                         f"checkpointable (GradientCheckpointingLayer); run without it")  # fmt: skip
+        raise ValueError(
+            f"--grad-checkpointing: {type(model).__name__} has no decoder layers transformers marks as "
+            f"checkpointable (GradientCheckpointingLayer); run without it"
+        )
     for layer in layers:  # no RNG to preserve: dropout is off in every model here
         layer.forward = partial(checkpoint, layer.forward, use_reentrant=False, preserve_rng_state=False)
     return len(layers)
@@ -192,8 +194,10 @@ def meta_models(model: str | None, critic_model: str | None = None, critic_depth
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     with torch.device("meta"):
-        policy = make_tiny_model(make_tokenizer()) if model is None else AutoModelForCausalLM.from_config(
-            AutoConfig.from_pretrained(model))  # fmt: skip
+        if model is None:
+            policy = make_tiny_model(make_tokenizer())
+        else:
+            policy = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model))
         if critic_model is None:  # the policy's first layers, as make_value_model builds them
             return policy, [make_value_model(policy, None, None, critic_depth) for _ in range(n_critics)]
         config = AutoConfig.from_pretrained(critic_model)  # its config only: the weights stay on disk
@@ -206,9 +210,22 @@ def largest_micro_batch(micro_batch: int, minibatch: int, tokens: int, T: int) -
     return min(minibatch, max(1, tokens // T)) if tokens else min(micro_batch, minibatch)
 
 
-def estimate(policy, critics, args: MemoryArgs, *, seqs: int, rows: int, prompt_len: int, response_len: int,
-             dtype: str = "float32", world: int = 1, reference: bool = True, fsdp: bool = False,
-             adapters: int = 0, engine: str = "float32") -> dict[str, float]:  # fmt: skip
+def estimate(
+    policy,
+    critics,
+    args: MemoryArgs,
+    *,
+    seqs: int,
+    rows: int,
+    prompt_len: int,
+    response_len: int,
+    dtype: str = "float32",
+    world: int = 1,
+    reference: bool = True,
+    fsdp: bool = False,
+    adapters: int = 0,
+    engine: str = "float32",
+) -> dict[str, float]:
     """The per-rank peak (GiB) by part (module docstring) of an update on `seqs` sequences per rank of prompt_len +
     response_len tokens whose largest micro-batch has `rows` of them (largest_micro_batch), for models from
     meta_models. Activations are measured on small probes at that length (activation_bytes); nothing is
@@ -278,9 +295,9 @@ def trainer_estimate(cfg, n_local: int, world: int) -> dict[str, float]:
     n_critics = (cfg.n_critics if cfg.critic == "asyppo" else 1) if cfg.adv_estimator == "gae" else 0
     policy, critics = meta_models(cfg.model, cfg.critic_model, cfg.critic_depth, n_critics)
     adapters = adapter_params(policy, cfg) if cfg.lora_rank else 0
-    return estimate(policy, critics, cfg, seqs=n_local, rows=rows, prompt_len=cfg.max_prompt_len, adapters=adapters,
-                    response_len=T - cfg.max_prompt_len, dtype=cfg.dtype, world=world, fsdp=cfg.fsdp,
-                    engine=cfg.rollout_dtype)  # fmt: skip
+    sizes = dict(seqs=n_local, rows=rows, prompt_len=cfg.max_prompt_len, response_len=T - cfg.max_prompt_len)
+    layout = dict(dtype=cfg.dtype, world=world, fsdp=cfg.fsdp, adapters=adapters, engine=cfg.rollout_dtype)
+    return estimate(policy, critics, cfg, **sizes, **layout)
 
 
 def by_micro_batches(fn, input_ids, attention_mask, response_len: int, *, rows: int, tokens: int, response_mask=None):

@@ -49,8 +49,9 @@ import torch
 
 from cli import check_fields, parse_config
 from common import make_autocast
+from logits import _last_logits_kw
 from offpolicy import gap_metrics, inference_copy, rollout_is_weights, rollout_rejection_mask
-from rollout import _last_logits_kw, cat_rollouts, generate, position_ids_from_mask, sequence_logprobs
+from rollout import cat_rollouts, generate, position_ids_from_mask, sequence_logprobs
 from tasks import (
     TASKS,
     format_prompt,
@@ -96,8 +97,8 @@ class MismatchArgs:
     """Also write the results as JSON to this file."""
 
     def __post_init__(self):
-        check_fields(self, {"[1, inf)": ("prompts", "max_prompt_len", "max_new_tokens", "pad"),
-                            "(0, inf)": ("temperature",), "[0, inf)": ("seed",)})  # fmt: skip
+        ranges = {"[1, inf)": ("prompts", "max_prompt_len", "max_new_tokens", "pad")}
+        check_fields(self, {**ranges, "(0, inf)": ("temperature",), "[0, inf)": ("seed",)})
         if unknown := [v for v in self.variations if v not in VARIATIONS]:
             raise ValueError(f"config field 'variations': {unknown} are not among {list(VARIATIONS)}")
         if not self.variations or len(set(self.variations)) < len(self.variations):
@@ -116,9 +117,9 @@ def gap_statistics(trainer_logprobs, sampler_logprobs, mask) -> dict:
     r = rho[valid].clamp(-20, 20)
     extreme = float((r.abs() > math.log(2)).double().mean())  # exp(rho) outside [0.5, 2]
     k3 = gap_metrics(trainer_logprobs.double(), sampler_logprobs.double(), mask)["rollout_corr/k3_kl"]  # veRL's own
-    out = {"p50": q[0], "p90": q[1], "p99": q[2], "max": float(tok.max()), "k3_kl": k3}
-    return {**out, "extreme": extreme, "seq_mean_max": float(seq.abs().max()), "tokens": int(valid.sum()),
-            "seqs": int(rows.sum()), "_rho": rho[valid], "_seq": seq.abs()}  # fmt: skip
+    out = {"p50": q[0], "p90": q[1], "p99": q[2], "max": float(tok.max()), "k3_kl": k3, "extreme": extreme}
+    out.update(seq_mean_max=float(seq.abs().max()), tokens=int(valid.sum()), seqs=int(rows.sum()))
+    return {**out, "_rho": rho[valid], "_seq": seq.abs()}
 
 
 def verdict(s: dict) -> str:
@@ -150,9 +151,11 @@ def acts_on(trainer_logprobs, sampler_logprobs, mask, suggested: dict) -> dict:
     w = rollout_is_weights(old, rollout, mask, level="token", threshold=suggested["rollout_is_threshold"])[1]
     tok = rollout_rejection_mask(old, rollout, mask, kind="token_k1", threshold=suggested["token_k1"])[1]
     seq = rollout_rejection_mask(old, rollout, mask, kind="seq_mean_k1", threshold=suggested["seq_mean_k1"])[1]
-    return {"rollout_is_threshold": w["rollout_corr/rollout_is_ratio_fraction_high"],
-            "token_k1": tok["rollout_corr/rollout_rs_masked_fraction"],
-            "seq_mean_k1": seq["rollout_corr/rollout_rs_seq_masked_fraction"]}  # fmt: skip
+    return {
+        "rollout_is_threshold": w["rollout_corr/rollout_is_ratio_fraction_high"],
+        "token_k1": tok["rollout_corr/rollout_rs_masked_fraction"],
+        "seq_mean_k1": seq["rollout_corr/rollout_rs_seq_masked_fraction"],
+    }
 
 
 def uncached_logprobs(model, ids, mask, response_mask, temperature: float):
@@ -179,8 +182,8 @@ def measure(args: MismatchArgs, model, tokenizer, prompt_ids, prompt_mask, varia
     rows, sample = 1 if variation == "sampler_batch_1" else prompt_ids.shape[0], {**stops, "generator": g}
     sample.update(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     with torch.no_grad(), sampler_cast():
-        parts = [generate(sampler, prompt_ids[i : i + rows], prompt_mask[i : i + rows], **sample)
-                 for i in range(0, len(prompt_ids), rows)]  # fmt: skip
+        chunks = [slice(i, i + rows) for i in range(0, len(prompt_ids), rows)]
+        parts = [generate(sampler, prompt_ids[c], prompt_mask[c], **sample) for c in chunks]
     with torch.no_grad():
         out = cat_rollouts(parts, tokenizer.pad_token_id, dev)  # one batch (sampler_batch_1: of single rows)
         ids, mask, resp_mask, behav = out.input_ids, out.attention_mask, out.response_mask, out.rollout_logprobs
@@ -225,10 +228,13 @@ def report(results: list[dict]) -> str:
     cols = ["p50", "p90", "p99", "max", "k3_kl", "extreme", "seq_mean_max"]
     lines = [f"{'variation':22s} " + " ".join(f"{c:>12s}" for c in cols) + f" {'tokens':>7s}  verdict"]
     for r in results:
-        lines.append(f"{r['variation']:22s} " + " ".join(f"{r[c]:12.3g}" for c in cols) + f" {r['tokens']:7d}  "
-                     f"{r['verdict']}")  # fmt: skip
-    flags = {"rollout_is_threshold": "--rollout-is token --rollout-is-threshold", "token_k1": "--rollout-rs token_k1 "
-             "--rollout-rs-threshold", "seq_mean_k1": "--rollout-rs seq_mean_k1 --rollout-rs-threshold"}  # fmt: skip
+        values = " ".join(f"{r[c]:12.3g}" for c in cols)
+        lines.append(f"{r['variation']:22s} {values} {r['tokens']:7d}  {r['verdict']}")
+    flags = {
+        "rollout_is_threshold": "--rollout-is token --rollout-is-threshold",
+        "token_k1": "--rollout-rs token_k1 --rollout-rs-threshold",
+        "seq_mean_k1": "--rollout-rs seq_mean_k1 --rollout-rs-threshold",
+    }
     for r in results:
         few = r["tokens"] < SUGGEST_MIN[0] or r["seqs"] < SUGGEST_MIN[1]
         for name, value in r["suggest"].items():
@@ -237,8 +243,10 @@ def report(results: list[dict]) -> str:
                 f"  {r['variation']}: {flags[name]} {value}   (acts on {r['acts_on'][name]:.2%} of the {unit})"
             )
         if r["suggest"] and few:
-            lines.append(f"  WARNING {r['variation']}: {r['tokens']} tokens / {r['seqs']} sequences are too few for "
-                         f"these quantiles (>= {SUGGEST_MIN[0]} / {SUGGEST_MIN[1]}): raise --prompts")  # fmt: skip
+            lines.append(
+                f"  WARNING {r['variation']}: {r['tokens']} tokens / {r['seqs']} sequences are too few for "
+                f"these quantiles (>= {SUGGEST_MIN[0]} / {SUGGEST_MIN[1]}): raise --prompts"
+            )
     return "\n".join(lines)
 
 

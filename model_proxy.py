@@ -64,8 +64,10 @@ from tasks import load_policy, load_tokenizer, make_tiny_model, make_tokenizer, 
 from trainer import Config, train
 from warm_start import sft_config_for, sft_warm_start
 
-TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% if m['role'] == 'assistant' %}{{ eos_token }}"
-            "{% endif %}{% endfor %}")  # fmt: skip
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% if m['role'] == 'assistant' %}{{ eos_token }}"
+    "{% endif %}{% endfor %}"
+)
 
 
 @dataclass
@@ -95,8 +97,8 @@ class ProxyArgs:
 
     def __post_init__(self):
         ints = ("max_batch", "max_tokens", "max_context", "max_body_bytes")
-        check_fields(self, {"[0, 65535]": ("port",), "[1, inf)": ints, "[0.0, inf)": ("gather_ms",),
-                            "(0.0, inf)": ("request_timeout",)})  # fmt: skip
+        ranges = {"[0, 65535]": ("port",), "[1, inf)": ints, "[0.0, inf)": ("gather_ms",)}
+        check_fields(self, {**ranges, "(0.0, inf)": ("request_timeout",)})
 
 
 def request_seed(seed: int, session: str, k: int) -> int:
@@ -121,8 +123,17 @@ class Pending:
 class ModelProxy:
     """The policy behind the API: the batch queue, the sessions' records, weight updates (details 1-3)."""
 
-    def __init__(self, model, tokenizer, args: ProxyArgs, sampling: dict, name: str = "minrl-policy", seed: int = 0,
-                 autocast=contextlib.nullcontext, batch_thread: bool = True):  # fmt: skip
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        args: ProxyArgs,
+        sampling: dict,
+        name: str = "minrl-policy",
+        seed: int = 0,
+        autocast=contextlib.nullcontext,
+        batch_thread: bool = True,
+    ):
         self.model, self.tokenizer, self.args, self.name = model.eval(), tokenizer, args, name
         self.autocast = autocast  # common.make_autocast's: autocast is per thread, so the batcher enters its own
         self.sampling = dict(sampling)  # temperature, top_p, top_k: the trainer's
@@ -136,8 +147,8 @@ class ModelProxy:
             threading.Thread(target=self.batcher, daemon=True).start()
 
     def render(self, messages: list[dict]) -> str:  # the chat as the model sees it, ready for the answer
-        return self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
-                                                  add_generation_prompt=True)  # fmt: skip
+        template = {"chat_template": self.template, "tokenize": False, "add_generation_prompt": True}
+        return self.tokenizer.apply_chat_template(messages, **template)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False).input_ids
@@ -167,9 +178,9 @@ class ModelProxy:
         self.queue.put(p)
         if not p.done.wait(self.args.request_timeout) or p.error is not None:
             raise p.error or HTTPError(503, f"no answer within request_timeout = {self.args.request_timeout} s")
-        stopped = bool(p.ids) and p.ids[-1] in self.eos_ids
-        record = {"prompt_ids": ids, "prompt_text": text, "ids": p.ids, "logprobs": p.logprobs, "version": p.version,
-                  "extends": extends, "finish_reason": "stop" if stopped else "length", "asked": asked}  # fmt: skip
+        finish = "stop" if p.ids and p.ids[-1] in self.eos_ids else "length"
+        answer = {"ids": p.ids, "logprobs": p.logprobs, "version": p.version, "extends": extends}
+        record = {"prompt_ids": ids, "prompt_text": text, **answer, "finish_reason": finish, "asked": asked}
         with self.lock:
             s["records"].append(record)
         return record
@@ -232,10 +243,11 @@ class ModelProxy:
         dev = next(self.model.parameters()).device
         ids, mask = left_pad([p.prompt_ids for p in batch], self.tokenizer.pad_token_id)
         streams = [torch.Generator(device=dev).manual_seed(p.seed) for p in batch]  # a row's draws are its own
+        longest = max(p.max_tokens for p in batch)
+        stops = {"eos_token_ids": self.eos_ids, "pad_token_id": self.tokenizer.pad_token_id}
         with self.batch_lock, self.autocast():
-            out = generate(self.model, ids.to(dev), mask.to(dev), max_new_tokens=max(p.max_tokens for p in batch),
-                           eos_token_ids=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id, generator=streams,
-                           **self.sampling)  # fmt: skip
+            sampling = {**self.sampling, "generator": streams}  # read under the lock: greedy_success swaps it
+            out = generate(self.model, ids.to(dev), mask.to(dev), max_new_tokens=longest, **stops, **sampling)
             version = self.version
         for j, p in enumerate(batch):
             n = min(int(out.response_mask[j].sum()), p.max_tokens)
@@ -274,8 +286,7 @@ def session_samples(records: list[dict], reward: float) -> list[dict]:
     for r in records:  # (in the order answers finished: two requests in flight at once may both extend one record)
         s = samples[-1] if samples else None
         if s is None or r["prompt_ids"][: len(s["prompt_ids"]) + len(s["ids"])] != s["prompt_ids"] + s["ids"]:
-            s = {"prompt_ids": r["prompt_ids"], "ids": [], "action": [], "logp": [], "version": r["version"],
-                 "failed": False}  # fmt: skip
+            s = dict(prompt_ids=r["prompt_ids"], ids=[], action=[], logp=[], version=r["version"], failed=False)
             samples.append(s)
         new = r["prompt_ids"][len(s["prompt_ids"]) + len(s["ids"]) :]  # what the agent appended (an observation)
         s["ids"], s["action"] = s["ids"] + new + r["ids"], s["action"] + [0] * len(new) + [1] * len(r["ids"])
@@ -332,8 +343,8 @@ class AgentConfig(Config):
 
     def __post_init__(self):
         super().__post_init__()
-        check_fields(self, {"[1, inf)": ("agents", "steps"), "(0.0, inf)": ("agent_timeout",), "[0.0, inf)":
-                            ("gather_ms",)}, AgentConfig)  # fmt: skip
+        ranges = {"[1, inf)": ("agents", "steps"), "(0.0, inf)": ("agent_timeout",), "[0.0, inf)": ("gather_ms",)}
+        check_fields(self, ranges, AgentConfig)
 
 
 class AgentSampler:
@@ -359,8 +370,10 @@ class AgentSampler:
         dev = next(policy.parameters()).device
         rollout, owner, stats = sessions_rollout(sessions, self.proxy.tokenizer.pad_token_id, dev)
         blank = {"cut": False, "context_cut": False, "malformed": 0, "env_s": []}  # what an agent does not tell
-        episodes = [{**blank, "return": sessions[k]["reward"], "success": sessions[k]["reward"] >= 1,
-                     "turns": len(sessions[k]["records"])} for k in owner]  # fmt: skip
+        played = [sessions[k] for k in owner]  # each sample's session
+        episodes = [
+            {**blank, "return": s["reward"], "success": s["reward"] >= 1, "turns": len(s["records"])} for s in played
+        ]
         return rollout, episodes, torch.tensor(owner, device=dev) // G, stats
 
     def greedy_success(self, n: int, tag: str) -> float:
@@ -421,8 +434,8 @@ def main(argv=None) -> None:
     if any(a.startswith("--agent") for a in argv):
         cfg = parse_config(AgentConfig, argv)
         out = train_agent(cfg)
-        print(f"[minrl] greedy success of the agent on {cfg.eval_n} held-out episodes: {out['agent_success'][0]:.3f}"
-              f" -> {out['agent_success'][1]:.3f}")  # fmt: skip
+        before, after = out["agent_success"]
+        print(f"[minrl] greedy success of the agent on {cfg.eval_n} held-out episodes: {before:.3f} -> {after:.3f}")
         return
     args = parse_config(ProxyArgs, argv)
     torch.manual_seed(0)

@@ -94,8 +94,8 @@ class OffPolicyArgs:
         self.off_policy = self.off_policy or "none"  # derived once here, printed with the config, and:
         if self.rollout_is and self.rollout_is_threshold is None:
             self.rollout_is_threshold = "2.0"  # veRL's default (TIS at 2)
-        check_fields(self, {"[1.0, inf)": ("is_cap", "is_mask_cap"), "(0, inf)": ("sapo_tau_pos", "sapo_tau_neg")},
-                     OffPolicyArgs)  # fmt: skip
+        ranges = {"[1.0, inf)": ("is_cap", "is_mask_cap"), "(0, inf)": ("sapo_tau_pos", "sapo_tau_neg")}
+        check_fields(self, ranges, OffPolicyArgs)
         if self.rollout_is:
             is_bounds(self.rollout_is_threshold)  # a malformed threshold fails here, naming the field
         if self.rollout_rs is not None:
@@ -164,8 +164,8 @@ def rs_bounds(kind: str, threshold: str | None) -> dict[str, tuple[float | None,
         if o not in RS_OPTIONS:
             raise ValueError(f"config field 'rollout_rs' = {kind!r}: {o!r} is not one of {RS_OPTIONS}")
     if not options or len(specs) not in (1, len(options)):
-        raise ValueError(f"config field 'rollout_rs_threshold' = {threshold!r}: give one threshold, or one per "
-                         f"option of rollout_rs = {kind!r}")  # fmt: skip
+        each = f"or one per option of rollout_rs = {kind!r}"
+        raise ValueError(f"config field 'rollout_rs_threshold' = {threshold!r}: give one threshold, {each}")
     out = {}
     for o, s in zip(options, specs * len(options) if len(specs) == 1 else specs):
         try:
@@ -207,9 +207,14 @@ def rollout_is_weights(old_logprobs, rollout_logprobs, mask, *, level: str = "to
         high, low = mean(raw > upper), mean(raw < lo)
     capped = w.clamp(0.0, upper)  # ESS over the applied weights (IcePop's zeros included)
     ess = 1.0 / mean((capped / (masked_mean(capped, mask, global_=True) + 1e-8)) ** 2)
-    metrics = {"rollout_is_mean": mean(w), "rollout_is_max": float(big), "rollout_is_min": float(tiny),
-               "rollout_is_eff_sample_size": ess, "rollout_is_ratio_fraction_high": high,
-               "rollout_is_ratio_fraction_low": low}  # fmt: skip
+    metrics = {
+        "rollout_is_mean": mean(w),
+        "rollout_is_max": float(big),
+        "rollout_is_min": float(tiny),
+        "rollout_is_eff_sample_size": ess,
+        "rollout_is_ratio_fraction_high": high,
+        "rollout_is_ratio_fraction_low": low,
+    }
     if lower is not None:  # IcePop: the share of tokens whose weight it zeroed
         metrics["rollout_is_oob_ratio"] = mean((raw < lower) | (raw > upper))
     return w.detach(), {f"rollout_corr/{k}": v for k, v in metrics.items()}
@@ -258,28 +263,32 @@ def gap_metrics(old_logprobs, rollout_logprobs, mask) -> dict:
     lp_old, lp_roll = masked_mean(old_logprobs, mask, -1), masked_mean(rollout_logprobs, mask, -1)  # [B]
     diff = lp_roll - lp_old  # [B] log PPL(old) - log PPL(rollout)
     seq = masked_sum(rho, mask, -1).clamp(-SAFETY_BOUND, SAFETY_BOUND)  # [B]
-    out = {"kl": mean(-rho), "k3_kl": mean(rho.exp() - rho - 1), "training_ppl": float((-lp_old).exp().mean()),
-           "rollout_ppl": float((-lp_roll).exp().mean()), "log_ppl_diff": float(diff.mean()),
-           "log_ppl_abs_diff": float(diff.abs().mean()), "log_ppl_diff_max": float(diff.max()),
-           "ppl_ratio": float(diff.exp().mean()),
-           "chi2_token": mean(rho.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp() ** 2) - 1.0,
-           "chi2_seq": float((2 * seq).exp().mean()) - 1.0}  # fmt: skip
+    out = {
+        "kl": mean(-rho),
+        "k3_kl": mean(rho.exp() - rho - 1),
+        "training_ppl": float((-lp_old).exp().mean()),
+        "rollout_ppl": float((-lp_roll).exp().mean()),
+        "log_ppl_diff": float(diff.mean()),
+        "log_ppl_abs_diff": float(diff.abs().mean()),
+        "log_ppl_diff_max": float(diff.max()),
+        "ppl_ratio": float(diff.exp().mean()),
+        "chi2_token": mean(rho.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp() ** 2) - 1.0,
+        "chi2_seq": float((2 * seq).exp().mean()) - 1.0,
+    }
     return {f"rollout_corr/{k}": v for k, v in out.items()}
 
 
 def corrections(args: OffPolicyArgs, old_logprobs, rollout_logprobs, mask):
     """The batch's off-policy corrections: IS weights [B, R] (detached; None without any), the loss mask [B, R]
     (mask without the rejected tokens) and their metrics (rollout_corr/*, veRL's; the gap's own: gap_stats)."""
-    weights, stats = off_policy_weights(old_logprobs, rollout_logprobs, mask, args.off_policy, args.is_cap,
-                                        args.is_mask_cap)  # fmt: skip
+    gap = (old_logprobs, rollout_logprobs, mask)
+    weights, stats = off_policy_weights(*gap, args.off_policy, args.is_cap, args.is_mask_cap)
     loss_mask = mask
     if args.rollout_is:
-        weights, m = rollout_is_weights(old_logprobs, rollout_logprobs, mask, level=args.rollout_is,
-                                        threshold=args.rollout_is_threshold)  # fmt: skip
+        weights, m = rollout_is_weights(*gap, level=args.rollout_is, threshold=args.rollout_is_threshold)
         stats.update(m)
     if args.rollout_rs:
-        loss_mask, m = rollout_rejection_mask(old_logprobs, rollout_logprobs, mask, kind=args.rollout_rs,
-                                              threshold=args.rollout_rs_threshold)  # fmt: skip
+        loss_mask, m = rollout_rejection_mask(*gap, kind=args.rollout_rs, threshold=args.rollout_rs_threshold)
         stats.update(m)
     return weights, loss_mask, stats
 
@@ -298,8 +307,9 @@ def off_policy_weights(old_logprobs, behav_logprobs, mask, mode: str, cap: float
     return out, stats
 
 
-def gap_stats(old_logprobs, behav_logprobs, mask, policy_version=None, step: int = 0, verl: bool = False,
-              first_turn=None) -> dict:  # fmt: skip
+def gap_stats(
+    old_logprobs, behav_logprobs, mask, policy_version=None, step: int = 0, verl: bool = False, first_turn=None
+) -> dict:
     """Mean |sampler - trainer| logprob gap over valid tokens: stats/rollout_vs_old_logp_diff on the samples of the
     current weights (numerics only; absent when every sample is stale), and with policy versions (async) also
     stats/behav_vs_old_logp_diff over every sample, staleness included; verl: veRL's gap_metrics too (the trainer's
@@ -328,12 +338,11 @@ def policy_agg(kind: str, agg: str) -> str:
     return "seq-mean-token-mean" if kind in ("sapo", "geo_mean") else agg
 
 
-def family_loss(kind: str, logprobs, old_logprobs, advantages, mask, *, clip_low: float, clip_high: float,
-                cap: float | None = None, tau_pos: float = 1.0, tau_neg: float = 1.05, is_weights=None):  # fmt: skip
+def family_loss(kind: str, args: tuple, clips: dict, *, cap=None, tau_pos=1.0, tau_neg=1.05, is_weights=None):
     """The per-token loss [B, R] of loss family `kind` (vanilla is ppo_math.clipped_objective), times the rollout
     IS weights (geo_mean: their geometric mean per row, inside), and its metrics (clipfrac, clipfrac_lower,
-    approx_kl = veRL's ppo_kl)."""
-    args, clips = (logprobs, old_logprobs, advantages, mask), {"clip_low": clip_low, "clip_high": clip_high}
+    approx_kl = veRL's ppo_kl). args: (logprobs, old_logprobs, advantages, mask), [B, R] each; clips: policy_loss's
+    {"clip_low", "clip_high"}."""
     if kind == "gspo":
         loss, metrics = gspo_loss(*args, **clips)
     elif kind == "cispo":
@@ -375,21 +384,13 @@ def policy_loss(
     if token_weights is not None:
         advantages = advantages * token_weights  # shaped advantage gamma_t * A_t (attention credit)
     agg = policy_agg(kind, agg)  # sapo, geo_mean: per sequence, whatever loss_agg says (veRL's)
-    args = (logprobs, old_logprobs, advantages, mask)
+    args, clips = (logprobs, old_logprobs, advantages, mask), {"clip_low": clip_low, "clip_high": clip_high}
     if kind == "vanilla":
-        loss, metrics = ppo_math.clipped_objective(*args, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
+        loss, metrics = ppo_math.clipped_objective(*args, **clips, dual_clip=dual_clip)
         loss = loss if is_weights is None else loss * is_weights  # off-policy correction weights, detached
     else:
-        loss, metrics = family_loss(
-            kind,
-            *args,
-            clip_low=clip_low,
-            clip_high=clip_high,
-            cap=dual_clip,
-            tau_pos=tau_pos,
-            tau_neg=tau_neg,
-            is_weights=is_weights,
-        )
+        gates = {"cap": dual_clip, "tau_pos": tau_pos, "tau_neg": tau_neg}  # the families' own bounds
+        loss, metrics = family_loss(kind, args, clips, **gates, is_weights=is_weights)
     if pg_mask is not None:
         loss = loss * pg_mask  # I^A_t (AsyPPO advantage mask)
     metrics.update(ppo_math.ratio_stats(logprobs, old_logprobs, mask))

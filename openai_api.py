@@ -47,19 +47,19 @@ def chat_messages(messages) -> list[dict]:
     """The request's messages as {role, content: str}: content given as OpenAI's list of text parts is joined. Refused
     (400): anything else, images and other non-text parts, and tool calls (an agent here acts in its text)."""
     roles, out = ("system", "developer", "user", "assistant", "tool"), []
+    text_part = lambda p: isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
     if not isinstance(messages, list) or not messages:
         raise HTTPError(400, "'messages' must be a non-empty list of {role, content} objects")
     for i, m in enumerate(messages):
         content = m.get("content") if isinstance(m, dict) else None
         if isinstance(m, dict) and m.get("tool_calls"):
-            raise HTTPError(400, f"messages[{i}] has tool_calls: not supported (the proxy samples text; the agent "
-                                 f"parses its actions from the content)")  # fmt: skip
-        if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(
-                p.get("text"), str) for p in content):  # fmt: skip
+            why = "not supported (the proxy samples text; the agent parses its actions from the content)"
+            raise HTTPError(400, f"messages[{i}] has tool_calls: {why}")
+        if isinstance(content, list) and all(text_part(p) for p in content):
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str) or m.get("role") not in roles:
-            raise HTTPError(400, f"messages[{i}] must be {{role: one of {list(roles)}, content: a string or a list of "
-                                 f"text parts}}, got {str(m)[:200]}")  # fmt: skip
+            wanted = f"{{role: one of {list(roles)}, content: a string or a list of text parts}}"
+            raise HTTPError(400, f"messages[{i}] must be {wanted}, got {str(m)[:200]}")
         out.append({"role": m["role"], "content": content})
     return out
 
@@ -85,8 +85,8 @@ class Handler(env_service.Handler):
             parts = [urllib.parse.unquote(p) for p in path.split("/")]  # ["", "v1", "sessions", ID, ("reward")]
             session = len(parts) in (4, 5) and parts[:3] == ["", "v1", "sessions"]
             if (self.command, path) == ("GET", "/v1/models"):
-                return self.answer(200, {"object": "list", "data": [{"id": proxy.name, "object": "model",
-                                                                     "owned_by": "minrl"}]})  # fmt: skip
+                model = {"id": proxy.name, "object": "model", "owned_by": "minrl"}
+                return self.answer(200, {"object": "list", "data": [model]})
             if (self.command, path) == ("POST", "/v1/chat/completions"):
                 return self.chat(proxy, body)
             if session and len(parts) == 5 and parts[4] == "reward" and self.command == "POST":
@@ -116,16 +116,17 @@ class Handler(env_service.Handler):
         asked = {k: body[k] for k in ("temperature", "top_p", "max_tokens", "max_completion_tokens") if k in body}
         r = proxy.complete(str(session), messages, max_tokens, asked)
         text = proxy.content(r)
-        meta = {"session": str(session), "policy_version": r["version"], "sampling_used": {**proxy.sampling,
-                "max_tokens": max_tokens}, "sampling_asked": asked, "extends": r["extends"]}  # fmt: skip
+        used = {**proxy.sampling, "max_tokens": max_tokens}
+        sampling = {"sampling_used": used, "sampling_asked": asked}
+        meta = {"session": str(session), "policy_version": r["version"], **sampling, "extends": r["extends"]}
         head = {"id": "chatcmpl-" + secrets.token_hex(12), "created": int(time.time()), "model": proxy.name}
-        usage = {"prompt_tokens": len(r["prompt_ids"]), "completion_tokens": len(r["ids"]),
-                 "total_tokens": len(r["prompt_ids"]) + len(r["ids"])}  # fmt: skip
+        n_prompt, n_completion = len(r["prompt_ids"]), len(r["ids"])
+        usage = {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion}
         if not body.get("stream"):
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "finish_reason": r["finish_reason"]}  # fmt: skip
-            return self.answer(200, {**head, "object": "chat.completion", "choices": [choice], "usage": usage,
-                                     "minrl": meta})  # fmt: skip
+            message = {"role": "assistant", "content": text}
+            choice = {"index": 0, "message": message, "finish_reason": r["finish_reason"]}
+            whole = {**head, "object": "chat.completion", "choices": [choice], "usage": usage, "minrl": meta}
+            return self.answer(200, whole)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -134,8 +135,9 @@ class Handler(env_service.Handler):
         deltas = [{"role": "assistant", "content": ""}] + [{"content": d} for d in stream_deltas(proxy, r)]
         for i, delta in enumerate(deltas + [{}]):
             finish = r["finish_reason"] if i == len(deltas) else None
-            chunk = {**head, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta,
-                     "finish_reason": finish}], **({"usage": usage, "minrl": meta} if finish else {})}  # fmt: skip
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            last = {"usage": usage, "minrl": meta} if finish else {}  # the final chunk carries the totals
+            chunk = {**head, "object": "chat.completion.chunk", "choices": [choice], **last}
             self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         self.wfile.write(b"data: [DONE]\n\n")
 

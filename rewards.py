@@ -82,8 +82,10 @@ class RewardArgs:
         if any(not math.isfinite(w) for w in self.reward_weights or []):
             raise ValueError(f"config field 'reward_weights' = {self.reward_weights}: every weight must be finite")
         if self.reward_weights is not None and len(self.reward_weights) != n:
-            raise ValueError(f"config field 'reward_weights' has {len(self.reward_weights)} values for {n} reward "
-                             f"terms ({', '.join(self.reward_terms())}): give one weight per term")  # fmt: skip
+            raise ValueError(
+                f"config field 'reward_weights' has {len(self.reward_weights)} values for {n} reward "
+                f"terms ({', '.join(self.reward_terms())}): give one weight per term"
+            )
 
     def reward_terms(self) -> list[str]:
         """Every term's spec in order: --reward (default math_exact unless a reward model is given), the model."""
@@ -144,8 +146,10 @@ def check_ground_truth(reward: str, ground_truth, where: str) -> None:
     """At load, not at the step that samples it: a ground truth a built-in reward cannot score is an error."""
     ground_truth = as_text(ground_truth)
     if not isinstance(ground_truth, str):
-        raise ValueError(f"{where}: ground_truth {ground_truth!r} is not a string: the built-in reward {reward!r} "
-                         f"compares text (bring a reward function of your own, --reward FILE.py:FN)")  # fmt: skip
+        raise ValueError(
+            f"{where}: ground_truth {ground_truth!r} is not a string: the built-in reward {reward!r} "
+            f"compares text (bring a reward function of your own, --reward FILE.py:FN)"
+        )
     if reward == "math_exact":
         try:
             exact_number(ground_truth)
@@ -178,8 +182,10 @@ def load_reward_fn(spec: str):
         return fn, "verl"
     if "completions" in params:
         return fn, "trl"
-    raise TypeError(f"--reward {spec!r}: {name}{inspect.signature(fn)} has neither a 'solution_str' parameter "
-                    f"(veRL's compute_score) nor a 'completions' one (a TRL reward function)")  # fmt: skip
+    raise TypeError(
+        f"--reward {spec!r}: {name}{inspect.signature(fn)} has neither a 'solution_str' parameter "
+        f"(veRL's compute_score) nor a 'completions' one (a TRL reward function)"
+    )
 
 
 class _Timeout(BaseException):
@@ -231,15 +237,18 @@ def _call_star(job):
 
 def verl_calls(spec: str, rows: list[dict], texts: list[str]) -> list[tuple]:
     """One compute_score call per sample, with veRL's arguments: (spec, args, kwargs)."""
-    return [(spec, (), dict(data_source=row["data_source"], solution_str=text, ground_truth=row["ground_truth"],
-                            extra_info=row["extra_info"])) for row, text in zip(rows, texts)]  # fmt: skip
+    kwargs = [
+        dict(data_source=r["data_source"], solution_str=t, ground_truth=r["ground_truth"], extra_info=r["extra_info"])
+        for r, t in zip(rows, texts)
+    ]
+    return [(spec, (), kw) for kw in kwargs]
 
 
 def trl_call(spec: str, rows: list[dict], texts: list[str], ids: list[list[int]]) -> tuple:
     """One batch call with TRL's arguments: prompts, completions (messages for chat prompts), completion_ids and
     every other column of the rows as a keyword list, as TRL's GRPOTrainer passes them."""
-    completions = [[{"role": "assistant", "content": t}] if isinstance(r["prompt"], list) else t
-                   for r, t in zip(rows, texts)]  # fmt: skip
+    as_message = lambda t: [{"role": "assistant", "content": t}]
+    completions = [as_message(t) if isinstance(r["prompt"], list) else t for r, t in zip(rows, texts)]
     names = dict.fromkeys(k for row in rows for k in row["columns"])
     columns = {k: [row["columns"].get(k) for row in rows] for k in names}
     return (
@@ -290,8 +299,10 @@ class RewardModel:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).to(device).eval()
         if self.model.config.num_labels != 1:
-            raise ValueError(f"--reward-model {path!r} has {self.model.config.num_labels} labels: a reward model has "
-                             f"one (a scalar score per sequence)")  # fmt: skip
+            raise ValueError(
+                f"--reward-model {path!r} has {self.model.config.num_labels} labels: a reward model has "
+                f"one (a scalar score per sequence)"
+            )
         if self.tokenizer.pad_token_id is None:  # pooling finds each row's last non-pad token
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model.config.pad_token_id = self.tokenizer.pad_token_id
@@ -301,8 +312,8 @@ class RewardModel:
         """Prompt + response as the reward model reads them: its chat template if it has one, else concatenated."""
         if self.chat:
             msgs = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-            return self.tokenizer.apply_chat_template(msgs + [{"role": "assistant", "content": response}],
-                                                      tokenize=False)  # fmt: skip
+            conversation = msgs + [{"role": "assistant", "content": response}]
+            return self.tokenizer.apply_chat_template(conversation, tokenize=False)
         return user_text(prompt) + response
 
     def score(self, prompts: list, responses: list[str]) -> list[float]:
@@ -312,9 +323,10 @@ class RewardModel:
         out = []
         texts = [self.text(p, r) for p, r in zip(prompts, responses)]
         for i in range(0, len(texts), self.batch):
+            special = not self.chat  # a chat template writes its own BOS
             enc = self.tokenizer(
-                texts[i : i + self.batch], return_tensors="pt", padding=True, add_special_tokens=not self.chat
-            )  # fmt: skip  (a template writes its own BOS)
+                texts[i : i + self.batch], return_tensors="pt", padding=True, add_special_tokens=special
+            )
             with torch.no_grad():
                 out += self.model(**enc.to(self.device)).logits[:, 0].float().tolist()
         return out
@@ -334,8 +346,10 @@ class RewardSet:
         self.model = RewardModel(args.reward_model, device, batch) if args.reward_model else None  # errors at load
         self.names = names = [term_name(s) for s in self.specs]
         if len(set(names)) < len(names):
-            raise ValueError(f"--reward terms {self.specs} would log under the same name reward/<name> ({names}): "
-                             f"give their functions different names")  # fmt: skip
+            raise ValueError(
+                f"--reward terms {self.specs} would log under the same name reward/<name> ({names}): "
+                f"give their functions different names"
+            )
         self.pool, self.workers = None, args.reward_workers
         if self.fns and args.reward_workers > 0:
             ctx = multiprocessing.get_context("forkserver")
@@ -345,8 +359,10 @@ class RewardSet:
             except multiprocessing.TimeoutError:
                 self.close()
                 why = "a script that builds a RewardSet must run its work under `if __name__ == '__main__':`"
-                raise RuntimeError(f"the reward workers did not start within {START_TIMEOUT_S} s: {why} (worker "
-                                   f"processes import it), or pass --reward-workers 0") from None  # fmt: skip
+                raise RuntimeError(
+                    f"the reward workers did not start within {START_TIMEOUT_S} s: {why} (worker "
+                    f"processes import it), or pass --reward-workers 0"
+                ) from None
         _WORKER_FNS.update(self.fns)  # 0 workers: the calls run here
 
     def _run(self, jobs: list[tuple]) -> list[tuple]:
@@ -385,8 +401,11 @@ class RewardSet:
             if not mine:
                 raise ValueError(f"no reward term scores sample {i} ({row['where']}): every function returned None")
             out.append(sum(w * x for _, w, x, _ in mine))
-            infos.append({k: v for name, _, x, extra in mine for k, v in
-                          [(f"reward/{name}", x), *((f"reward/{name}/{e}", y) for e, y in extra.items())]})  # fmt: skip
+            info = {}
+            for name, _, x, extra in mine:
+                info[f"reward/{name}"] = x
+                info.update({f"reward/{name}/{e}": y for e, y in extra.items()})
+            infos.append(info)
         dt = (time.perf_counter() - t0) / len(rows)
         return out, [v is not None and v >= 1.0 for v, _ in per_term[0]], [{**d, "time/reward": dt} for d in infos]
 

@@ -23,11 +23,11 @@ Implementation details (our choices)
    each observation is tokenised once (`tasks.observation_ids`; with a chat template, the template's text between
    turns; an action cut without the end-of-turn token gets it, with mask 0). A turn's environments step in order,
    or at once in threads when they wait (`step_concurrently`: shells, remote envs); async_loop.py overlaps them.
-4. Token statistics in chunks (`token_stats`): the model runs with `logits_to_keep` empty, a hook takes its decoder's
-   final hidden states, and the LM head and log-softmax run `logit_chunk` tokens at a time, each chunk checkpointed
-   (recomputed in backward): no [b, R, V] logits (V = 152k, R = 1k, b = 128: 79 GB in fp32), the entropy without
-   graph unless a bonus needs it; the whole logits' numbers within fp32 rounding. A head that soft-caps or scales
-   its logits (Gemma 2, Cohere, Granite, ...) keeps the model's own (`lm_head` checks).
+4. Token statistics in chunks (`token_stats`, logits.py): the model runs with `logits_to_keep` empty, a hook takes
+   its decoder's final hidden states, and the LM head and log-softmax run `logit_chunk` tokens at a time, each chunk
+   checkpointed (recomputed in backward): no [b, R, V] logits (V = 152k, R = 1k, b = 128: 79 GB in fp32), the
+   entropy without graph unless a bonus needs it; the whole logits' numbers within fp32 rounding. A head that
+   soft-caps or scales its logits (Gemma 2, Cohere, Granite, ...) keeps the model's own (`lm_head` checks).
 """
 
 from __future__ import annotations
@@ -35,17 +35,16 @@ from __future__ import annotations
 import inspect
 import math
 import time
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from cli import check_fields
 from envs import score_turn
+from logits import _last_logits_kw, _stats, final_hidden, lm_head, token_stats
 from tasks import (
     encode_prompts,
     format_prompt,
@@ -124,12 +123,6 @@ def _cache_kw(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def _last_logits_kw(model, n: int) -> dict:
-    """Ask the model for the logits of the last n positions only, if its forward supports it."""
-    forward = getattr(model, "module", model).forward  # DDP's own forward hides the wrapped model's arguments
-    return {"logits_to_keep": n} if "logits_to_keep" in inspect.signature(forward).parameters else {}
-
-
 def decode_responses(tokenizer, rollout: Rollout) -> list[str]:
     """The text of each response: its valid tokens only (the mask, never the pad id), specials dropped."""
     pairs = zip(rollout.response_ids, rollout.response_mask)
@@ -161,16 +154,26 @@ def truncate_logits(logits: torch.Tensor, top_p: float, top_k: int) -> torch.Ten
 
 
 @torch.no_grad()
-def generate(model, prompt_ids, attention_mask, *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-             top_k: int = 0, eos_token_ids: list[int], pad_token_id: int,
-             generator: torch.Generator | list[torch.Generator] | None = None) -> Rollout:  # fmt: skip
+def generate(
+    model,
+    prompt_ids,
+    attention_mask,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    eos_token_ids: list[int],
+    pad_token_id: int,
+    generator: torch.Generator | list[torch.Generator] | None = None,
+) -> Rollout:
     """Sample up to max_new_tokens per row with a KV cache. prompt_ids/attention_mask: [B, P], left-padded. Apart
     from the KV cache, nothing grows per step: the mask, tokens and logprobs are preallocated [B, P+N] / [B, N],
     filled a column per step; each row's next position is a running count (cumsum(mask) - 1, incrementally).
     `generator`: one, or a list of one per row (a row's draws then do not depend on its batch: model_proxy.py)."""
     if not eos_token_ids or max_new_tokens < 1 or (isinstance(generator, list) and len(generator) != len(prompt_ids)):
-        raise ValueError(f"generate needs a stop token id, max_new_tokens >= 1 and, as a list, a generator per row "
-                         f"({eos_token_ids}, {max_new_tokens}, {len(prompt_ids)} rows)")  # fmt: skip
+        needs = "a stop token id, max_new_tokens >= 1 and, as a list, a generator per row"
+        raise ValueError(f"generate needs {needs} ({eos_token_ids}, {max_new_tokens}, {len(prompt_ids)} rows)")
     (B, P), dev, N = prompt_ids.shape, prompt_ids.device, max_new_tokens
     kw, last1 = _cache_kw(model), _last_logits_kw(model, 1)
     stop = torch.tensor(eos_token_ids, device=dev)
@@ -184,8 +187,8 @@ def generate(model, prompt_ids, attention_mask, *, max_new_tokens: int, temperat
     if isinstance(generator, list):  # [B, N] each row's uniforms, drawn up front from its own stream
         uniforms = torch.stack([torch.rand(N, generator=g, device=dev, dtype=torch.float64) for g in generator])
     while n < N:
-        out = model(input_ids=inp, attention_mask=mask[:, : P + n], position_ids=pos, use_cache=True,
-                    **{kw: cache}, **last1)  # fmt: skip
+        step = {"input_ids": inp, "attention_mask": mask[:, : P + n], "position_ids": pos}
+        out = model(**step, use_cache=True, **{kw: cache}, **last1)
         cache = getattr(out, kw)
         logits = out.logits[:, -1, :].float()  # [B, V]
         if temperature > 0:  # the behaviour distribution: truncated, renormalised; its logprobs are recorded
@@ -194,8 +197,9 @@ def generate(model, prompt_ids, attention_mask, *, max_new_tokens: int, temperat
             if isinstance(generator, list):  # row i's t-th draw: inverse CDF at its stream's t-th uniform
                 cdf = probs.double().cumsum(-1)  # [B, V] (u * total < total: never past a row's last kept token)
                 if not (cdf[:, -1] > 0).all():  # NaN or all -inf logits: refused, as torch.multinomial does
-                    raise ValueError(f"generate: NaN or all -inf logits in rows {(~(cdf[:, -1] > 0)).nonzero()[:, 0]}"
-                                     ": no distribution to sample (check the model's outputs)")  # fmt: skip
+                    rows = (~(cdf[:, -1] > 0)).nonzero()[:, 0]
+                    why = "no distribution to sample (check the model's outputs)"
+                    raise ValueError(f"generate: NaN or all -inf logits in rows {rows}: {why}")
                 nxt = torch.searchsorted(cdf, (uniforms[:, n] * cdf[:, -1])[:, None], right=True)[:, 0]
             else:
                 nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # [B]
@@ -211,14 +215,28 @@ def generate(model, prompt_ids, attention_mask, *, max_new_tokens: int, temperat
             break
         inp = nxt[:, None]  # [B, 1]
     response_mask = mask[:, P : P + n]  # [B, R] 1 up to and including the stop token
-    return Rollout(prompt_ids=prompt_ids, response_ids=tokens[:, :n], attention_mask=mask[:, : P + n],
-                   response_mask=response_mask, rollout_logprobs=logps[:, :n] * response_mask,
-                   truncated=~done)  # fmt: skip
+    return Rollout(
+        prompt_ids=prompt_ids,
+        response_ids=tokens[:, :n],
+        attention_mask=mask[:, : P + n],
+        response_mask=response_mask,
+        rollout_logprobs=logps[:, :n] * response_mask,
+        truncated=~done,
+    )
 
 
-def sequence_logprobs(model, input_ids, attention_mask, response_len: int, *, temperature: float = 1.0,
-                      micro_batch: int = 64, with_entropy: bool = False, entropy_grad: bool | None = None,
-                      logit_chunk: int = 256):  # fmt: skip
+def sequence_logprobs(
+    model,
+    input_ids,
+    attention_mask,
+    response_len: int,
+    *,
+    temperature: float = 1.0,
+    micro_batch: int = 64,
+    with_entropy: bool = False,
+    entropy_grad: bool | None = None,
+    logit_chunk: int = 256,
+):
     """Log-probs [B, R] of the last `response_len` tokens (and entropies [B, R] if asked), recomputed.
 
     The logits at position P + t - 1 predict response token t; they are divided by the sampling temperature
@@ -248,74 +266,6 @@ def sequence_logprobs(model, input_ids, attention_mask, response_len: int, *, te
     return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
 
 
-def final_hidden(model, base, inputs: dict):
-    """The final hidden states [b, T, H] of a forward of `model` (through DDP's wrapper, which must see it) that
-    computes no logits, taken from its decoder `base` by a hook (output_hidden_states would keep every layer's)."""
-    taken, no_position = [], torch.empty(0, dtype=torch.long, device=inputs["input_ids"].device)
-    hook = base.register_forward_hook(lambda module, args, out: taken.append(getattr(out, "last_hidden_state", out[0])))
-    try:
-        model(**inputs, use_cache=False, logits_to_keep=no_position)
-    finally:
-        hook.remove()
-    return taken[0]
-
-
-def lm_head(model):
-    """(decoder, head) of a causal LM whose logits are exactly head(final hidden state), else None (its own logits
-    are used). Checked once per model: known transforms' config keys, then 3 tokens' logits both ways, so no head
-    that soft-caps, scales or multiplies (Gemma 2, Cohere, Granite, Falcon-H1 ...) is split."""
-    inner = getattr(model, "module", model)  # DDP's wrapper
-    if inner not in _HEADS:
-        head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
-        base = getattr(inner, "base_model", inner)
-        scaled = any(getattr(inner.config, k, None) not in (None, 1, 1.0) for k in LOGIT_TRANSFORMS) if head else True
-        split = isinstance(head, torch.nn.Linear) and base is not inner and bool(_last_logits_kw(inner, 1))
-        split = split and not scaled  # a config that says so (meta models, memory.py's estimate, have no values)
-        if split and next(head.parameters()).device.type != "meta":  # and the numbers: an unnamed transform
-            ids = (torch.arange(1, 4, device=head.weight.device) % head.out_features)[None]  # [1, 3] (not a pad)
-            few = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": ids - ids[:, :1]}
-            with torch.no_grad():
-                ours = head(final_hidden(inner, base, few))  # [1, 3, V] (on the model itself: no DDP collective)
-                theirs = inner(**few, use_cache=False, logits_to_keep=3).logits  # [1, 3, V]
-            split = torch.allclose(ours.float(), theirs.float(), rtol=1e-4, atol=1e-5)
-            if not split:
-                print(f"[minrl] {type(inner).__name__}'s logits are not its head's on the final hidden state: the "
-                      "trainer takes its whole logits (--logit-chunk has no effect)", flush=True)  # fmt: skip
-        _HEADS[inner] = (base, head) if split else None
-    return _HEADS[inner]
-
-
-_HEADS = weakref.WeakKeyDictionary()  # model -> lm_head's verdict, checked once per model
-LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")  # Gemma 2, Cohere, Granite configs
-
-
-def token_stats(hidden, head, target, temperature: float, chunk: int, with_entropy: bool, entropy_grad: bool):
-    """Logprobs of target [b, R] (and entropies [b, R] or None) from hidden states [b, R, H], chunk tokens at a time.
-    With grad enabled each chunk is checkpointed: its logits are recomputed in backward, never kept (detail 4)."""
-    b, R, H = hidden.shape
-    flat_h, flat_t, keep_graph = hidden.reshape(b * R, H), target.reshape(b * R), torch.is_grad_enabled()  # [n, H], [n]
-
-    def chunk_stats(h, t):  # one chunk's (logprobs [c], entropies [c] or None)
-        return _stats(head(h), t, temperature, with_entropy, entropy_grad)
-
-    parts = []
-    for i in range(0, b * R, chunk):
-        h, t = flat_h[i : i + chunk], flat_t[i : i + chunk]  # [c, H], [c]
-        parts.append(checkpoint(chunk_stats, h, t, use_reentrant=False) if keep_graph else chunk_stats(h, t))
-    logp = torch.cat([p[0] for p in parts]).view(b, R)  # [b, R]
-    return logp, (torch.cat([p[1] for p in parts]).view(b, R) if with_entropy else None)
-
-
-def _stats(logits, target, temperature: float, with_entropy: bool, entropy_grad: bool):
-    """log softmax(logits / T) at target, and the entropy H = -sum p log p (no grad unless entropy_grad)."""
-    logp_all = F.log_softmax(logits.float() / temperature, dim=-1)  # [..., V]
-    logp = logp_all.gather(-1, target[..., None]).squeeze(-1)  # [...]
-    if not with_entropy:
-        return logp, None
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        return logp, -(logp_all.exp() * logp_all).sum(-1)  # [...]
-
-
 def _checked(env, method: str, episode: int, turn: int, **kw):
     """env.reset / env.step with failures named: an env that raises or returns a non-finite reward stops the run."""
     where = f"environment {getattr(env, 'name', type(env).__name__)!r} at turn {turn} of episode {episode}"
@@ -332,9 +282,22 @@ def _checked(env, method: str, episode: int, turn: int, **kw):
     return str(obs), reward, bool(terminated), bool(truncated), dict(info or {})
 
 
-def rollout_env(model, tokenizer, envs, seeds, eos_ids, *, max_prompt_len: int, max_new_tokens: int, max_turns: int = 1,
-                max_context: int = 1 << 30, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                generator=None) -> tuple[Rollout, list[dict]]:  # fmt: skip
+def rollout_env(
+    model,
+    tokenizer,
+    envs,
+    seeds,
+    eos_ids,
+    *,
+    max_prompt_len: int,
+    max_new_tokens: int,
+    max_turns: int = 1,
+    max_context: int = 1 << 30,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    generator=None,
+) -> tuple[Rollout, list[dict]]:
     """Run one episode per env to its end, all in lockstep turns. A single-turn task is one turn (TaskEnv).
 
     Turn k: each live episode's context (first observation + every earlier turn, as ids) is left-padded and sampled
@@ -356,6 +319,8 @@ def rollout_env(model, tokenizer, envs, seeds, eos_ids, *, max_prompt_len: int, 
     """
     dev = next(model.parameters()).device
     sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k} if generator else {"temperature": 0.0}
+    gen_kw = {**sampling, "generator": generator, "eos_token_ids": eos_ids, "pad_token_id": tokenizer.pad_token_id}
+    ends = {"eos_ids": eos_ids, "max_new_tokens": max_new_tokens, "max_turns": max_turns}  # an action's, an episode's
     tracks = [{"ids": [], "action": [], "logp": [], "score": [], "no_stop": False, "failed": False} for _ in envs]
     blank = {"return": 0.0, "success": False, "turns": 0, "malformed": 0, "cut": False, "context_cut": False}
     info = [{**blank, "no_stop_actions": 0, "action_spans": [], "env_s": [], "gen_s": []} for _ in envs]
@@ -375,11 +340,9 @@ def rollout_env(model, tokenizer, envs, seeds, eos_ids, *, max_prompt_len: int, 
                 break
             ctx_ids, ctx_mask = left_pad([prompts[i] + tracks[i]["ids"] for i in live], tokenizer.pad_token_id)
             t_gen = time.perf_counter()
-            turn_samples = generate(model, ctx_ids.to(dev), ctx_mask.to(dev), max_new_tokens=max(budget.values()),
-                                    eos_token_ids=eos_ids, pad_token_id=tokenizer.pad_token_id, generator=generator,
-                                    **sampling)  # fmt: skip
-            r_ids, r_mask = turn_samples.response_ids.cpu(), turn_samples.response_mask.cpu()  # [b, r] each
-            r_logp = turn_samples.rollout_logprobs.cpu()  # [b, r]
+            samples = generate(model, ctx_ids.to(dev), ctx_mask.to(dev), max_new_tokens=max(budget.values()), **gen_kw)
+            r_ids, r_mask = samples.response_ids.cpu(), samples.response_mask.cpu()  # [b, r] each
+            r_logp = samples.rollout_logprobs.cpu()  # [b, r]
             t_gen = time.perf_counter() - t_gen  # this turn's batched generation
             acts = [r_ids[j, : min(int(r_mask[j].sum()), budget[i])].tolist() for j, i in enumerate(live)]
             texts = [tokenizer.decode(a, skip_special_tokens=True) for a in acts]
@@ -389,20 +352,26 @@ def rollout_env(model, tokenizer, envs, seeds, eos_ids, *, max_prompt_len: int, 
             for j, i in enumerate(live):
                 info[i]["gen_s"].append(t_gen)
                 room = max_context - len(prompts[i])  # tokens this episode's response may still grow to
-                if _take_turn(tokenizer, tracks[i], info[i], acts[j], r_logp[j, : len(acts[j])].tolist(), eos_ids, room,
-                              stepped[j], turn=turn, max_new_tokens=max_new_tokens, max_turns=max_turns):  # fmt: skip
+                logp = r_logp[j, : len(acts[j])].tolist()
+                if _take_turn(tokenizer, tracks[i], info[i], acts[j], logp, room, stepped[j], turn, ends):
                     still.append(i)
             live = still
     finally:  # an episode cut short, or a failing one, still frees what its env holds (a workspace, a session)
-        errors = []
-        for env in envs:  # every one, even after one fails to
-            try:
-                getattr(env, "close", lambda: None)()
-            except Exception as e:
-                errors.append(e)
+        errors = close_envs(envs)
     if errors:  # the first failure to close (after a failing episode, that episode's error is the one raised)
         raise errors[0]
     return pack_tracks(ids, attention_mask, tracks, tokenizer.pad_token_id, dev), info
+
+
+def close_envs(envs: list) -> list[Exception]:
+    """Close every env, even after one fails to; returns the failures."""
+    errors = []
+    for env in envs:
+        try:
+            getattr(env, "close", lambda: None)()
+        except Exception as e:
+            errors.append(e)
+    return errors
 
 
 def step_envs(envs: list, texts: list[str], episodes: list[int], turn: int) -> list[tuple[tuple, float]]:
@@ -419,13 +388,14 @@ def step_envs(envs: list, texts: list[str], episodes: list[int], turn: int) -> l
     return [one(k) for k in range(len(envs))]
 
 
-def _take_turn(tokenizer, track: dict, info: dict, action: list[int], logp: list[float], eos_ids, room, stepped,
-               *, turn: int, max_new_tokens: int, max_turns: int) -> bool:  # fmt: skip
+def _take_turn(
+    tokenizer, track: dict, info: dict, action: list[int], logp: list[float], room, stepped, turn: int, ends: dict
+) -> bool:
     """One episode's turn after sampling and stepping its env (`stepped`: step_envs' result): the action's ids join
     its track (mask 1), the observation's ids with mask 0. Returns whether the episode goes on (room: tokens it
-    may still hold)."""
+    may still hold; ends: rollout_env's eos_ids, max_new_tokens and max_turns)."""
     n, chat = len(action), bool(getattr(tokenizer, "chat_template", None))
-    stopped = n > 0 and action[-1] in eos_ids
+    stopped = n > 0 and action[-1] in ends["eos_ids"]
     (obs, reward, terminated, truncated, step_info), seconds = stepped
     info["env_s"].append(seconds)
     if "env_error" in step_info:  # a remote env (env_service.py): None, or why its server failed the episode
@@ -443,8 +413,8 @@ def _take_turn(tokenizer, track: dict, info: dict, action: list[int], logp: list
     info["success"] = info["success"] or bool(step_info.get("success"))
     track["no_stop"] = not stopped
     info["no_stop_actions"] += int(not stopped)
-    info["context_cut"] |= not stopped and n < max_new_tokens  # cut by max_context, not the length limit
-    if terminated or truncated or turn == max_turns:
+    info["context_cut"] |= not stopped and n < ends["max_new_tokens"]  # cut by max_context, not the length limit
+    if terminated or truncated or turn == ends["max_turns"]:
         info["cut"] = not terminated
         return False
     obs_ids = observation_ids(tokenizer, obs, first=False)
@@ -474,10 +444,15 @@ def pack_tracks(prompt_ids, prompt_mask, tracks: list[dict], pad_id: int, dev) -
         response_ids[i, :n], real[i, :n] = torch.tensor(t["ids"], dtype=torch.long), 1
         response_mask[i, :n] = torch.tensor(t["action"], dtype=torch.long) * (not t["failed"])  # env failed: 0
         logp[i, :n], token_scores[i, :n] = torch.tensor(t["logp"]), torch.tensor(t["score"]) * (not t["failed"])
-    return Rollout(prompt_ids=prompt_ids.to(dev), response_ids=response_ids.to(dev),
-                   attention_mask=torch.cat([prompt_mask, real], 1).to(dev), response_mask=response_mask.to(dev),
-                   rollout_logprobs=logp.to(dev), truncated=torch.tensor([t["no_stop"] for t in tracks], device=dev),
-                   token_scores=token_scores.to(dev))  # fmt: skip
+    return Rollout(
+        prompt_ids=prompt_ids.to(dev),
+        response_ids=response_ids.to(dev),
+        attention_mask=torch.cat([prompt_mask, real], 1).to(dev),
+        response_mask=response_mask.to(dev),
+        rollout_logprobs=logp.to(dev),
+        truncated=torch.tensor([t["no_stop"] for t in tracks], device=dev),
+        token_scores=token_scores.to(dev),
+    )
 
 
 def main():
@@ -491,8 +466,9 @@ def main():
     s = generate(model, ids, mask, max_new_tokens=32, **stops, generator=g)
     dt, n = time.perf_counter() - t0, int(s.response_mask.sum())
     diff = sequence_logprobs(model, s.input_ids, s.attention_mask, s.response_ids.shape[1])[0] - s.rollout_logprobs
-    print(f"{n} tokens in {dt:.2f}s = {n / dt:.0f} tok/s; max |rollout - recomputed logp| "
-          f"{(diff.abs() * s.response_mask).max().item():.2e}; responses {decode_responses(tok, s)[:4]}")  # fmt: skip
+    gap = (diff.abs() * s.response_mask).max().item()
+    texts = decode_responses(tok, s)[:4]
+    print(f"{n} tokens in {dt:.2f}s = {n / dt:.0f} tok/s; max |rollout - recomputed logp| {gap:.2e}; responses {texts}")
 
 
 if __name__ == "__main__":

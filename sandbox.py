@@ -95,8 +95,8 @@ class Limits:
     output_cap: int = 4096  # bytes of stdout + stderr kept; past it the command is killed
 
     def __post_init__(self):
-        check_fields(self, {"(0.0, inf)": ("wall_s",), "[1, inf)": ("cpu_s", "memory_bytes", "file_bytes", "open_files",
-                            "processes", "output_cap")})  # fmt: skip
+        rlimits = ("cpu_s", "memory_bytes", "file_bytes", "open_files", "processes", "output_cap")
+        check_fields(self, {"(0.0, inf)": ("wall_s",), "[1, inf)": rlimits})
 
     def capped(self, ceiling: float) -> Limits:
         """These limits, or a ValueError naming those over `ceiling` times the defaults (envs.ShellConfig.capped)."""
@@ -170,8 +170,10 @@ def prepare_workspace(workspace: str, uid: int | None) -> str:
     parent = os.path.dirname(os.path.abspath(workspace))
     while uid is not None and parent != "/":
         if not os.stat(parent).st_mode & 0o001:
-            raise PermissionError(f"sandbox: {parent} is not searchable by others (chmod o+x), so the workspace "
-                                  f"{workspace} is out of reach of the sandbox's uid {uid}")  # fmt: skip
+            raise PermissionError(
+                f"sandbox: {parent} is not searchable by others (chmod o+x), so the workspace "
+                f"{workspace} is out of reach of the sandbox's uid {uid}"
+            )
         parent = os.path.dirname(parent)
     root = workspace.rstrip("/") + ".root"
     os.makedirs(root, exist_ok=True)
@@ -213,15 +215,21 @@ def run(command: str, workspace: str, limits: Limits, uid: int | None = None) ->
         raise FileNotFoundError(f"sandbox: {root} is missing; call prepare_workspace({workspace!r}, uid) first")
     L = limits
     ready = os.urandom(8).hex().encode() + b"\n"  # SETUP's last line before the command (its $4)
-    argv = ["prlimit", f"--cpu={L.cpu_s}", f"--as={L.memory_bytes}", f"--fsize={L.file_bytes}",
-            f"--nofile={L.open_files}", f"--nproc={L.processes}", "--",
-            "unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--mount", "--kill-child",
-            "sh", "-c", SETUP, "sandbox", root, os.path.abspath(workspace), command, ready.decode()[:-1]]  # fmt: skip
+    rlimits = {
+        "cpu": L.cpu_s,
+        "as": L.memory_bytes,
+        "fsize": L.file_bytes,
+        "nofile": L.open_files,
+        "nproc": L.processes,
+    }
+    namespaces = ["--user", "--map-root-user", "--net", "--pid", "--fork", "--mount", "--kill-child"]
+    setup = [SETUP, "sandbox", root, os.path.abspath(workspace), command, ready.decode()[:-1]]  # SETUP's $0 .. $4
+    argv = ["prlimit", *(f"--{k}={v}" for k, v in rlimits.items()), "--", "unshare", *namespaces, "sh", "-c", *setup]
     if uid is not None:  # step 1 by setpriv, not Popen(user=): Popen can then vfork (a fork of a process holding
         argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *argv]  # torch costs ~20 ms)
     t0 = time.monotonic()
-    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV,
-                         start_new_session=True, cwd="/")  # fmt: skip
+    pipes = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
+    p = subprocess.Popen(argv, **pipes, env=ENV, start_new_session=True, cwd="/")
     out, timed_out, capped, fd, started = bytearray(), False, False, p.stdout.fileno(), None
     poll = select.poll()  # not select(): a server holding many sockets has fds past its 1024 limit
     poll.register(fd, select.POLLIN)
@@ -360,11 +368,12 @@ def main() -> None:
         os.chmod(tmp, 0o711)  # searchable, not listable: the sandbox's uid must reach its workspace
         ws = os.path.join(tmp, "work")
         prepare_workspace(ws, uid)
-        for cmd in ["echo hello > a.txt; cat a.txt; id -u", "cat /etc/passwd; ls /root /tmp", "touch /usr/x",
-                    "f(){ f|f & }; f", "while :; do :; done", "yes", "head -c 2000000 /dev/zero > big"]:  # fmt: skip
+        reach = ["echo hello > a.txt; cat a.txt; id -u", "cat /etc/passwd; ls /root /tmp", "touch /usr/x"]
+        hogs = ["f(){ f|f & }; f", "while :; do :; done", "yes", "head -c 2000000 /dev/zero > big"]
+        for cmd in reach + hogs:
             r = run(cmd, ws, Limits(wall_s=1.0), uid)  # (the loop: wall_s before its 2 s of RLIMIT_CPU)
-            print(f"{cmd!r:45} exit {r.exit_code:4} timed_out {r.timed_out!s:5} capped {r.capped!s:5} "
-                  f"{r.seconds:5.2f}s  {r.output[:70]!r}")  # fmt: skip
+            flags = f"exit {r.exit_code:4} timed_out {r.timed_out!s:5} capped {r.capped!s:5}"
+            print(f"{cmd!r:45} {flags} {r.seconds:5.2f}s  {r.output[:70]!r}")
         remove_workspace(ws)
     release_uid(uid)
 

@@ -8,7 +8,7 @@ of tasks.py after a short supervised warm start, stopped on a greedy-accuracy ta
 trainer uses `sft_config_for(task)` when no --model is given; every RL seed starts from the same warm start.
 
 Implementation details (our choices)
-1. Cached in `.cache/` under a key of (config, the sources of tasks.py, rewards.py, envs.py, rollout.py,
+1. Cached in `.cache/` under a key of (config, the sources of tasks.py, rewards.py, envs.py, rollout.py, logits.py,
    evaluation.py and this file, torch and transformers versions), behind a file lock: parallel test workers build it
    once, and a half-written folder is never seen (written under a temporary name, then renamed).
 2. Single-turn: the loss is on answer tokens and EOS only; every `check_every` steps greedy exact match on 256
@@ -54,7 +54,16 @@ from evaluation import greedy_success
 from tasks import ASCII, CHARS, TASKS, format_prompt, make_task, make_tiny_model, make_tokenizer, observation_ids
 
 CACHE_DIR = Path(__file__).resolve().parent / ".cache"
-KEY_SOURCES = ("tasks.py", "rewards.py", "envs.py", "sandbox.py", "rollout.py", "evaluation.py", "warm_start.py")
+KEY_SOURCES = (
+    "tasks.py",
+    "rewards.py",
+    "envs.py",
+    "sandbox.py",
+    "rollout.py",
+    "logits.py",
+    "evaluation.py",
+    "warm_start.py",
+)
 
 
 @dataclass
