@@ -5,6 +5,8 @@ takes its decoder's final hidden states by a hook, and `token_stats` runs the LM
 at a time, each chunk checkpointed (recomputed in backward). `lm_head` says, once per model, whether that is exact:
 a head that soft-caps or scales its logits (Gemma 2, Cohere, Granite, ...) keeps the model's own logits. memory.py
 counts what this saves; attention_credit.py runs the check before its map hooks.
+
+    python logits.py     # chunked against whole logits on the tiny model: logprobs, entropies, gradients
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from tasks import make_tiny_model, make_tokenizer
 
 
 def _last_logits_kw(model, n: int) -> dict:
@@ -89,3 +93,24 @@ def _stats(logits, target, temperature: float, with_entropy: bool, entropy_grad:
         return logp, None
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         return logp, -(logp_all.exp() * logp_all).sum(-1)  # [...]
+
+
+def main() -> None:
+    """The tiny model's logprobs, entropies and gradients through chunks of 5 tokens against its whole logits."""
+    torch.manual_seed(0)
+    model = make_tiny_model(make_tokenizer()).eval()
+    ids = torch.randint(4, 56, (4, 24))  # [B, T] random tokens; the last R = 16 are the "response"
+    base, head = lm_head(model)
+    hidden = final_hidden(model, base, {"input_ids": ids})[:, -17:-1]  # [B, R, H] the positions that predict them
+    chunked = token_stats(hidden, head, ids[:, -16:], 0.7, 5, True, True)  # [B, R] logprobs, entropies
+    whole = _stats(model(ids).logits[:, -17:-1], ids[:, -16:], 0.7, True, True)
+    for name, a, b in zip(("logprobs", "entropies"), chunked, whole):
+        grad_a = torch.autograd.grad(a.sum(), head.weight, retain_graph=True)[0]
+        grad_b = torch.autograd.grad(b.sum(), head.weight, retain_graph=True)[0]
+        gap, grad_gap = (a - b).abs().max(), (grad_a - grad_b).abs().max()
+        print(f"{name}: max |chunked - whole| {gap:.2e}, head gradient {grad_gap:.2e}")
+    print(f"never materialised: [B, R, V] = {tuple(hidden.shape[:2]) + (head.weight.shape[0],)} logits at once")
+
+
+if __name__ == "__main__":
+    main()

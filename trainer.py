@@ -223,9 +223,8 @@ def trainer_logprobs(cfg: Config, model, input_ids, attention_mask, R: int, with
     logprob_fn = rollout.sequence_logprobs
     logprob_fn = partial(common.collective, logprob_fn) if cfg.fsdp else logprob_fn  # FSDP2: gathers, a dead rank named
     chunks = {"entropy_grad": cfg.ent_coef > 0, "logit_chunk": cfg.logit_chunk}
-    rows = micro_batch or cfg.micro_batch
-    return logprob_fn(model, input_ids, attention_mask, R, temperature=cfg.temperature, micro_batch=rows,
-                      with_entropy=with_entropy, **chunks)  # fmt: skip
+    chunks.update(temperature=cfg.temperature, micro_batch=micro_batch or cfg.micro_batch, with_entropy=with_entropy)
+    return logprob_fn(model, input_ids, attention_mask, R, **chunks)
 
 
 def compute_advantages(cfg: Config, token_scores, response_mask, old_logp, ref_logp, kl_beta, group_ids, values):
@@ -430,8 +429,8 @@ def anchor_logprobs(cfg: Config, anchor, ref, input_ids, attention_mask, respons
 
     old, gamma, credit = None, None, {}
     if cfg.credit == "attention":  # its maps are taken in one pass over the batch: micro_batch rows at a time
-        old, gamma, credit = credit_weights(cfg, anchor, input_ids, attention_mask, response_mask, cfg.micro_batch,
-                                            recompute)  # fmt: skip
+        batch = (input_ids, attention_mask, response_mask)
+        old, gamma, credit = credit_weights(cfg, anchor, *batch, cfg.micro_batch, recompute)
     elif not reuses_anchor(cfg):
         old = by_tokens(anchor)
     with adapters_off(ref, cfg.lora_rank > 0):  # LoRA: the reference is the policy's base (lora.py)
@@ -532,8 +531,8 @@ def build_models(cfg: Config, device, world: int):
     else:
         ref.requires_grad_(False)
     policy_train = prepare(policy)
-    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr, eps=cfg.adam_eps,
-                            weight_decay=0.0)  # fmt: skip
+    trained = [p for p in policy.parameters() if p.requires_grad]  # LoRA: the adapters only
+    opt = torch.optim.AdamW(trained, lr=cfg.lr, eps=cfg.adam_eps, weight_decay=0.0)
     eos_ids = tasks.stop_token_ids(policy, tokenizer)
     return policy, policy_train, opt, ref, tokenizer, eos_ids, critics, fingerprint
 

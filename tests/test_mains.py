@@ -20,6 +20,7 @@ import critics
 import env_service
 import envs
 import evaluation
+import logits
 import offpolicy
 import rollout
 import sandbox
@@ -61,6 +62,12 @@ def main_output(capsys, module, *argv) -> str:
 def test_rollout_main_samples_and_reports_the_logprob_gap(capsys):
     out = main_output(capsys, rollout)
     assert "tok/s" in out and "max |rollout - recomputed logp|" in out
+
+
+def test_logits_main_shows_the_chunked_head_equal_to_whole_logits(capsys):
+    out = main_output(capsys, logits)
+    gaps = [float(line.split("whole| ")[1].split(",")[0]) for line in out.splitlines() if "whole|" in line]
+    assert len(gaps) == 2 and max(gaps) < 1e-5, out  # logprobs and entropies, fp32 rounding apart
 
 
 def test_tasks_main_prints_samples_and_the_model(capsys):
