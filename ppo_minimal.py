@@ -7,38 +7,37 @@
 
 A task gives prompts and a checker; the checker scores each answer in [0, 1], and RL moves the
 weights towards the answers that scored better than expected. train()'s six stanzas:
-1. Rollout. Sample G answers to each of N prompts from the current policy, at temperature T. What
-   we train on must be what this policy does now: that is what "on-policy" means.
+1. Rollout. Sample G answers to each of N prompts from the current policy, at temperature T.
 2. Rewards. The task scores each answer; the score sits on the answer's last token, others get 0.
 3. Anchor, reference, values (no gradient). old_logprobs: the policy's log-probabilities of the
    sampled tokens, recomputed at the sampling temperature; PPO's ratio pi / pi_old is 1 before the
    first step. ref_logprobs (the frozen start) track the drift, stats/kl; the critic gives V(s_t).
 4. Advantages: how much better than expected each token's choice turned out. PPO: GAE over the
-   critic's values, then whitened over the batch, so the step size does not depend on the reward
-   scale. GRPO: the answer's score minus its group's mean, over the group's std, on each of its
-   tokens; the G answers to one prompt are each other's baseline, no critic needed.
-5. Update. PPO_EPOCHS passes over the batch in MINIBATCHES shuffled minibatches, one optimizer step
-   each. The clipped loss gives no gradient to a token whose ratio already left [1 - eps, 1 + eps]
-   in the direction its advantage pushes: that is what makes several steps on one batch safe. The
-   critic regresses its values on the returns, with the same clip around its old values.
+   critic's values, whitened over the batch (the step size ignores the reward's scale). GRPO: the
+   score minus its group's mean, over the group's std: the G answers are each other's baseline.
+5. Update. PPO_EPOCHS passes over the batch in MINIBATCHES shuffled minibatches, one step each.
+   The clipped loss gives no gradient to a token whose ratio already left [1 - eps, 1 + eps] the
+   way its advantage pushes: that makes several steps on one batch safe. The critic regresses its
+   values on the returns.
 6. Log: a row per iteration (out_dir/metrics.jsonl), a greedy evaluation every eval_every.
 
-Data parallel (torchrun) is one short block, as in nanoGPT: each rank samples its own prompts
-(seed + rank) and trains a DDP replica, which averages gradients over the ranks. The loss is the
-global token mean: each rank divides its token sum by the token count of all ranks and multiplies
-by the world size, so that DDP's average is the one-process gradient of the whole minibatch. The
-whitening statistics and the logged metrics pool every rank; a GRPO group stays on one rank.
+Data parallel (torchrun), as in nanoGPT: setup() starts the process group, each rank samples its
+own prompts (seed + rank) and trains a DDP replica, which averages the gradients. The loss is the
+global token mean: ppo_math.agg_denominator all-reduces the minibatch's token count, each rank
+divides its token sum by it and multiplies by the world size, so that DDP's average is the
+one-process gradient of the whole minibatch. Whitening and the logged metrics pool every rank; a
+GRPO group stays on one rank. Shapes: B answers on this rank, P prompt tokens, R answer tokens.
 
-The math is ppo_math.py's (veRL's semantics, tested against veRL). The recipe is trainer.py's
-default; tests/test_parity.py checks that both end with the same weights and optimizer state, bit
-for bit. trainer.py adds what this file leaves out: LoRA, FSDP2, off-policy corrections, AsyPPO,
-attention credit, async sampling, environments, your data and rewards, resume, the doctor.
+The math is ppo_math.py's (veRL's semantics); the recipe trainer.py's default (tests/test_parity.py:
+both end with the same weights, bit for bit). trainer.py adds LoRA, FSDP2, off-policy corrections,
+AsyPPO, attention credit, async sampling, environments, your data and rewards, resume, the doctor.
 """
 
 import copy
 import os
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 import numpy as np
@@ -55,12 +54,18 @@ from runlog import MetricsLogger
 from tasks import format_prompt, load_policy, make_task, stop_token_ids, tokenize_prompts
 from warm_start import sft_config_for, sft_warm_start
 
-# The rest of the recipe: trainer.py's defaults (`python trainer.py --help` explains each).
-PPO_EPOCHS, MINIBATCHES = 2, 2  # passes over a batch; optimizer steps per pass
-CLIP, DUAL_CLIP = 0.2, 3.0  # the ratio's trust region [1 - CLIP, 1 + CLIP]; A < 0: loss <= 3 |A|
-VALUE_CLIP, GAMMA, LAM = 0.5, 1.0, 1.0  # the critic's clip; GAE without discount, lambda 1
-GRAD_CLIP, ADAM_EPS, CRITIC_LR = 1.0, 1e-8, 1e-3
-MAX_PROMPT_LEN, MICRO_BATCH, EVAL_BATCH = 64, 128, 256  # rows per no-grad forward; per greedy pass
+# The rest of the recipe: trainer.py's defaults (`python trainer.py --help` says more on each).
+PPO_EPOCHS = 2  # passes over a batch: more reuse of expensive samples, until the clip binds
+MINIBATCHES = 2  # optimizer steps per pass, on shuffled parts of the batch
+CLIP = 0.2  # the ratio's trust region [1 - CLIP, 1 + CLIP] (PPO's epsilon)
+DUAL_CLIP = 3.0  # A < 0: the loss is capped at 3 |A|, so a huge ratio cannot blow up one step
+VALUE_CLIP = 0.5  # the critic's new values stay within 0.5 of its old ones in the loss
+GAMMA = LAM = 1.0  # GAE: an answer's reward is not discounted; lambda 1: A = return - V
+GRAD_CLIP = 1.0  # gradient norm clipping, policy and critic
+CRITIC_LR = 1e-3  # the critic's fresh head must catch up with the returns: 5x the policy's lr
+HELD_OUT_SEED = 12345  # the held-out prompts' draw: the same as trainer.py's (evaluation.held_out)
+MAX_PROMPT_LEN = 64
+MICRO_BATCH, EVAL_BATCH = 128, 256  # rows per no-grad forward; prompts per greedy generate
 
 
 @dataclass
@@ -97,8 +102,9 @@ class Config:
     """Held-out prompts (the trainer's: the same draw)."""
 
     def __post_init__(self):  # a field out of its range or choices: an error that names it
-        ranges = {"[0, inf)": ("steps", "warmup_steps", "eval_every", "lr", "seed", "temperature")}
-        check_fields(self, {**ranges, "[1, inf)": ("prompts_per_step", "eval_n", "max_new_tokens")})
+        check_fields(self, {"[0, inf)": ("warmup_steps", "eval_every", "lr", "seed")})
+        check_fields(self, {"(0, inf)": ("temperature",), "[1, inf)": ("steps", "eval_n")})
+        check_fields(self, {"[1, inf)": ("prompts_per_step", "max_new_tokens")})
         least = 2 if self.adv_estimator == "grpo" else 1  # a group baseline needs two answers
         check_fields(self, {f"[{least}, inf)": ("group_size",)})
 
@@ -115,68 +121,71 @@ class ValueModel(nn.Module):
 
     def forward(self, input_ids, attention_mask, R: int):
         pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [B, P+R] left padding has no position
-        h = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False
-        ).last_hidden_state  # [B, P+R, H]
-        return self.head(h[:, -R - 1 : -1]).squeeze(-1)  # [B, R] V(s_t): before token t, at P+t-1
+        out = self.backbone(input_ids, attention_mask, position_ids=pos, use_cache=False)
+        return self.head(out.last_hidden_state[:, -R - 1 : -1]).squeeze(-1)  # [B, R] at P + t - 1
 
 
 def setup(cfg: Config):
-    """Under torchrun: a process group (nccl on GPUs, gloo on CPU) and this rank's device."""
-    cuda, rank, world = torch.cuda.is_available(), 0, 1
+    """Under torchrun: a process group (nccl on GPUs, gloo on CPU), this rank's device and batch."""
+    cuda = torch.cuda.is_available()
+    rank, world = 0, 1
     if "RANK" in os.environ:  # launched by torchrun
         dist.init_process_group("nccl" if cuda else "gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
-    if cfg.prompts_per_step % world:
-        raise ValueError(f"prompts_per_step = {cfg.prompts_per_step}: not a multiple of {world}")
-    return rank, world, device
+    n_local = cfg.prompts_per_step // world * cfg.group_size  # answers this rank samples
+    if cfg.prompts_per_step % world or n_local < MINIBATCHES:
+        raise ValueError(f"config field 'prompts_per_step' = {cfg.prompts_per_step}: a multiple "
+                         f"of {world} ranks, with {MINIBATCHES} answers per rank at least")
+    return rank, world, device, n_local
 
 
 @torch.no_grad()
 def evaluate(policy, tok, task, problems, eos_ids, max_new_tokens, rank, world) -> float:
     """Greedy accuracy (score 1) on held-out problems, each rank its share, summed over ranks."""
-    mine, hits, dev = problems[rank::world], 0, next(policy.parameters()).device
+    mine = problems[rank::world]  # this rank's share
+    solved = []
     for i in range(0, len(mine), EVAL_BATCH):
         batch = mine[i : i + EVAL_BATCH]
         texts = [format_prompt(tok, p["prompt"]) for p in batch]
         ids, mask = tokenize_prompts(tok, texts, MAX_PROMPT_LEN)  # [b, P] each
         out = generate(
-            policy, ids.to(dev), mask.to(dev), max_new_tokens=max_new_tokens, temperature=0.0,
-            eos_token_ids=eos_ids, pad_token_id=tok.pad_token_id,
+            policy, ids.to(policy.device), mask.to(policy.device), temperature=0.0,
+            max_new_tokens=max_new_tokens, eos_token_ids=eos_ids, pad_token_id=tok.pad_token_id,
         )
         answers = zip(decode_responses(tok, out), batch)
-        hits += sum(task.compute_score(text, p["ground_truth"]) >= 1.0 for text, p in answers)
-    counts = all_reduce_sum(torch.tensor([hits, len(mine)], dtype=torch.float64, device=dev))
+        solved += [task.compute_score(text, p["ground_truth"]) >= 1.0 for text, p in answers]
+    counts = torch.tensor([sum(solved), len(mine)], dtype=torch.float64, device=policy.device)
+    counts = all_reduce_sum(counts)  # every rank's
     return (counts[0] / counts[1]).item()
 
 
 def train(cfg: Config) -> dict:
     """The RL loop. Returns the last metrics row and "eval_history": [(step, greedy accuracy)]."""
     # --- 0. processes, models, optimizers, random streams
-    rank, world, device = setup(cfg)
+    rank, world, device, n_local = setup(cfg)  # n_local: the answers this rank samples
     G = cfg.group_size
-    n_local = cfg.prompts_per_step // world * G  # sequences this rank samples per iteration
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     policy, tok = load_policy(cfg.model, device)  # dropout off (.eval()): logprobs are exact
     ref = load_policy(cfg.model, device)[0].requires_grad_(False)  # the frozen start, for stats/kl
     critic = ValueModel(policy).eval().to(device) if cfg.adv_estimator == "gae" else None
     if critic is not None:
         critic_train = DDP(critic) if world > 1 else critic
-        critic_opt = torch.optim.AdamW(critic.parameters(), CRITIC_LR, eps=ADAM_EPS, weight_decay=0)
+        critic_opt = torch.optim.AdamW(critic.parameters(), CRITIC_LR, weight_decay=0.0)
     policy_train = DDP(policy) if world > 1 else policy  # DDP all-reduces grads inside backward
-    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, eps=ADAM_EPS, weight_decay=0.0)
-    eos_ids, task = stop_token_ids(policy, tok), make_task(cfg.task)
+    opt = torch.optim.AdamW(policy.parameters(), cfg.lr, weight_decay=0.0)  # eps 1e-8 (torch's)
+    eos_ids = stop_token_ids(policy, tok)  # EOS, and a chat model's end-of-turn tokens
+    task = make_task(cfg.task)
     rng = np.random.default_rng(cfg.seed + rank)  # prompts: each rank its own
     sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + rank)  # and its samples
     shuffle_gen = torch.Generator().manual_seed(cfg.seed)  # minibatches: the same on every rank
-    held_out = task.sample(cfg.eval_n, "eval", np.random.default_rng(12345))  # trainer.py's draw
+    held_out = task.sample(cfg.eval_n, "eval", np.random.default_rng(HELD_OUT_SEED))
     columns = "step rollout/reward_mean eval/acc loss/policy loss/value stats/kl stats/clipfrac"
     logger = MetricsLogger(cfg.out_dir, columns.split(), enabled=rank == 0)
-    evaluation = (policy, tok, task, held_out, eos_ids, cfg.max_new_tokens, rank, world)
-    history = [(0, evaluate(*evaluation))] if cfg.eval_every else []
+    evaluation = partial(evaluate, policy, tok, task, held_out, eos_ids, cfg.max_new_tokens)
+    history = [(0, evaluation(rank, world))] if cfg.eval_every else []  # the start model
     for step in range(cfg.steps):
         t0 = time.perf_counter()
         factor = ppo_math.lr_factor(step, cfg.steps, cfg.warmup_steps, "cosine")
@@ -217,8 +226,7 @@ def train(cfg: Config) -> dict:
             advantages, returns = ppo_math.gae(token_rewards, old_values * mask, mask, GAMMA, LAM)
             advantages = masked_whiten(advantages, mask, global_=True) * mask
         else:  # GRPO: (score - group mean) / group std, on every token of the answer
-            seq_adv = ppo_math.group_advantages(token_rewards.sum(-1), group_ids)  # [B]
-            advantages = seq_adv[:, None] * mask
+            advantages = ppo_math.group_advantages(scores, group_ids)[:, None] * mask
 
         # --- 5. update: PPO_EPOCHS x MINIBATCHES steps of the policy (and of the critic)
         stats = []  # one dict per minibatch
@@ -266,7 +274,7 @@ def train(cfg: Config) -> dict:
         kl = ppo_math.kl_estimate(old_logprobs, ref_logprobs) * mask  # [B, R] k1, before the update
         row["stats/kl"] = masked_mean(kl, mask, global_=True).item()
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
-            history.append((step + 1, evaluate(*evaluation)))
+            history.append((step + 1, evaluation(rank, world)))
             row["eval/acc"] = history[-1][1]
         logger.log(step + 1, row)
     if rank == 0:  # a folder AutoModelForCausalLM.from_pretrained loads
@@ -278,8 +286,7 @@ def train(cfg: Config) -> dict:
 def main(argv=None):
     """Parse the flags, warm-start the embedded model (no --model), train, print the evaluations."""
     cfg = parse_config(Config, argv)
-    # RL from ~0 % success has no signal (every score of a group equal): the tiny embedded model
-    # first gets a short supervised warm start to partial success (warm_start.py, cached).
+    # RL from ~0 % success has no signal: the tiny model first gets a short SFT (warm_start.py)
     cfg.model = cfg.model or str(sft_warm_start(sft_config_for(cfg.task)))
     out = train(cfg)
     if int(os.environ.get("RANK", 0)) == 0 and out["eval_history"]:

@@ -276,7 +276,7 @@ INJECTIONS = {
         plant_pad_eq_eos,
     ),
     "stale_old_logprobs": Injection(
-        "old logprobs come from a policy copy never re-synced",
+        "old logprobs come from a policy copy synced only after their use: one update behind",
         {},
         "logprob_mismatch",
         "trainer.anchor_logprobs",

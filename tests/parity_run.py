@@ -20,6 +20,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import ppo_minimal  # noqa: E402
+import trainer  # noqa: E402
+
 BUILT = []  # every AdamW the run constructs, in order
 
 
@@ -43,12 +46,8 @@ def digest(optimizers) -> str:
 
 def main() -> None:
     which, out, flags = sys.argv[1], sys.argv[2], sys.argv[3:]
-    torch.optim.AdamW = RecordedAdamW  # before the run builds any
-    if which == "textbook":
-        import ppo_minimal as run  # noqa: E402
-    else:
-        import trainer as run  # noqa: E402
-    run.main([*flags, "--out-dir", out])
+    torch.optim.AdamW = RecordedAdamW  # both files look it up when they build an optimizer
+    {"textbook": ppo_minimal, "trainer": trainer}[which].main([*flags, "--out-dir", out])
     rank = os.environ.get("RANK", "0")
     record = {"digest": digest(BUILT), "optimizers": len(BUILT)}
     (Path(out) / f"digest-{rank}.json").write_text(json.dumps(record))

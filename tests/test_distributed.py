@@ -121,7 +121,7 @@ def test_no_grad_passes_under_a_token_budget_equal_single_process(ddp_deltas):
         assert v.shape == single[k].shape and (v - single[k]).abs().max() < 1e-5, k
 
 
-def test_torchrun_ppo_minimal_smoke(sft_path, tmp_path):
+def test_torchrun_trainer_smoke(sft_path, tmp_path):
     """`torchrun --nproc_per_node=2 trainer.py` runs 2 steps; only rank 0 writes the metrics rows. Its step-1
     checkpoint (atomic, with both ranks' streams) resumes on 2 ranks into the same step 2, and is refused on 1."""
     out = tmp_path / "run"

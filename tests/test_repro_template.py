@@ -48,7 +48,7 @@ def fixed_batch(B=8, P=5, R=6, V=56, seed=0):
     return ids, attn, resp_mask, adv, noise
 
 
-def test_defaults_are_ppo_minimal_defaults():
+def test_defaults_are_the_trainers_defaults():
     """The template's constants are the trainer's defaults, and those defaults have no KL or entropy term."""
     cfg = trainer.Config()
     ours = (T.TEMPERATURE, T.CLIP_LOW, T.CLIP_HIGH, T.DUAL_CLIP, T.GRAD_CLIP, T.LR)
@@ -56,14 +56,14 @@ def test_defaults_are_ppo_minimal_defaults():
     assert (cfg.loss_agg, cfg.ent_coef, cfg.kl_loss, cfg.kl_in_reward) == ("token-mean", 0, False, False)
 
 
-def test_grpo_advantages_equal_ppo_minimal():
+def test_grpo_advantages_equal_the_trainers():
     rewards = torch.rand(24, generator=torch.Generator().manual_seed(1))
     rewards[4:8] = 0.5  # a group without variance: advantages 0
     want = ppo_math.group_advantages(rewards, torch.arange(24) // 4)
     torch.testing.assert_close(T.grpo_advantages(rewards, 4), want, rtol=1e-6, atol=1e-7)  # fp32: other sum order
 
 
-def test_one_update_equals_ppo_minimal_update_on_the_same_batch():
+def test_one_update_equals_the_trainers_update_on_the_same_batch():
     torch.manual_seed(0)
     model = make_tiny_model(make_tokenizer()).eval()
     ids, attn, resp_mask, adv, noise = fixed_batch()

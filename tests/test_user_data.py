@@ -15,6 +15,10 @@ import torch
 
 import cli
 import data
+import diagnose
+import replay
+import repro
+import rewards
 import tasks
 import trainer
 from envs import sample_episodes
@@ -344,11 +348,6 @@ def doc_commands(md: Path) -> list[list[str]]:
 
 def run_command(argv: list[str], model: Path, data_dir: Path, capsys) -> tuple[int, str]:
     """One guide command, in this process: $MODEL and $DATA filled in, the trainer's evaluation kept small."""
-    import diagnose
-    import replay
-    import repro
-    import rewards
-
     mains = {"trainer.py": trainer.main, "diagnose.py": diagnose.main, "data.py": data.main,
              "rewards.py": rewards.main, "repro.py": repro.main, "replay.py": replay.main}  # fmt: skip
     args = [a.replace("$MODEL", str(model)).replace("$DATA", str(data_dir)) for a in argv[1:]]
