@@ -1,6 +1,6 @@
 """Replay: re-run one saved update bit for bit, or one update of a batch another framework exported.
 
-    python trainer.py --dump-batch 7 --steps 7          # the run saves what update 7 reads (repro.dump_update)
+    python trainer.py --dump-batch 7 --steps 7          # the run saves what update 7 reads (repro.dumped_update)
     python replay.py runs/ppo/batch-7.pt                # re-run exactly that update: exit 0 iff identical
     python replay.py verl_batch.pt --model M --adv-estimator grpo [trainer flags]   # another framework's batch
     python repro.py runs/ppo/batch-7.pt                 # what a --dump-batch file holds
@@ -230,7 +230,7 @@ def foreign_update(path: str, cfg: Config) -> tuple[dict, list[dict]]:
     _, _, _, device = common.setup_dist(device=cfg.device)
     t = {k: v.to(device) for k, v in load_foreign_batch(path).items()}
     # (a critic's weights are not in the file: none trains)
-    policy, _, opt, ref, *_ = trainer.build_models(cfg, device, 1)
+    policy, _, opt, ref, *_ = trainer.build_models(cfg, cfg.model, device, 1)
     ids, attn, mask, theirs = t["input_ids"], t["attention_mask"], t["response_mask"], t["old_log_probs"]
     R, ref_logp, autocast = mask.shape[1], t.get("ref_log_prob"), make_autocast(cfg.dtype, device)
     if ref_logp is None and (cfg.kl_loss or cfg.kl_in_reward):

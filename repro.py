@@ -21,10 +21,10 @@ Injections (their regression suite is tests/test_inject.py)
    printed. The live diagnosis must name the injection's failure-mode id.
 
 Dump (the trainer writes it, replay.py reads it: it sits above the trainer, this file below)
-3. `dump_update` saves what one update reads (batch, model / optimizer states, shuffle and global RNG) in one
-   weights_only file BEFORE it runs (a crashing update still leaves its inputs, then its error), then its metrics
-   and `state_digest` (sha256 of every weight and AdamW moment). World size 1. `python replay.py FILE` rebuilds
-   the models, re-runs the update and compares; a batch another framework exported replays there too.
+3. `dumped_update` (`dumping`) saves what one update reads (batch, model / optimizer states, shuffle and global RNG)
+   in one weights_only file BEFORE it runs (a crashing update still leaves its inputs, then its error), then its
+   metrics and `state_digest` (sha256 of every weight and AdamW moment). World size 1. `python replay.py FILE`
+   rebuilds the models, re-runs the update and compares; a batch another framework exported replays there too.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from functools import partial
+from pathlib import Path
 from typing import Literal, NamedTuple
 
 import torch
@@ -413,28 +414,38 @@ def state_digest(policy, opt, critics) -> str:
     return h.hexdigest()
 
 
-def dump_update(path, tokenizer, samples, extra: dict, update, args: dict):
-    """Run update(**args), ppo_update's keyword arguments at world size 1 (policy_train is the policy): save first
-    what it reads (the batch, model / optimizer / RNG states) in one weights_only file, with the decoded prompts and
-    responses and `extra` (the rewards) for a reader; then add its metrics and the digest of the state after it.
-    An update that raises (a NaN gradient) is saved with its error, and the error re-raised (detail 3)."""
-    cfg, policy, opt, critics = args["cfg"], args["policy_train"], args["opt"], args["critics"]
+def dumping(cfg, step: int, out_dir, tokenizer, samples, token_rewards, scores):
+    """--dump-batch: at its step, `dumped_update` with this step's file and what a reader wants beside the batch
+    (the decoded samples, token rewards and scores); at any other step, a context that saves nothing:
+    `with dumping(...)(policy, opt, critics, batch, gen, update_actor) as record: record["metrics"] = ...`."""
+    if cfg.dump_batch != step + 1:
+        return lambda *state: contextlib.nullcontext({})
+    path = Path(out_dir) / f"batch-{step + 1}.pt"
+    return partial(dumped_update, path, cfg, tokenizer, samples, {"token_rewards": token_rewards, "scores": scores})
+
+
+@contextlib.contextmanager
+def dumped_update(path, cfg, tokenizer, samples, extra: dict, policy, opt, critics, batch, gen, update_actor: bool):
+    """Around one update at world size 1 (policy: the module it trains through): first save what it reads (the
+    batch, model / optimizer / RNG states) in one weights_only file, with the decoded prompts and responses and
+    `extra` for a reader; then the metrics the block puts in the yielded record and the digest of the state after
+    it. An update that raises (a NaN gradient) is saved with its error, and the error re-raised (detail 3)."""
     record = {
         "config": json.dumps(asdict(cfg)),
         "model_config": policy.config.to_json_string(),
-        "batch": {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in vars(args["batch"]).items()},
+        "batch": {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in vars(batch).items()},
         **{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in extra.items()},
         "prompts": tokenizer.batch_decode(samples.prompt_ids, skip_special_tokens=True),
         "responses": decode_responses(tokenizer, samples),
         "policy_version": samples.policy_version,  # [B] the weights version each sample started with (async)
-        "update_actor": args["update_actor"],
-        **update_inputs(policy, opt, critics, args["gen"]),
+        "update_actor": update_actor,
+        **update_inputs(policy, opt, critics, gen),
         "metrics": None,
         "error": None,
     }
     torch.save(record, path)  # before the update: a crash inside it still leaves its inputs on disk
     try:
-        record["metrics"] = update(**args)
+        yield record
     except Exception as e:
         record["error"] = f"{type(e).__name__}: {e}"
         torch.save(record, path)
@@ -442,7 +453,6 @@ def dump_update(path, tokenizer, samples, extra: dict, update, args: dict):
     record["state_after"] = state_digest(policy, opt, critics)
     torch.save(record, path)
     print(f"[minrl] saved the update of this step to {path}; rerun it: python replay.py {path}")
-    return record["metrics"]
 
 
 def describe_dump(path) -> None:

@@ -501,12 +501,11 @@ def logprob_stats(cfg: Config, old_logprobs, ref_logprobs, samples, episodes, st
     }
 
 
-def build_models(cfg: Config, device, world: int):
+def build_models(cfg: Config, source: str, device, world: int):
     """(policy (the checkpoint's on resume), the module it trains through (DDP's replica, or itself: alone or sharded
     by FSDP2), AdamW, frozen reference (with LoRA the policy itself, adapters off), tokenizer, stop ids, critics, the
     run's fingerprint (checkpoint.py: a resume is refused unless its checkpoint has the same))."""
     torch.manual_seed(cfg.seed)  # identical init on every rank
-    source = cfg.model or str(sft_warm_start(sft_config_for(cfg.task, cfg.sft_target)))
     whole = cfg.resume and not (cfg.fsdp or cfg.lora_rank)  # else the source, then the shards or adapters on it
     policy, tokenizer = load_policy(cfg.resume + "/policy" if whole else source, device)
     ref, ref_tokenizer = (policy, tokenizer) if cfg.lora_rank else load_policy(source, device)
@@ -562,7 +561,9 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         rank, _, world, device = common.setup_dist(timeout_s=cfg.dist_timeout, device=cfg.device, group=cfg.fsdp)
         n_local, autocast = sequences_per_rank(cfg, world), make_autocast(cfg.dtype, device)
         sampling = rollout_kw(cfg)  # rollout_env's limits and sampling settings (envs.py)
-        policy, policy_train, opt, ref, tokenizer, eos_ids, critics, fingerprint = build_models(cfg, device, world)
+        model = cfg.model or str(sft_warm_start(sft_config_for(cfg.task, cfg.sft_target)))  # the embedded: SFT first
+        models = build_models(cfg, model, device, world)  # the policy, its optimizer, the reference, critics...
+        policy, policy_train, opt, ref, tokenizer, eos_ids, critics, fingerprint = models
         task = None if multi_turn(cfg) else load_task(cfg, tokenizer, device)  # a procedural task, or --data's rows
         kl_beta = cfg.kl_coef  # beta of KL in the reward (ppo_math.kl_controller)
         rng = np.random.default_rng(cfg.seed + rank)  # tasks and env seeds: seed + rank
@@ -620,13 +621,10 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
             )
 
             # --- 5. update: ppo_epochs x minibatches; --dump-batch saves its inputs first, then its outcome (repro.py)
-            update_args = dict(cfg=cfg, policy_train=policy_train, opt=opt, critics=critics, batch=batch, world=world)
-            update_args.update(gen=shuffle_gen, autocast=autocast, update_actor=update_actor)
-            if cfg.dump_batch == step + 1:
-                path, extra = out_dir / f"batch-{step + 1}.pt", {"token_rewards": token_rewards, "scores": scores}
-                upd = repro.dump_update(path, tokenizer, rollout, extra, ppo_update, update_args)
-            else:
-                upd = ppo_update(**update_args)
+            dump = repro.dumping(cfg, step, out_dir, tokenizer, rollout, token_rewards, scores)
+            with dump(policy_train, opt, critics, batch, shuffle_gen, update_actor) as record:
+                upd = ppo_update(cfg, policy_train, opt, critics, batch, world, shuffle_gen, autocast, update_actor)
+                record["metrics"] = upd
             if cfg.kl_in_reward:  # adaptive controller: batch mean of per-sequence mean KL, n = sequences
                 seq_kl = common.reduce_metrics({"kl": (kl.sum(-1) / mask.sum(-1).clamp(min=1)).mean().item()}, device)
                 kl_beta = ppo_math.kl_controller(kl_beta, seq_kl["kl"], n_local * world, cfg.kl_ctrl)

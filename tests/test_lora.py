@@ -23,7 +23,7 @@ GRAD_CHECK = ROOT / "tests" / "ddp_grad_check.py"
 
 def lora_models(sft_path, **kw):
     cfg = trainer.Config(model=str(sft_path), task="reverse", adv_estimator="grpo", lora_rank=4, lr=1e-2, **kw)
-    policy, policy_train, opt, ref, tokenizer, *_ = trainer.build_models(cfg, torch.device("cpu"), 1)
+    policy, policy_train, opt, ref, tokenizer, *_ = trainer.build_models(cfg, cfg.model, torch.device("cpu"), 1)
     return cfg, policy, opt, ref, tokenizer
 
 

@@ -78,7 +78,7 @@ def test_a_verl_batch_replays_with_matching_per_token_numbers_and_the_same_updat
     assert diffs["rollout_log_probs (vs their old)"] < 1e-4  # our fp32 sampler vs its trainer
     assert diffs["advantages"] < 1e-6 and diffs["returns"] < 1e-6  # the same estimator on the same inputs
     # the update is ppo_update's on the same tensors, from the same weights
-    policy, _, opt, _, *_ = trainer.build_models(cfg, torch.device("cpu"), 1)
+    policy, _, opt, _, *_ = trainer.build_models(cfg, cfg.model, torch.device("cpu"), 1)
     mask, old = batch["response_mask"].float(), batch["old_log_probs"]
     m = mask.long()
     direct = trainer.Batch(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], response_mask=m,
