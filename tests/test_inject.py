@@ -7,7 +7,9 @@ without the bug, run as long, must raise no finding at all, and so must the defa
 batch) for 45 steps, long enough for the 40-step flat-reward window: a check that fires on every run fails here.
 """
 
+import ast
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -91,6 +93,19 @@ def test_every_injection_has_a_bound_and_a_known_failure_id():
         assert all(callable(getattr(m, f)) for m, f in planted), name  # an existing function of that module
         plant = getattr(inj.plant, "func", inj.plant)  # (reward_scale, answer_format: partial(scaled_scores))
         assert name in plant.__doc__, f"{plant.__name__} does not name {name} in its docstring"
+
+
+def test_the_trainer_calls_every_planted_function_through_its_module():
+    """A `from rollout import rollout_env` in trainer.py would bind the function at import: the patch of
+    repro.planted would never reach the loop and the injection would silently plant nothing. So no planted function
+    is imported by name there (the trainer's own helpers are looked up in its module at each call)."""
+    planted = {(m.__name__, f) for inj in INJECTIONS.values() for m, f in inj.plant(trainer)}
+    tree = ast.parse((Path(__file__).resolve().parents[1] / "trainer.py").read_text())
+    bound = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert planted and not bound & planted, bound & planted
+    assert {m for m, _ in planted} - {"trainer"} <= {
+        a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names
+    }
 
 
 def test_planted_replaces_the_functions_for_the_block_only_and_puts_them_back():
