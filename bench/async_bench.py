@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import scheduler  # noqa: E402
+import scheduler_config  # noqa: E402
 from cli import check_fields, check_range, parse_config  # noqa: E402
 from runlog import format_table  # noqa: E402
 
@@ -121,7 +122,7 @@ def predict(cfg: BenchConfig, sync: dict, alpha: int) -> float:
             lengths_file=str(Path(d) / "lengths.txt"), prompt_tokens=1, obs_tokens=0, max_turns=1, turns_median=1.0,
             turns_sigma=0.0, tail=0.0, env_median_s=0.0, env_sigma=0.0, max_context=10**8, timeout_s=1e9,
             total_params_b=0.5, active_params_b=0.5, kv_bytes_per_token=0.0, gpu_mem_gb=80.0, hbm_bw_gbs=1000.0,
-            mfu=1.0, peak_tflops=scheduler.TRAIN_FLOPS * 0.5e9 * tokens_per_step / sync["train_s"] / 1e12,
+            mfu=1.0, peak_tflops=scheduler_config.TRAIN_FLOPS * 0.5e9 * tokens_per_step / sync["train_s"] / 1e12,
             sync_bw_gbs=1e9, sync_latency_s=0.0, max_seqs=1,
         )  # fmt: skip
         walls = [scheduler.simulate(scheduler.Config(**common, alpha=a))["wall_s"] for a in (0, alpha)]

@@ -2,6 +2,7 @@
 on a cadence, the update's metrics copied to the host once. Each is checked against the path it replaces, bit for
 bit, on short runs of the random-init tiny model (a model folder, as `--model DIR` loads it)."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -100,7 +101,7 @@ def test_reference_pass_on_its_cadence(folder, tmp_path, monkeypatch):
 
 def batch_of(**none):
     """A Batch of ones [2, 3] with the fields named in `none` set to None (critic fields None)."""
-    names = [f.name for f in trainer.fields(trainer.Batch)]
+    names = [f.name for f in dataclasses.fields(trainer.Batch)]
     critic = ("old_values", "critic_returns", "shares")
     return trainer.Batch(**{k: None if k in none or k in critic else torch.ones(2, 3) for k in names})
 
