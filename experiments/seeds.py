@@ -18,10 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from runlog import n_processes, read_jsonl
 
-from runlog import n_processes, read_jsonl  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]  # the repository (its importers put it on sys.path: experiments/*.py)
 
 
 def run_trainer(argv: list[str], out_dir, threads: int | None = None) -> tuple[dict, list[dict]]:
