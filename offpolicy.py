@@ -371,18 +371,15 @@ def policy_loss(
     tau_pos=1.0,
     tau_neg=1.05,
     agg="token-mean",
-    token_weights=None,
     is_weights=None,
     pg_mask=None,
     denom=None,
     world=1,
 ):
     """The policy loss of family `kind` aggregated over valid tokens (vanilla: ppo_math's clipped PPO + dual clip),
-    and its metrics. All inputs [B, R]. token_weights multiply the advantages (attention credit's gamma_t A_t);
-    is_weights: the rollout correction's, detached; pg_mask (AsyPPO) zeroes the term of some tokens, the
-    normaliser still counting every token of `mask` (masking shrinks the step)."""
-    if token_weights is not None:
-        advantages = advantages * token_weights  # shaped advantage gamma_t * A_t (attention credit)
+    and its metrics. All inputs [B, R]; the advantages as the update uses them (attention credit's gamma_t A_t is
+    shaped by the caller). is_weights: the rollout correction's, detached; pg_mask (AsyPPO) zeroes the term of some
+    tokens, the normaliser still counting every token of `mask` (masking shrinks the step)."""
     agg = policy_agg(kind, agg)  # sapo, geo_mean: per sequence, whatever loss_agg says (veRL's)
     args, clips = (logprobs, old_logprobs, advantages, mask), {"clip_low": clip_low, "clip_high": clip_high}
     if kind == "vanilla":

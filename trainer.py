@@ -336,10 +336,10 @@ def policy_step(cfg: Config, policy_train, opt, mb: Batch, world, autocast, upda
             logp, ent = trainer_logprobs(cfg, policy_train, ids, mi.attention_mask, r, with_entropy=True, micro_batch=b)
             old = logp.detach() if mi.old_logprobs is None else mi.old_logprobs  # (reuse_old_logprobs)
             anchor = old if mi.clip_anchor is None else mi.clip_anchor
-            shaping = {"token_weights": mi.token_weights, "pg_mask": mi.pg_mask.float(), "is_weights": mi.is_weights}
-            pg, m = offpolicy.policy_loss(
-                logp, anchor, mi.advantages, mmask, **clip, **shaping, denom=pg_denom, world=world
-            )
+            # the shaped advantage gamma_t A_t (attention credit; ones otherwise)
+            adv = mi.advantages if mi.token_weights is None else mi.advantages * mi.token_weights
+            shaping = {"pg_mask": mi.pg_mask.float(), "is_weights": mi.is_weights}
+            pg, m = offpolicy.policy_loss(logp, anchor, adv, mmask, **clip, **shaping, denom=pg_denom, world=world)
             ent_loss = ppo_math.aggregate(ent * mi.ent_mask.float(), mmask, **agg)  # I^H_t H_t: AsyPPO's entropy filter
             terms = {"loss/policy": pg, "loss/entropy": ent_loss}
             if mi.ref_logprobs is not None:  # an iteration with the reference pass (needs_reference)

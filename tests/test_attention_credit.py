@@ -370,7 +370,8 @@ def test_pass_restores_attention_implementation_on_error(tiny):
 def loss_and_grads(model, ids, attention_mask, rm, adv, old, token_weights):
     model.zero_grad(set_to_none=True)
     logp, _ = sequence_logprobs(model, ids, attention_mask, rm.shape[1])
-    loss, _ = offpolicy.policy_loss(logp, old, adv, rm.float(), token_weights=token_weights)
+    shaped = adv if token_weights is None else adv * token_weights  # gamma_t A_t, as the trainer's update shapes it
+    loss, _ = offpolicy.policy_loss(logp, old, shaped, rm.float())
     loss.backward()
     return loss.detach(), [p.grad.clone() for p in model.parameters()]
 

@@ -259,7 +259,7 @@ def test_policy_loss_clip_higher_is_asymmetric():
     assert loss == pytest.approx(0.8, abs=1e-12)
 
 
-def test_policy_loss_batch_metrics_and_token_weights():
+def test_policy_loss_batch_metrics_and_a_shaped_advantage():
     # 2 x 2 tokens, last one masked. log-ratios [[ln 1.5, 0], [ln 0.5, junk]], A [[1, 1], [-1, 5]]
     # per-token loss: [-1.2, -1, 0.8, *]; token-mean = (-1.2 - 1 + 0.8) / 3 = -1.4 / 3
     # clipfrac: tokens 0 and 2 clipped -> 2/3 ; ratio_mean = (1.5 + 1 + 0.5) / 3 = 1 ; ratio_max = 1.5
@@ -273,10 +273,10 @@ def test_policy_loss_batch_metrics_and_token_weights():
     assert float(m["ratio_mean"]) == pytest.approx(1.0, abs=1e-7)
     assert float(m["ratio_max"]) == pytest.approx(1.5, abs=1e-7)
     assert float(m["approx_kl"]) == pytest.approx(-math.log(0.75) / 3, abs=1e-7)
-    # token_weights multiply the advantage: weights [[2, 0], [1, 1]] -> A' = [[2, 0], [-1, 5]]
+    # attention credit's weights shape the advantage (the caller's product): [[2, 0], [1, 1]] -> A' = [[2, 0], [-1, 5]]
     # per-token: max(-3, -2.4) = -2.4 ; 0 ; 0.8 -> (-2.4 + 0 + 0.8) / 3 = -1.6 / 3
     w = t([[2.0, 0.0], [1.0, 1.0]])
-    loss_w, _ = offpolicy.policy_loss(logp, torch.zeros(2, 2, dtype=F64), adv, mask, token_weights=w)
+    loss_w, _ = offpolicy.policy_loss(logp, torch.zeros(2, 2, dtype=F64), adv * w, mask)
     assert loss_w.item() == pytest.approx(-1.6 / 3, abs=1e-12)
 
 

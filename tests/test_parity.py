@@ -38,12 +38,12 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 PLUMBING = {"common", "cli", "runlog"}
 
 
-def run_both(tmp_path, flags: list[str], model: Path, launcher: list[str]) -> dict:
+def run_both(tmp_path, flags: list[str], model: Path, launcher: list[str], recipe=RECIPE) -> dict:
     """The textbook and the trainer with the same flags, side by side: {which: (metrics rows, digests per rank)}."""
     procs = {}
     for which in ("textbook", "trainer"):
         cmd = [*launcher, str(ROOT / "tests" / "parity_run.py"), which, str(tmp_path / which)]
-        cmd += [*RECIPE, *flags, "--model", str(model)]
+        cmd += [*recipe, *flags, "--model", str(model)]
         procs[which] = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out = {}
     for which, proc in procs.items():
@@ -60,10 +60,9 @@ def assert_equal_runs(runs: dict, ranks: int, critic: bool) -> None:
     (ours, our_digests), (theirs, their_digests) = runs["textbook"], runs["trainer"]
     assert len(our_digests) == len(their_digests) == ranks
     assert {d["optimizers"] for d in our_digests + their_digests} == {2 if critic else 1}
-    assert {d["digest"] for d in our_digests + their_digests} == {our_digests[0]["digest"]}, (
-        our_digests,
-        their_digests,
-    )
+    for ours_r, theirs_r in zip(our_digests, their_digests):  # every optimizer step's gradients, in order
+        assert ours_r["grads"] == theirs_r["grads"], first_difference(ours_r["grads"], theirs_r["grads"])
+    assert {d["digest"] for d in our_digests + their_digests} == {our_digests[0]["digest"]}
     assert [r["step"] for r in ours] == [r["step"] for r in theirs] == [1, 2, 3]
     written = WRITTEN + ["loss/value"] * critic
     for a, b in zip(ours, theirs):
@@ -72,6 +71,12 @@ def assert_equal_runs(runs: dict, ranks: int, critic: bool) -> None:
         differ = {k: (a[k], b[k]) for k in shared if abs(a[k] - b[k]) > 1e-9 * abs(b[k])}  # relative; 0 == 0
         assert not differ, differ
     assert ours[-1]["stats/clipfrac"] > 0 and ours[-1]["stats/kl"] != 0  # the runs trained: the policy moved
+
+
+def first_difference(ours: list, theirs: list) -> str:
+    """Where two lists of [optimizer, gradient digest] per step first differ (the step a bug enters the update)."""
+    n = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    return f"optimizer step {n} of {len(ours)} / {len(theirs)} differs: {ours[n : n + 1]} vs {theirs[n : n + 1]}"
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -85,6 +90,21 @@ def test_the_textbook_equals_the_trainer_under_torchrun(tmp_path, default_sft_pa
     """Two ranks (gloo): DDP, the global token denominator, global whitening, rank-local groups, metrics averaged."""
     runs = run_both(tmp_path, CASES[case], default_sft_path, TORCHRUN)
     assert_equal_runs(runs, ranks=2, critic=case != "grpo")
+
+
+def test_one_update_on_a_frozen_batch_has_the_same_loss_and_gradients(tmp_path, default_sft_path):
+    """The update alone: both files' sampling answered from one generator of its own (parity_run --frozen-batch),
+    one iteration of PPO with a critic. Every optimizer step (4 minibatches, policy and critic) is handed the same
+    gradients, the losses agree, and the weights and AdamW states end equal."""
+    recipe = ["--frozen-batch", "7", "--steps", "1", "--eval-every", "0"]
+    runs = run_both(tmp_path, [], default_sft_path, [sys.executable], recipe=recipe)
+    (ours, [our_digest]), (theirs, [their_digest]) = runs["textbook"], runs["trainer"]
+    assert our_digest["frozen_calls"] == their_digest["frozen_calls"] == 1  # one sampling call each, frozen
+    assert our_digest["grads"] == their_digest["grads"], first_difference(our_digest["grads"], their_digest["grads"])
+    assert len(our_digest["grads"]) >= 2 and {i for i, _ in our_digest["grads"]} == {0, 1}  # critic and policy steps
+    assert our_digest["digest"] == their_digest["digest"]
+    for key in ("loss/policy", "loss/value", "stats/grad_norm", "stats/clipfrac"):
+        assert abs(ours[0][key] - theirs[0][key]) <= 1e-9 * abs(theirs[0][key]), key
 
 
 def test_the_textbooks_sampling_and_scoring_equal_the_trainers_rollout_env(default_sft_path):
