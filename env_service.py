@@ -24,7 +24,8 @@ connection per request (HTTP/1.0 style): none goes stale between two steps, so a
 RemoteEnv(url, env, split, timeout, **options) has Env's reset / step. `url` is one server or several, comma-
 separated: each new episode's session goes to the live server with the fewest sessions this process has open there.
 - reset: a server that refuses, times out or drops the connection is marked down (for `retry_s`, then tried again)
-  and the next one is tried; 503 (full) tries the next one too; none left: ConnectionError naming each failure.
+  and the next one is tried; 503 (full) tries the next one too; every one full: waits and retries for up to `timeout`
+  seconds; none left: ConnectionError naming each failure.
 - step: a server that does not answer within `timeout`, refuses or drops the connection fails the episode: step
   returns ("", 0.0, False, True, {"env_error": reason}), logs the reason and marks the server down; the trainer
   counts it (rollout/env_error_frac) and trains nothing on that episode (rollout.py); other episodes go on.
@@ -36,6 +37,9 @@ Implementation details (our choices)
    idle_timeout s) or the lifetime timeout (session_timeout s after creation), checked 4 times per idle timeout; a
    closed session's id answers 410 with the reason (the last 4096 are remembered). 2. A session's requests run one at
    a time, sessions concurrently. 3. Non-JSON info values (some GEM envs) go as str(); a service bug answers JSON 500.
+4. A client that leaves before its answer (its timeout, its exit) takes its session with it: the session it opened
+   (POST /sessions) or whose episode it reset or stepped is closed at once, not left to the idle timeout, so that
+   clients that give up and retry cannot fill the server. A full server answers 503 with `Retry-After: 1`.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ import http.client
 import json
 import re
 import secrets
+import select
+import socket
 import sys
 import threading
 import time
@@ -141,7 +147,8 @@ class EnvService:
             raise HTTPError(400, f"unknown environment {name!r}: one of {sorted(ENVS)} or gem:<env id>")
         with self.lock:
             if len(self.sessions) >= self.args.max_sessions:
-                raise HTTPError(503, f"{self.args.max_sessions} sessions are open (max_sessions); close some")
+                full = f"{self.args.max_sessions} sessions are open (max_sessions); close some or retry later"
+                raise HTTPError(503, full, {"Retry-After": "1"})
         try:
             if name == "shell" and isinstance(options.get("limits"), dict):
                 options = {**options, "limits": sandbox.Limits(**options["limits"])}
@@ -258,22 +265,39 @@ class Handler(BaseHTTPRequestHandler):
     def handle_any(self) -> None:
         """Answer one request of any method (`self.command`)."""
         method, path = self.command, urllib.parse.urlsplit(self.path).path
+        payload = {}
         try:
-            routes = [(verb, m, fn) for verb, pattern, fn in ROUTES if (m := re.fullmatch(pattern, path))]
-            for verb, m, fn in routes:
-                if verb == method:
-                    return self.answer(200, fn(self.server.service, m, self.read_body() if verb == "POST" else {}))
-            if not routes:
-                raise HTTPError(404, f"no route {path}")
-            allow = ", ".join(verb for verb, *_ in routes)  # a known path, the wrong method
-            raise HTTPError(405, f"{method} {path}: allowed {allow}", {"Allow": allow})
-        except HTTPError as e:
-            self.answer(e.status, {"error": str(e)}, e.headers)
-        except (BrokenPipeError, ConnectionResetError):  # the client gave up (its timeout) before the answer
-            print(f"[minrl] env_service: the client of {method} {self.path} left before its answer", file=sys.stderr)
-        except Exception as e:  # a bug of the service itself: a JSON 500 with its name (and the traceback here)
-            traceback.print_exc()
-            self.answer(500, {"error": f"env_service failed on {method} {self.path}: {e!r}"})
+            try:
+                routes = [(verb, m, fn) for verb, pattern, fn in ROUTES if (m := re.fullmatch(pattern, path))]
+                for verb, m, fn in routes:
+                    if verb == method:
+                        payload = fn(self.server.service, m, self.read_body() if verb == "POST" else {})
+                        return self.answer(200, payload)
+                if not routes:
+                    raise HTTPError(404, f"no route {path}")
+                allow = ", ".join(verb for verb, *_ in routes)  # a known path, the wrong method
+                raise HTTPError(405, f"{method} {path}: allowed {allow}", {"Allow": allow})
+            except HTTPError as e:
+                self.answer(e.status, {"error": str(e)}, e.headers)
+            except (BrokenPipeError, ConnectionResetError, ClientLeft):
+                raise
+            except Exception as e:  # a bug of the service itself: a JSON 500 with its name (and the traceback here)
+                traceback.print_exc()
+                self.answer(500, {"error": f"env_service failed on {method} {self.path}: {e!r}"})
+        except (BrokenPipeError, ConnectionResetError, ClientLeft):  # the client gave up (its timeout, its exit)
+            self.client_left(method, path, payload)
+
+    def client_left(self, method: str, path: str, payload: dict) -> None:
+        """Detail 4: the client left before its answer. The session it opened or used is closed: nobody holds its
+        id (a create's answer never arrived) or knows where its episode stands (a reset's or step's)."""
+        m = re.fullmatch(r"/sessions/([0-9a-f]+)/(reset|step)", path)
+        sid = payload.get("session") if method == "POST" and path == "/sessions" else m and m[1]
+        why = f"its client left before the answer to {method} {path}"
+        with contextlib.suppress(HTTPError):  # closed meanwhile (its client's DELETE, the reaper)
+            if sid:
+                self.server.service.close(sid, why)
+        closed = f"; session {sid} closed" if sid else ""
+        print(f"[minrl] env_service: the client of {method} {path} left before its answer{closed}", file=sys.stderr)
 
     def read_body(self) -> dict:
         """The JSON object of the request body, within max_body_bytes."""
@@ -290,7 +314,11 @@ class Handler(BaseHTTPRequestHandler):
         return body
 
     def answer(self, status: int, payload: dict, headers: dict | None = None) -> None:
-        """Send the JSON payload with its status (and headers)."""
+        """Send the JSON payload with its status (and headers); ClientLeft if the client has closed its end (a
+        client that timed out: the write alone would often succeed into the socket's buffer)."""
+        readable, _, _ = select.select([self.connection], [], [], 0)
+        if readable and not self.connection.recv(1, socket.MSG_PEEK):  # end of stream: the client closed
+            raise ClientLeft()
         data = json.dumps(payload).encode()
         self.send_response(status)
         for k, v in {"Content-Type": "application/json", "Content-Length": str(len(data)), **(headers or {})}.items():
@@ -300,6 +328,10 @@ class Handler(BaseHTTPRequestHandler):
 
     do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = handle_any  # noqa: N815 (http.server's names: do_<METHOD>)
     log_message = lambda self, fmt, *args: None  # noqa: E731 (a line per request would drown the trainer's output)
+
+
+class ClientLeft(Exception):
+    """The client closed its connection before the answer was written."""
 
 
 class Server(ThreadingHTTPServer):
@@ -396,26 +428,34 @@ class RemoteEnv:
         self.name, self.url, self.sid = f"{env} (remote)", None, None
 
     def reset(self, seed: int | None = None) -> tuple[str, dict]:
-        """Open a session on the least-loaded live server and start its episode there."""
+        """Open a session on the least-loaded live server and start its episode there. Every server full (503):
+        wait a second and try again, for up to `timeout` seconds in all."""
         self.close()
-        failed = []
-        for url in self.servers.order():
-            try:
-                body = {"env": self.env, "split": self.split, "options": self.options}
-                self.url, self.sid = url, request(url, "POST", "/sessions", body, self.timeout)["session"]
-                self.servers.count(url, +1)
-                out = request(url, "POST", f"/sessions/{self.sid}/reset", {"seed": seed}, self.timeout)
-                return out["observation"], out["info"]
-            except ServerDown as e:
-                self.servers.mark_down(url, str(e))
-                self.forget()
-                failed.append(f"{url}: {e}")
-            except HTTPError as e:
-                if e.status != 503:  # a bug on either side, as it would be locally
-                    raise
-                self.close()
-                failed.append(str(e))
-        raise ConnectionError("no environment server could start an episode: " + "; ".join(failed))
+        deadline = time.monotonic() + self.timeout
+        while True:
+            failed, full = [], False
+            for url in self.servers.order():
+                try:
+                    body = {"env": self.env, "split": self.split, "options": self.options}
+                    self.url, self.sid = url, request(url, "POST", "/sessions", body, self.timeout)["session"]
+                    self.servers.count(url, +1)
+                    out = request(url, "POST", f"/sessions/{self.sid}/reset", {"seed": seed}, self.timeout)
+                    return out["observation"], out["info"]
+                except ServerDown as e:  # (a session it opened: closed by the server when this client left)
+                    self.servers.mark_down(url, str(e))
+                    self.forget()
+                    failed.append(f"{url}: {e}")
+                except HTTPError as e:
+                    if e.status != 503:  # a bug on either side, as it would be locally
+                        raise
+                    self.close()
+                    failed.append(str(e))
+                    full = True
+            if not full or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)  # the servers' Retry-After
+        why = f" (full for {self.timeout:.0f} s: raise the servers' --max-sessions, or run fewer episodes at once)"
+        raise ConnectionError("no environment server could start an episode: " + "; ".join(failed) + why * full)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         """One action on the session's server; a failed server fails the episode (env_error), never hangs."""

@@ -390,7 +390,9 @@ def train_agent(cfg: AgentConfig, hooks=()) -> dict:
     """Train the policy on what `cfg.agent`'s processes do through a proxy; an environment server in this process.
     Returns train()'s result plus "agent_success": greedy success of the agent on eval_n held-out seeds, before and
     after."""
-    env_server = start_server(ServiceArgs(port=0))
+    # room for every episode the agents may open at once: an iteration's, or an evaluation's (eval_n at once)
+    at_once = max(256, cfg.eval_n, cfg.prompts_per_step * cfg.group_size)
+    env_server = start_server(ServiceArgs(port=0, max_sessions=at_once))
     box = {}
 
     def sampler(step, policy):

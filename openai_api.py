@@ -81,6 +81,13 @@ class Handler(env_service.Handler):
     def handle_any(self) -> None:
         path = urllib.parse.urlsplit(self.path).path
         try:
+            self.respond(path)
+        except (BrokenPipeError, ConnectionResetError, env_service.ClientLeft):  # the client left before its answer
+            print(f"[minrl] model_proxy: the client of {self.command} {path} left before its answer", file=sys.stderr)
+
+    def respond(self, path: str) -> None:
+        """Route one request and answer it, errors as OpenAI's error bodies."""
+        try:
             body, proxy = self.read_body() if self.command == "POST" else {}, self.server.service
             parts = [urllib.parse.unquote(p) for p in path.split("/")]  # ["", "v1", "sessions", ID, ("reward")]
             session = len(parts) in (4, 5) and parts[:3] == ["", "v1", "sessions"]
@@ -96,8 +103,8 @@ class Handler(env_service.Handler):
             raise HTTPError(404, f"no route {self.command} {path}")
         except HTTPError as e:  # (closing: the request's body may be unread)
             self.answer(e.status, openai_error(e.status, str(e)), CLOSE)
-        except (BrokenPipeError, ConnectionResetError):  # the client left before its answer
-            print(f"[minrl] model_proxy: the client of {self.command} {path} left before its answer", file=sys.stderr)
+        except (BrokenPipeError, ConnectionResetError, env_service.ClientLeft):
+            raise
         except Exception as e:  # a bug of the proxy: a JSON 500 naming it (and the traceback here)
             traceback.print_exc()
             self.answer(500, openai_error(500, f"model_proxy failed on {self.command} {path}: {e!r}"), CLOSE)

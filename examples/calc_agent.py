@@ -18,7 +18,9 @@ import json
 import os
 import sys
 import threading
+import time
 import traceback
+import urllib.error
 import urllib.request
 
 from openai import OpenAI
@@ -27,12 +29,20 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice
 
 
-def call(url: str, method: str, body: dict | None = None) -> dict:
-    """One JSON request (the environment server's API and the reward report)."""
+def call(url: str, method: str, body: dict | None = None, patience: float = 120.0) -> dict:
+    """One JSON request (the environment server's API and the reward report). A full server (503) is asked again
+    after its Retry-After, for up to `patience` seconds; then the error stands."""
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data, {"Content-Type": "application/json"}, method=method)
-    with urllib.request.urlopen(req, timeout=120) as f:
-        return json.loads(f.read())
+    deadline = time.monotonic() + patience
+    while True:
+        req = urllib.request.Request(url, data, {"Content-Type": "application/json"}, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=120) as f:
+                return json.loads(f.read())
+        except urllib.error.HTTPError as e:
+            if e.code != 503 or time.monotonic() > deadline:
+                raise
+            time.sleep(float(e.headers.get("Retry-After", 1)))
 
 
 def play(client: OpenAI, env_url: str, seed: int, session: str, split: str, max_turns: int, model: str) -> float:

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
+import env_service
 import envs
 import sandbox
 import tasks
 import trainer
-from env_service import RemoteEnv, Servers, ServiceArgs, request, start_server, stop_server
+from env_service import RemoteEnv, ServerDown, Servers, ServiceArgs, request, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,6 +83,51 @@ def test_every_bad_request_gets_its_status_and_a_json_error(server, monkeypatch)
     request(url, "DELETE", f"/sessions/{sid}", None, 10)
     got, payload = raw(url, "POST", f"/sessions/{sid}/step", b'{"action": "calc 1+1"}')
     assert got == 410 and "closed by its client" in payload["error"]
+
+
+def wait_for(condition, seconds=10.0) -> bool:
+    t0 = time.monotonic()
+    while not condition() and time.monotonic() - t0 < seconds:
+        time.sleep(0.02)
+    return condition()
+
+
+def test_a_client_that_leaves_before_its_answer_takes_its_session_with_it(server, monkeypatch, capsys):
+    """Detail 4: a client that gives up (its timeout) while its reset or its create is served leaves no session
+    behind; otherwise every retry of a slow client would open one more, until the server is full."""
+    slow = lambda fn: lambda *a, **k: (time.sleep(1.0), fn(*a, **k))[1]  # noqa: E731
+    monkeypatch.setattr(envs.CalculatorEnv, "reset", slow(envs.CalculatorEnv.reset))
+    sid = request(server.url, "POST", "/sessions", {"env": "calc"}, 10)["session"]
+    with pytest.raises(ServerDown, match="timed out"):  # the client waits 0.2 s of the reset's 1 s
+        request(server.url, "POST", f"/sessions/{sid}/reset", {"seed": 0}, 0.2)
+    assert wait_for(lambda: sid in server.service.gone)
+    assert server.service.gone[sid] == f"its client left before the answer to POST /sessions/{sid}/reset"
+    monkeypatch.setattr(env_service, "make_env", slow(env_service.make_env))
+    with pytest.raises(ServerDown, match="timed out"):  # a create: its id never reaches anyone
+        request(server.url, "POST", "/sessions", {"env": "calc"}, 0.2)
+    assert wait_for(lambda: len(server.service.gone) == 2) and server.service.health()["sessions"] == 0
+    err = capsys.readouterr().err
+    assert err.count("left before its answer; session") == 2 and "Traceback" not in err
+
+
+def test_a_full_server_answers_503_retry_after_and_a_remote_env_waits_for_room(server):
+    """max_sessions = 4: a fifth session waits (Retry-After) until one closes; a server full for the whole timeout
+    is named with what to do."""
+    held = [request(server.url, "POST", "/sessions", {"env": "calc"}, 10)["session"] for _ in range(4)]
+    import http.client
+
+    conn = http.client.HTTPConnection(server.server_address[0], server.server_address[1], timeout=10)
+    conn.request("POST", "/sessions", body=b'{"env": "calc"}', headers={"Content-Length": "15"})
+    resp = conn.getresponse()
+    assert (resp.status, resp.getheader("Retry-After")) == (503, "1") and b"max_sessions" in resp.read()
+    conn.close()
+    with pytest.raises(ConnectionError, match="full for 2 s: raise the servers' --max-sessions"):
+        RemoteEnv(server.url, "calc", timeout=2.0).reset(seed=0)
+    threading.Timer(1.5, lambda: request(server.url, "DELETE", f"/sessions/{held[0]}", None, 10)).start()
+    t0, env = time.monotonic(), RemoteEnv(server.url, "calc", timeout=30.0)
+    obs, _ = env.reset(seed=0)
+    assert obs == envs.make_env("calc").reset(seed=0)[0] and 1.0 < time.monotonic() - t0 < 20
+    env.close()
 
 
 def test_sessions_close_after_the_idle_and_the_lifetime_timeout():

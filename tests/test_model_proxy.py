@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -23,6 +24,8 @@ from agent_pool import AgentPool
 from common import make_autocast
 from offpolicy import inference_copy
 from rollout import Rollout, sequence_logprobs
+
+ROOT = Path(__file__).resolve().parents[1]
 
 openai = pytest.importorskip("openai", reason="pip install openai (requirements.txt installs it for the tests)")
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
@@ -293,6 +296,28 @@ def test_an_unmodified_agent_learns_through_the_proxy_against_an_lr0_control(tmp
     assert [r["proxy/samples"] for r in rows] == [128] * 20 and all(r["proxy/prefix_breaks"] == 0 for r in rows)
     assert max(r["stats/rollout_vs_old_logp_diff"] for r in rows) < 1e-4
     assert all(r["rollout/turns"] >= 1 for r in rows)
+
+
+def test_the_readmes_agent_command_runs_one_iteration_beside_a_busy_process(tmp_path):
+    """The README's `model_proxy.py --agent ...` command, as written there, for one iteration, while a second process
+    keeps a core busy: its 16 agents open the 500 greedy evaluation episodes at once (the environment server has room
+    for them) and 128 training episodes; nothing is refused, no client leaves before its answer."""
+    readme = (ROOT / "README.md").read_text().splitlines()
+    command = next(line for line in readme if line.startswith("python3 model_proxy.py --agent")).split("#")[0].split()
+    assert command[:2] == ["python3", "model_proxy.py"] and "--agents" in command, command
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        t0, flags = time.monotonic(), ["--steps", "1", "--out-dir", str(tmp_path / "run")]
+        proc = subprocess.run([sys.executable, *command[1:], *flags], cwd=ROOT, capture_output=True, text=True,
+                              timeout=600)  # fmt: skip
+        wall = time.monotonic() - t0
+    finally:
+        busy.kill()
+        busy.wait()
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "greedy success of the agent on 500 held-out episodes" in proc.stdout, proc.stdout[-2000:]
+    assert "503" not in proc.stderr and "left before" not in proc.stderr, proc.stderr[-3000:]
+    print(f"the README's agent command, one iteration beside a busy process: {wall:.0f} s")
 
 
 @pytest.mark.parametrize("batch_thread", ["--no-batch-thread", "--batch-thread"])
