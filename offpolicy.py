@@ -74,11 +74,13 @@ class OffPolicyArgs:
     rollout_is: Literal["token", "sequence"] | None = None
     """veRL rollout IS weights pi_old / pi_rollout per token or per sequence (None = off)."""
     rollout_is_threshold: str | None = None
-    """Rollout IS: "U" truncates weights at U (TIS); "L_U" zeroes weights outside [L, U] (IcePop) (None = 2.0)."""
+    """Rollout IS: U truncates weights at U (TIS); "L_U" zeroes weights outside [L, U] (IcePop) (None = 2.0). A
+    number or a string, as in veRL's configs."""
     rollout_rs: str | None = None
     """Rollout rejection: comma-separated token_k1|k2|k3, seq_sum_kX, seq_mean_kX, seq_max_k2|k3 (None = off)."""
     rollout_rs_threshold: str | None = None
-    """Rejection bounds, one for all options or one per option: kX "U", k1 ratios "L_U" (or "U": [1/U, U])."""
+    """Rejection bounds, one for all options or one per option: kX "U", k1 ratios "L_U" (or "U": [1/U, U]); a
+    number is one U for every option."""
     loss_mode: Literal[LOSS_MODES] = "vanilla"
     """Policy loss: vanilla (PPO clip) | gspo | cispo | sapo | geo_mean | dppo_tv | dppo_kl (veRL's). clip_low/high
     bound all but sapo's (dppo: divergences); dual_clip is vanilla's dual clip and dppo's ratio cap, else unused."""
@@ -92,6 +94,8 @@ class OffPolicyArgs:
 
     def __post_init__(self):
         self.off_policy = self.off_policy or "none"  # derived once here, printed with the config, and:
+        self.rollout_is_threshold = threshold_text(self.rollout_is_threshold, "rollout_is_threshold")  # 2.0: "2.0"
+        self.rollout_rs_threshold = threshold_text(self.rollout_rs_threshold, "rollout_rs_threshold")
         if self.rollout_is and self.rollout_is_threshold is None:
             self.rollout_is_threshold = "2.0"  # veRL's default (TIS at 2)
         ranges = {"[1.0, inf)": ("is_cap", "is_mask_cap"), "(0, inf)": ("sapo_tau_pos", "sapo_tau_neg")}
@@ -143,8 +147,19 @@ def sync_weights(engine, policy) -> None:
 # 1. Rollout corrections (veRL 0.9.1 rollout_corr_helper), tensors in, tensors + metrics out
 
 
-def is_bounds(spec: str) -> tuple[float | None, float]:
-    """(lower, upper) of a rollout IS threshold: "U" -> (None, U) (TIS), "L_U" -> (L, U) (IcePop)."""
+def threshold_text(value, field: str) -> str | None:
+    """A threshold as text: veRL's configs write a single bound as a number (2.0), a pair as "0.5_2.0"; both are
+    accepted, anything else is refused naming the field."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return repr(float(value))  # 2 -> "2.0", 0.05 -> "0.05": the text the command line would give
+    raise ValueError(f'config field {field!r} = {value!r}: a number (2.0) or a string ("2.0", "0.5_2.0")')
+
+
+def is_bounds(spec) -> tuple[float | None, float]:
+    """(lower, upper) of a rollout IS threshold: U -> (None, U) (TIS), "L_U" -> (L, U) (IcePop); U a number or text."""
+    spec = threshold_text(spec, "rollout_is_threshold")
     lo, sep, hi = spec.rpartition("_")  # "U" -> ("", "", "U")
     try:
         lower, upper = (float(lo) if sep else None), float(hi)
@@ -155,9 +170,10 @@ def is_bounds(spec: str) -> tuple[float | None, float]:
     return lower, upper
 
 
-def rs_bounds(kind: str, threshold: str | None) -> dict[str, tuple[float | None, float]]:
+def rs_bounds(kind: str, threshold) -> dict[str, tuple[float | None, float]]:
     """{option: (lower, upper)} of a rejection spec. k1 options: ratio bounds ("U" means [1/U, U]); others: an upper
-    bound on the divergence. One threshold is shared by every option, else one per option."""
+    bound on the divergence. One threshold is shared by every option, else one per option (a number: one for all)."""
+    threshold = threshold_text(threshold, "rollout_rs_threshold")
     options = list(dict.fromkeys(o.strip() for o in kind.split(",") if o.strip()))  # in order, once each
     specs = [s.strip() for s in (threshold or "").split(",") if s.strip()]
     for o in options:
@@ -181,7 +197,7 @@ def rs_bounds(kind: str, threshold: str | None) -> dict[str, tuple[float | None,
     return out
 
 
-def rollout_is_weights(old_logprobs, rollout_logprobs, mask, *, level: str = "token", threshold: str = "2.0"):
+def rollout_is_weights(old_logprobs, rollout_logprobs, mask, *, level: str = "token", threshold: str | float = "2.0"):
     """Importance weights [B, R] pi_old / pi_rollout, detached, 0 where mask is 0, and their rollout_corr/ metrics.
     level token: w_t = exp(rho_t); sequence: exp(sum_t m rho_t) broadcast over the row. Threshold "U": min(w, U)
     (TIS); "L_U": w where L <= w <= U, else 0 (IcePop)."""
@@ -220,7 +236,7 @@ def rollout_is_weights(old_logprobs, rollout_logprobs, mask, *, level: str = "to
     return w.detach(), {f"rollout_corr/{k}": v for k, v in metrics.items()}
 
 
-def rollout_rejection_mask(old_logprobs, rollout_logprobs, mask, *, kind: str = "token_k1", threshold: str = "2.0"):
+def rollout_rejection_mask(old_logprobs, rollout_logprobs, mask, *, kind="token_k1", threshold: str | float = "2.0"):
     """The response mask [B, R] with the tokens / rows outside the trust region set to 0, and its rollout_corr/
     metrics (each option's and the overall masked token and sequence fractions)."""
     rho = (old_logprobs - rollout_logprobs).clamp(-SAFETY_BOUND, SAFETY_BOUND)  # [B, R]

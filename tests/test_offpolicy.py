@@ -132,6 +132,23 @@ def test_flag_refusals_name_the_field_and_the_fix(kw, match):
         trainer.Config(**kw)
 
 
+def test_thresholds_are_numbers_or_text_as_in_veRLs_configs():
+    """rollout_is_threshold: 2.0 in a veRL YAML is the command line's "2.0"; a list or a bool is refused, named."""
+    old, rollout, mask = hand_gap()
+    for fn, kw in ((op.rollout_is_weights, {"level": "token"}), (op.rollout_rejection_mask, {"kind": "token_k3"})):
+        as_text = fn(old, rollout, mask, **kw, threshold="2.0")
+        for number in (2, 2.0):
+            as_number = fn(old, rollout, mask, **kw, threshold=number)
+            assert torch.equal(as_number[0], as_text[0]) and as_number[1] == as_text[1]
+    cfg = trainer.Config(rollout_is="token", rollout_is_threshold=2, rollout_rs="token_k2", rollout_rs_threshold=0.05)
+    assert (cfg.rollout_is_threshold, cfg.rollout_rs_threshold) == ("2.0", "0.05")
+    for bad in ([0.5, 2.0], True, {"upper": 2}):
+        with pytest.raises(ValueError, match=r"'rollout_is_threshold' = .*: a number \(2.0\) or a string"):
+            trainer.Config(rollout_is="token", rollout_is_threshold=bad)
+        with pytest.raises(ValueError, match="'rollout_rs_threshold'"):
+            op.rollout_rejection_mask(old, rollout, mask, kind="token_k1", threshold=bad)
+
+
 def test_inference_copy_is_a_bf16_snapshot_synced_on_demand():
     policy = make_tiny_model(make_tokenizer())
     assert op.inference_copy(policy, "float32") is policy

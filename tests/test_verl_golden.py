@@ -279,6 +279,23 @@ def test_rollout_rejection_mask_matches_verl(case, setting):
     same_metrics(m, setting["metrics"], what, keys | {"rollout_rs_masked_fraction", "rollout_rs_seq_masked_fraction"})
 
 
+NUMERIC = [(c, s) for kind in ("is", "rs") for c in CORR[kind] for s in c["settings"] if s["threshold"][0].isdigit()]
+NUMERIC = [(c, s) for c, s in NUMERIC if "_" not in s["threshold"] and "," not in s["threshold"]]  # one bound
+
+
+@pytest.mark.parametrize("case,setting", [pytest.param(c, s, id=f"{c['name']}-{s['threshold']}") for c, s in NUMERIC])
+def test_a_threshold_written_as_a_number_as_veRLs_configs_do_is_the_same_threshold(case, setting):
+    """veRL's YAML writes a single bound as a number (rollout_is_threshold: 2.0): the functions take it as it is."""
+    old, rollout, mask = gap_of(case)
+    number = float(setting["threshold"])
+    if "level" in setting:
+        w, m = offpolicy.rollout_is_weights(old, rollout, mask, level=setting["level"], threshold=number)
+        close_at_valid(w, t64(setting["weights"]), torch.ones_like(mask), f"rollout_is {setting['threshold']}")
+    else:
+        keep, m = offpolicy.rollout_rejection_mask(old, rollout, mask, kind=setting["kind"], threshold=number)
+        assert torch.equal(keep.to(F64), t64(setting["mask"])), f"rollout_rs {setting['kind']} {number}"
+
+
 @pytest.mark.parametrize("case", [pytest.param(c, id=c["name"]) for c in CORR["offpolicy_metrics"]])
 def test_gap_metrics_match_verl(case):
     m = offpolicy.gap_metrics(*gap_of(case))
