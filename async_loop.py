@@ -58,7 +58,7 @@ from data import load_task
 from env_service import env_maker
 from envs import TaskEnv, env_overrides, multi_turn, rollout_kw
 from rollout import Rollout, cat_rollouts, rollout_env
-from runlog import format_table, read_jsonl
+from runlog import format_table, read_jsonl, stopping_cleanly
 from tasks import load_policy, stop_token_ids
 from trainer import Config, train
 from transport import Channel, heartbeat, silent_for
@@ -87,8 +87,8 @@ class AsyncConfig(Config):
     """Groups (prompts) per iteration."""
     group_size: int = 8
     """Responses sampled per prompt (G)."""
-    out_dir: str = "runs/async"
-    """Where metrics.jsonl, timeline.json, plots and checkpoints go."""
+    out_dir: str | None = None
+    """The run's folder: metrics.jsonl, timeline.json, plots, checkpoints (default: a new runs/async_loop-DATE-N)."""
     crash_worker_after: int = 0
     """Fault injection for the tests: rollout rank 1 exits abruptly (os._exit) after this many requests (0 = never)."""
     crash_trainer_after: int = 0
@@ -336,7 +336,7 @@ class AsyncSampler:
         metrics["async/buffer_groups"] = float(len(self.groups))
         return samples, episodes, group_ids, metrics
 
-    def close(self, out_dir: Path) -> None:
+    def close(self, out_dir: Path | None) -> None:
         """Stop the dispatcher, then the workers (best effort), and write the timeline."""
         self.halt.set()
         self.thread.join(timeout=10)
@@ -346,8 +346,8 @@ class AsyncSampler:
             except Exception as e:  # a dead worker's keys still take messages; a dead store does not
                 print(f"[minrl] could not send stop to rank {ch.peer}: {e}", file=sys.stderr)
         timeline = {"events": self.events, "steps": self.steps, "config": asdict(self.cfg)}
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "timeline.json").write_text(json.dumps(timeline))
+        if out_dir is not None:  # None: stopped before the run's folder was opened
+            (out_dir / "timeline.json").write_text(json.dumps(timeline))
 
 
 def _rank_main(cfg_dict: dict, rank: int, world: int, init_method: str, ready) -> None:
@@ -414,8 +414,8 @@ def run(cfg: AsyncConfig, init_method: str | None = None) -> dict:
         sampler = AsyncSampler(cfg, {w: Channel(store, group, 0, w) for w in range(1, world)}, store, procs, device)
         return train(cfg, sampler=sampler)
     finally:  # also on Ctrl-C or an error during start-up: no rank is left behind
-        if sampler is not None:
-            sampler.close(Path(cfg.out_dir))
+        if sampler is not None:  # (cfg.out_dir: the run's folder, once train() has opened it)
+            sampler.close(Path(cfg.out_dir) if cfg.out_dir else None)
         stop.set()
         for p in procs.values():
             p.join(timeout=15 if sampler is not None else 1)
@@ -428,11 +428,8 @@ def main(argv=None):
     """`python async_loop.py [flags]`: the run of every rank; rank 0 prints the per-step async metrics."""
     cfg = parse_config(AsyncConfig, argv)
     t0 = time.time()
-    try:
+    with stopping_cleanly(cfg):  # Ctrl-C or SIGTERM: the rollout processes stop, the run's files as far as it got
         out = run(cfg)
-    except KeyboardInterrupt:
-        print("[minrl] interrupted: rollout processes stopped", file=sys.stderr)
-        sys.exit(130)
     if int(os.environ.get("RANK", "0")) == 0 and cfg.rollout_workers and out:
         keys = "step async/staleness_mean async/staleness_max async/dropped async/kept_len async/wait_s time/train"
         print(format_table(read_jsonl(Path(cfg.out_dir) / "metrics.jsonl"), keys.split()))

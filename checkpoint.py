@@ -1,4 +1,4 @@
-"""Checkpoints that are never half-written and never resumed into another run.
+"""A run's folder and its checkpoints: never half-written, never mixed with another run's, never resumed into one.
 
     python trainer.py --steps 40 --save-every 10 --out-dir runs/a
     python trainer.py --steps 40 --resume runs/a/ckpt-20                # continues bit for bit on CPU
@@ -12,6 +12,11 @@ A checkpoint folder `ckpt-N/` holds
 - `rank{r}.pt`: each rank's random streams (the global torch RNG, the task Generator, the torch Generators),
   so that a resumed data-parallel run keeps distinct per-rank sampling;
 - `checkpoint.json`, written last: the completion marker, with the run's fingerprint and every file's size.
+
+A run's folder (run_dir): without --out-dir every run gets a fresh `runs/<entry>-<date>-<n>/` (printed); an --out-dir
+that already holds a run (metrics, checkpoints, a policy) is refused, naming --resume (continue it) and --overwrite
+(remove its files first): a second run never drops the first one's rows nor leaves its ckpt-N for a later --resume
+to pick. A resume continues in the checkpoint's run folder.
 
 Atomic (the usual write-then-rename recipe): every rank writes into `ckpt-N.tmp/` and fsyncs its files; after a
 barrier rank 0 writes the marker, fsyncs the folder and renames it to `ckpt-N` (an older `ckpt-N` is moved aside
@@ -35,6 +40,7 @@ import json
 import os
 import re
 import shutil
+import time
 from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 
@@ -42,8 +48,9 @@ import common
 import lora
 
 MARKER = "checkpoint.json"
-RUN_FIELDS = ("out_dir", "save_every", "resume", "resume_allow", "tensorboard", "save_final", "strict", "dist_timeout")
-RUN_FIELDS += ("dump_batch", "lora_merge")  # where a run writes, how it reports: free to change on resume
+# where a run writes, how it reports: free to change on resume
+RUN_FIELDS = ("out_dir", "overwrite", "save_every", "resume", "resume_allow", "tensorboard", "save_final", "strict")
+RUN_FIELDS += ("dist_timeout", "dump_batch", "lora_merge")
 IDENTITY = ("task", "reward", "sft_target", "adv_estimator", "critic", "critic_model", "critic_depth", "n_critics")
 IDENTITY += (
     "fsdp",
@@ -57,6 +64,49 @@ IDENTITY += (
 IDENTITY += (
     "user_files_sha256",
 )  # never change: the checkpoint's layout, its contents (a moved model: allow its path)
+
+
+RUN_FILES = ("metrics.jsonl", "config.json", "result.json", "curves.png", "policy", "tb", "wandb", "timeline.json")
+
+
+def previous_run(folder: Path) -> list[str]:
+    """The names in `folder` that a run writes (what a new run there would overwrite or mix with)."""
+    ours = lambda p: p.name in RUN_FILES or p.match("ckpt-*") or p.match("batch-*.pt")  # noqa: E731
+    return sorted(p.name for p in folder.iterdir() if ours(p)) if folder.is_dir() else []
+
+
+def check_out_dir(out_dir: str | None, overwrite: bool, resuming: bool) -> list[str]:
+    """The run files already in out_dir; FileExistsError if there are some and the run neither resumes nor
+    overwrites (an entry point calls it before loading anything; run_dir again when it opens the folder)."""
+    found = previous_run(Path(out_dir)) if out_dir else []
+    if found and not resuming and not overwrite:
+        fixes = f"--resume {out_dir} continues that run, --overwrite replaces it, no --out-dir starts a fresh folder"
+        raise FileExistsError(f"--out-dir {out_dir} holds a run ({', '.join(found[:6])}): {fixes}")
+    return found
+
+
+def run_dir(out_dir: str | None, entry: str, overwrite: bool = False, resuming: bool = False) -> Path:
+    """The run's folder, created: out_dir, or (None) a fresh runs/<entry>-<YYYYMMDD>-<n>. An out_dir that holds
+    a run is refused unless the run resumes (it goes on there) or overwrite (that run's files are removed)."""
+    if out_dir is None:
+        stem = Path("runs") / f"{entry}-{time.strftime('%Y%m%d')}"
+        taken = [p.name.rsplit("-", 1)[1] for p in stem.parent.glob(f"{stem.name}-*")]
+        n = 1 + max([int(k) for k in taken if k.isdigit()], default=0)
+        while True:  # mkdir is the claim: two runs starting at once take different numbers
+            try:
+                Path(f"{stem}-{n}").mkdir(parents=True)
+                break
+            except FileExistsError:
+                n += 1
+        print(f"[minrl] this run's folder: {stem}-{n} (--out-dir to choose one)", flush=True)
+        return Path(f"{stem}-{n}")
+    path, found = Path(out_dir), check_out_dir(out_dir, overwrite, resuming)
+    if found and not resuming:
+        for name in found:
+            shutil.rmtree(path / name) if (path / name).is_dir() else (path / name).unlink()
+        print(f"[minrl] --overwrite: removed {', '.join(found)} of the previous run in {path}", flush=True)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def sha256_json(obj) -> str:

@@ -147,6 +147,8 @@ def normalize_row(row: dict, where: str, default_source: str) -> dict:
         truth = rm.get("ground_truth")
     extra = row.get("extra_info") or {}  # veRL passes {} for a row without one
     columns = {k: v for k, v in row.items() if k != "prompt"}  # what TRL passes its reward functions
+    if truth is not None:  # a veRL row's truth sits in reward_model: a TRL function reads kw["ground_truth"] anyway
+        columns.setdefault("ground_truth", truth)
     source = row.get("data_source") or default_source
     verl_fields = {"prompt": prompt, "ground_truth": truth, "data_source": source, "extra_info": extra}
     return {**verl_fields, "columns": columns, "where": where}
@@ -163,7 +165,7 @@ def check_rows(rows: list[dict], rewards: list[str], tokenizer=None, max_prompt_
     reward cannot score, two ground truths for one prompt, an empty prompt, a prompt longer than max_prompt_len
     tokens as the model sees it (format_prompt). Reported with counts: rows repeating an earlier row's prompt and
     answer (kept: they weigh more) and characters the tokenizer maps to its unknown token."""
-    first, dups = {}, 0
+    first, dups = {}, collections.Counter()  # repeats per file (--data and --eval-data are told apart)
     for row in rows:
         at, truth = row["where"], row["ground_truth"]
         if rewards and truth is None:
@@ -181,10 +183,12 @@ def check_rows(rows: list[dict], rewards: list[str], tokenizer=None, max_prompt_
         if seen[0] != truth:
             here = f"{at}: prompt {text[:60]!r} has ground_truth {str(truth)[:40]!r} here"
             raise ValueError(f"{here} but {str(seen[0])[:40]!r} at {seen[1]}: one prompt, one answer (fix or drop one)")
-        dups += seen[1] != at
-    source = rows[0]["where"].rsplit(":", 1)[0] if rows else "data"
-    if dups:
-        print(f"[minrl] {source}: {dups} of {len(rows)} rows repeat an earlier row (kept: sampled more often)")
+        dups[at.rsplit(":", 1)[0]] += seen[1] != at
+    files = collections.Counter(row["where"].rsplit(":", 1)[0] for row in rows)  # rows per file
+    for name, n in dups.items():
+        if n:
+            print(f"[minrl] {name}: {n} of its {files[name]} rows repeat an earlier row (kept: sampled more often)")
+    source = " + ".join(files) or "data"
     if tokenizer is not None and max_prompt_len is not None:
         check_lengths(rows, tokenizer, max_prompt_len, source)
 

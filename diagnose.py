@@ -1,6 +1,6 @@
 """Failure-mode diagnosis of an RL post-training run from its per-step metrics (numpy + stdlib, no torch).
 
-    python diagnose.py runs/ppo/    # a run dir; or a .jsonl (ours, veRL's), a .csv, TRL's trainer_state.json
+    python diagnose.py runs/a/      # a run dir; or a .jsonl (ours, veRL's), a .csv, TRL's trainer_state.json
 
 One line per failure mode found (stable id, step where it started, evidence, likely cause, what to try), then the
 checks that ran and those skipped. Exit code 0: nothing flagged; 1: something flagged; 2: unreadable input (the

@@ -1,6 +1,6 @@
 """Reading a run's metrics (our JSONL, veRL's, CSV, TRL's trainer_state.json), other frameworks' names mapped to ours.
 
-    python diagnose_logs.py runs/ppo/    # the rows as diagnose.py reads them (our names), and the names mapped
+    python diagnose_logs.py runs/a/      # the rows as diagnose.py reads them (our names), and the names mapped
 
 `iter_metrics(path)` streams one row per step (our names, 'step' set); `load_metrics` is its list; `to_ours` renames
 one row's veRL / TRL keys; `verl_aliases` gives the trainer's TensorBoard and W&B veRL's names beside ours. diagnose.py

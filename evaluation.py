@@ -1,8 +1,8 @@
 """What the policy's samples score: the training batch's rollout metrics, and held-out evaluation as users know it
 (greedy accuracy, mean@N and pass@k, unbiased), sharded over ranks.
 
-    python evaluation.py --model runs/ppo/policy --task sort --eval-samples 8   # a trained policy (saved folder)
-    python evaluation.py --model runs/ppo/policy --data my.parquet --reward my_reward.py --eval-samples 8
+    python evaluation.py --model runs/a/policy --task sort --eval-samples 8   # a trained policy (saved folder)
+    python evaluation.py --model runs/a/policy --data my.parquet --reward my_reward.py --eval-samples 8
     python evaluation.py                          # the embedded model at random init: the metrics' floor, in seconds
 
 - `rollout_metrics`, `score_stats`: the rollout/* metrics of a training batch; `eos_mask_errors`: responses whose
@@ -210,7 +210,7 @@ def main(argv=None) -> None:
     else:  # the trainer's warm start lives above this file; a random init shows the metrics' floor
         tokenizer = make_tokenizer()
         policy = make_tiny_model(tokenizer).eval()
-        print("[minrl] no --model: the embedded tiny model at random init (pass a trained one: runs/ppo/policy)")
+        print("[minrl] no --model: the embedded tiny model at random init (pass a trained one: runs/a/policy)")
     task = None if multi_turn(cfg) else load_task(cfg, tokenizer)
     sets = held_out(task, cfg.task, cfg.eval_n, cfg.eval_samples)
     out = evaluate_all(policy, tokenizer, sets, stop_token_ids(policy, tokenizer), cfg.eval_samples, **rollout_kw(cfg))

@@ -60,6 +60,7 @@ from common import make_autocast
 from env_service import HTTPError, Server, ServiceArgs, request, start_server, stop_server
 from offpolicy import inference_copy
 from rollout import Rollout, generate, left_pad, pack_tracks
+from runlog import stopping_cleanly
 from tasks import load_policy, load_tokenizer, make_tiny_model, make_tokenizer, stop_token_ids
 from trainer import Config, train
 from warm_start import sft_config_for, sft_warm_start
@@ -435,7 +436,8 @@ def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if any(a.startswith("--agent") for a in argv):
         cfg = parse_config(AgentConfig, argv)
-        out = train_agent(cfg)
+        with stopping_cleanly(cfg):  # Ctrl-C or SIGTERM: result.json and curves.png as far as the run got
+            out = train_agent(cfg)
         before, after = out["agent_success"]
         print(f"[minrl] greedy success of the agent on {cfg.eval_n} held-out episodes: {before:.3f} -> {after:.3f}")
         return

@@ -94,8 +94,8 @@ class Config:
     """Sampling temperature (the logprobs divide the logits by it too)."""
     seed: int = 0
     """Seed (prompts and sampling: seed + rank)."""
-    out_dir: str = "runs/ppo"
-    """Where metrics.jsonl and the final policy go."""
+    out_dir: str | None = None
+    """The run's folder: metrics, the policy (None: a new runs/ppo_minimal-DATE-N)."""
     eval_every: int = 10
     """Greedy evaluation on held-out prompts every this many iterations (0 = never)."""
     eval_n: int = 500
@@ -183,7 +183,7 @@ def train(cfg: Config) -> dict:
     shuffle_gen = torch.Generator().manual_seed(cfg.seed)  # minibatches: the same on every rank
     held_out = task.sample(cfg.eval_n, "eval", np.random.default_rng(HELD_OUT_SEED))
     columns = "step rollout/reward_mean eval/acc loss/policy loss/value stats/kl stats/clipfrac"
-    logger = MetricsLogger(cfg.out_dir, columns.split(), enabled=rank == 0)
+    logger = MetricsLogger(cfg.out_dir, columns.split(), rank == 0, entry="ppo_minimal")
     evaluation = partial(evaluate, policy, tok, task, held_out, eos_ids, cfg.max_new_tokens)
     history = [(0, evaluation(rank, world))] if cfg.eval_every else []  # the start model
     for step in range(cfg.steps):
@@ -278,8 +278,8 @@ def train(cfg: Config) -> dict:
             row["eval/acc"] = history[-1][1]
         logger.log(step + 1, row)
     if rank == 0:  # a folder AutoModelForCausalLM.from_pretrained loads
-        policy.save_pretrained(os.path.join(cfg.out_dir, "policy"))
-        tok.save_pretrained(os.path.join(cfg.out_dir, "policy"))
+        policy.save_pretrained(logger.dir / "policy")
+        tok.save_pretrained(logger.dir / "policy")
     return {**row, "eval_history": history}
 
 

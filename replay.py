@@ -1,9 +1,9 @@
 """Replay: re-run one saved update bit for bit, or one update of a batch another framework exported.
 
     python trainer.py --dump-batch 7 --steps 7          # the run saves what update 7 reads (repro.dumped_update)
-    python replay.py runs/ppo/batch-7.pt                # re-run exactly that update: exit 0 iff identical
+    python replay.py runs/b/batch-7.pt                # re-run exactly that update: exit 0 iff identical
     python replay.py verl_batch.pt --model M --adv-estimator grpo [trainer flags]   # another framework's batch
-    python repro.py runs/ppo/batch-7.pt                 # what a --dump-batch file holds
+    python repro.py runs/b/batch-7.pt                 # what a --dump-batch file holds
 
 This file sits above the trainer (it rebuilds the trainer's models and calls its `ppo_update`); the trainer writes
 the dumps through repro.py, below it.

@@ -1,8 +1,10 @@
-"""What a run leaves on disk: the metrics table and JSONL (TensorBoard if asked), plots, checkpoints.
+"""What a run leaves on disk: its folder, the metrics table and JSONL (TensorBoard if asked), plots, checkpoints.
 
-    python runlog.py runs/ppo                 # a finished run's metrics as a table, and its curves.png again
-    python runlog.py runs/ppo --keys stats/kl loss/policy
+    python runlog.py runs/trainer-20261206-1     # a run's metrics as a table, and its curves.png again
+    python runlog.py runs/trainer-20261206-1 --keys stats/kl loss/policy
 
+- The run's folder (checkpoint.run_dir): without --out-dir a fresh `runs/<entry>-<date>-<n>/`; a folder that holds
+  a run is refused without --resume or --overwrite; a stopped run still writes result.json and curves.png.
 - `MetricsLogger`: one row per step, printed as an aligned table (rank 0) and appended to `metrics.jsonl`.
 - `format_table`, `read_jsonl`, `plot_metrics`: the same rows read back, for experiments and notebooks.
 - `parallel_map`: independent runs (simulations) in spawned processes (trainer runs as subprocesses, and the
@@ -16,12 +18,16 @@ torch and matplotlib are imported inside the functions that need them, so that t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
+import sys
+import threading
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from checkpoint import IDENTITY, find_checkpoint
+from checkpoint import IDENTITY, find_checkpoint, run_dir
 from cli import check_range
 
 
@@ -29,8 +35,11 @@ from cli import check_range
 class RunArgs:
     """Where a run writes and what it keeps; the trainer's Config inherits these fields."""
 
-    out_dir: str = "runs/ppo"
-    """Where metrics.jsonl, result.json, plots and checkpoints go."""
+    out_dir: str | None = None
+    """The run's folder (metrics.jsonl, result.json, plots, checkpoints). Default: a fresh runs/<entry>-<date>-<n>;
+    --resume: the checkpoint's run. A folder that holds a run is refused without --resume or --overwrite."""
+    overwrite: bool = False
+    """Remove the files of the run already in --out-dir (metrics, checkpoints, policy, plots) before this one."""
     save_every: int = 0
     """Checkpoint every this many iterations (0 = never)."""
     resume: str | None = None
@@ -49,12 +58,37 @@ class RunArgs:
         check_range("save_every", self.save_every, 0)
         if self.resume:  # at load: a missing, incomplete or damaged checkpoint is refused before any model loads
             self.resume = find_checkpoint(self.resume)
+            self.out_dir = self.out_dir or str(Path(self.resume).parent)  # the run goes on in its own folder
         elif self.resume_allow:
             raise ValueError(f"config field 'resume_allow' = {list(self.resume_allow)} needs --resume: it does nothing")
         names = {f.name for f in fields(self)} - set(IDENTITY) | {"world_size", "model_source"}
         if bad := [k for k in self.resume_allow if k not in names]:
             what = "name config fields (or world_size, model_source), none of"
             raise ValueError(f"config field 'resume_allow': {bad} cannot be allowed: {what} {list(IDENTITY)}")
+
+
+def entry_name(obj) -> str:
+    """The entry point a config class belongs to: its module's file name (trainer, model_proxy, ...)."""
+    module = sys.modules[type(obj).__module__]
+    return Path(getattr(module, "__file__", "run")).stem
+
+
+@contextlib.contextmanager
+def stopping_cleanly(cfg):
+    """Around an entry point's train(cfg): SIGTERM (kill, systemd, docker) stops the run as Ctrl-C does, and a
+    stopped run still leaves result.json and curves.png from the rows it logged (rank 0); exit status 130."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt: finally blocks run
+    try:
+        yield
+    except KeyboardInterrupt:
+        print("[minrl] interrupted (Ctrl-C or SIGTERM): the run stops", file=sys.stderr, flush=True)
+        rows = Path(cfg.out_dir or "", "metrics.jsonl")  # (out_dir: the run's folder once train() opened it)
+        if cfg.out_dir and rows.exists() and os.environ.get("RANK", "0") == "0" and (rows := read_jsonl(rows)):
+            history = [(r["step"], r["eval/acc"]) for r in rows if "eval/acc" in r]
+            write_result(cfg.out_dir, {**rows[-1], "eval_history": history, "stopped_at": rows[-1]["step"]})
+            print(f"[minrl] stopped at step {rows[-1]['step']}: {cfg.out_dir}/result.json and curves.png so far")
+        raise SystemExit(130) from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -89,19 +123,20 @@ def format_table(rows: list[dict], columns: list[str] | None = None) -> str:
 class MetricsLogger:
     """One row per step: printed as an aligned table (rank 0), appended to `metrics.jsonl`.
 
-    An existing metrics.jsonl keeps only its rows up to `start_step` (0 for a fresh run, the checkpoint's
-    step on resume), so a rerun or a resume never mixes two runs' rows in one file. `aliases(metrics)`: more
-    names for the same values, for TensorBoard and W&B only (the trainer's: diagnose.verl_aliases)."""
+    It opens the run's folder (checkpoint.run_dir, on the rank that logs; `self.dir`). On resume an existing
+    metrics.jsonl keeps only its rows up to `start_step`, the checkpoint's, so that no two runs' rows ever mix.
+    `aliases(metrics)`: more names for the same values, for TensorBoard and W&B only (diagnose.verl_aliases)."""
 
-    def __init__(self, out_dir: str | Path, columns: list[str], enabled: bool = True, tensorboard: bool = False,
-                 start_step=0, wandb_project=None, config: dict | None = None, aliases=None):  # fmt: skip
+    def __init__(self, out_dir: str | Path | None, columns: list[str], enabled: bool = True, tensorboard: bool = False,
+                 start_step=0, wandb_project=None, config: dict | None = None, aliases=None, entry: str = "run",
+                 overwrite: bool = False):  # fmt: skip
         self.columns, self.enabled, self.n, self.aliases, self.wandb = columns, enabled, 0, aliases, None
         self.labels = column_labels(columns)
         self.width = max(10, *(len(c) for c in self.labels))
-        self.path = Path(out_dir) / "metrics.jsonl"
-        self.tb = None
+        # the run's folder (checkpoint.run_dir: None is a fresh one; a run's is refused unless resumed or overwritten)
+        self.dir = run_dir(out_dir, entry, overwrite, resuming=start_step > 0) if enabled else out_dir and Path(out_dir)
+        self.path, self.tb = self.dir and self.dir / "metrics.jsonl", None
         if enabled:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             rows = self._rows_of_previous_run() if self.path.exists() else []
             kept = [r for r in rows if r["step"] <= start_step]
             if rows:
@@ -125,8 +160,11 @@ class MetricsLogger:
 
     @classmethod
     def of(cls, cfg, columns: list[str], enabled: bool, start_step: int, aliases=None) -> MetricsLogger:
-        """The logger of a run configured by `cfg` (RunArgs fields: out_dir, tensorboard, wandb_project)."""
-        return cls(cfg.out_dir, columns, enabled, cfg.tensorboard, start_step, cfg.wandb_project, asdict(cfg), aliases)
+        """The logger of a run configured by `cfg` (RunArgs fields: out_dir, overwrite, tensorboard, wandb_project)."""
+        more = {"entry": entry_name(cfg), "overwrite": cfg.overwrite}
+        return cls(
+            cfg.out_dir, columns, enabled, cfg.tensorboard, start_step, cfg.wandb_project, asdict(cfg), aliases, **more
+        )
 
     def _rows_of_previous_run(self) -> list[dict]:
         """The existing file's rows; a half-written last line (a killed run) is dropped, other damage raises."""
@@ -234,11 +272,8 @@ def write_result(out_dir, result: dict, curves: bool = True, saved: bool = False
             out_dir / "metrics.jsonl", ["rollout/reward_mean", "eval/acc", "stats/kl"], out_dir / "curves.png", points
         )
     if saved:
-        how = (
-            "PeftModel.from_pretrained(base, it)"
-            if (out_dir / "policy/adapter_config.json").exists()
-            else "AutoModelForCausalLM.from_pretrained"
-        )
+        lora = (out_dir / "policy/adapter_config.json").exists()
+        how = "PeftModel.from_pretrained(base, it)" if lora else "AutoModelForCausalLM.from_pretrained"
         print(f"[minrl] final policy: {out_dir / 'policy'} ({how} loads it)")
 
 
@@ -250,9 +285,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     run, rows = Path(args.run_dir), read_jsonl(Path(args.run_dir) / "metrics.jsonl")
     print(format_table(rows, ["step", *args.keys]))
-    history = (
-        json.loads((run / "result.json").read_text()).get("eval_history", []) if (run / "result.json").exists() else []
-    )
+    result = json.loads((run / "result.json").read_text()) if (run / "result.json").exists() else {}
+    history = result.get("eval_history", [])
     plot_metrics(run / "metrics.jsonl", args.keys, run / "curves.png", {"eval/acc": [tuple(e) for e in history]})
     print(f"[minrl] {Path(args.run_dir) / 'curves.png'}")
 

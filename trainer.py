@@ -5,7 +5,7 @@
     python trainer.py --model PATH_OR_HUB_ID --data my.jsonl --reward math_exact
     python trainer.py --task calc --adv-estimator grpo    # multi-turn tool use (envs.py)
     torchrun --standalone --nproc_per_node=2 trainer.py   # data parallel: gloo on CPU, nccl on GPU
-    python trainer.py --dump-batch 7 --steps 7 && python replay.py runs/ppo/batch-7.pt   # one update, again
+    python trainer.py --dump-batch 7 --steps 7 --out-dir runs/b && python replay.py runs/b/batch-7.pt   # again
 
 One iteration, train()'s numbered stanzas (docs/design.md 4): 1 rollout, G episodes per prompt -> 2 rewards -> 3 old
 logprobs (the PPO anchor), reference logprobs, values -> 4 the Batch: token rewards, advantages (GAE then
@@ -60,6 +60,7 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import checkpoint
 import checks
 import common
 import env_service
@@ -85,7 +86,7 @@ from offpolicy import OffPolicyArgs
 from repro import ReproArgs
 from rewards import RewardArgs
 from rollout import SampleArgs, last_valid
-from runlog import MetricsLogger, RunArgs, write_result
+from runlog import MetricsLogger, RunArgs, stopping_cleanly, write_result
 from tasks import TaskArgs, load_policy
 from warm_start import sft_config_for, sft_target_for, sft_warm_start
 
@@ -538,13 +539,17 @@ def build_models(cfg: Config, source: str, device, world: int):
 
 def open_run_log(cfg: Config, task, policy, start: int, rank: int, world: int, device, n_local: int) -> MetricsLogger:
     """The run's metrics logger (the printed columns; TensorBoard and W&B get veRL's names too, val-core/<source>
-    with the data's source), its config.json and its one-line header."""
+    with the data's source), its folder (opened by rank 0, then cfg.out_dir on every rank), config.json, header."""
     table = "step rollout/reward_mean rollout/acc eval/acc rollout/response_len stats/kl stats/entropy stats/clipfrac"
     table += " loss/policy loss/value critic/explained_var stats/grad_norm perf/tokens_per_s"  # the printed columns
     name = cfg.task if task is None else task.name
     logger = MetricsLogger.of(
         cfg, table.split(), rank == 0, start, partial(verl_aliases, source=getattr(task, "source", name))
     )
+    folder = [str(logger.dir) if rank == 0 else None]
+    if world > 1:  # every rank writes its checkpoint files there
+        torch.distributed.broadcast_object_list(folder)
+    cfg.out_dir = folder[0]
     if rank == 0:
         (Path(cfg.out_dir) / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
         n_params = sum(p.numel() for p in policy.parameters()) / 1e6
@@ -578,8 +583,8 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
             state = resume_checkpoint(cfg.resume, rank, policy, opt, critics, rng, gens, cfg.fsdp)
             start, history, kl_beta = state["step"], json.loads(state["history"]), state["kl_beta"]
             diag.load_state(state.get("diag", "{}"))  # the live diagnosis goes on from its baselines (older: anew)
+        logger = open_run_log(cfg, task, policy, start, rank, world, device, n_local)  # and the run's folder
         out_dir, metrics, footprint = Path(cfg.out_dir), {}, {}
-        logger = open_run_log(cfg, task, policy, start, rank, world, device, n_local)
         if critics is not None and not cfg.fsdp:  # critic params and training memory vs an actor-sized one
             footprint = critics_footprint(cfg, critics, policy, eos_ids[0], n_local, device)
         if cfg.eval_every and start == 0 and cfg.steps > 0:  # the starting point, before any update
@@ -680,7 +685,9 @@ def main(argv=None):
         world = int(os.environ.get("WORLD_SIZE", "1"))
         print(memory.report(memory.trainer_estimate(cfg, sequences_per_rank(cfg, world), world)))
         return
-    out = train(cfg)
+    checkpoint.check_out_dir(cfg.out_dir, cfg.overwrite, bool(cfg.resume))  # a run's folder: refused before loading
+    with stopping_cleanly(cfg):  # Ctrl-C or SIGTERM: result.json and curves.png as far as the run got
+        out = train(cfg)
     if int(os.environ.get("RANK", "0")) == 0 and out["eval_history"]:
         print("eval accuracy by step:", ", ".join(f"{s}: {a:.3f}" for s, a in out["eval_history"]))
     if torch.distributed.is_initialized():

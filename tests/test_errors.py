@@ -425,7 +425,7 @@ def test_data_rows_are_all_checked_at_load(tmp_path, capsys):
     task = data_task(str(path), tokenizer=tok, max_prompt_len=16)
     assert len(task.rows["train"]) + len(task.rows["eval"]) == 32
     out = capsys.readouterr().out
-    assert "1 of 32 rows repeat an earlier row" in out, out
+    assert "1 of its 32 rows repeat an earlier row" in out, out
     assert "2 characters of the prompts map to the unknown token <unk>: '\\u2028' x1, 'é' x1" in out, out
     data.check_rows([data.normalize_row(rows[0], "x:1", "x")], ["exact"], tok)  # no length limit: nothing to compare
     path.write_text(good + json.dumps({"prompt": "1" * 20 + "=", "ground_truth": 0}) + "\n")  # line 31: 22 tokens

@@ -237,13 +237,16 @@ def test_a_crash_while_overwriting_a_checkpoint_leaves_the_old_one(run, sft_path
             raise KeyboardInterrupt("killed between the policy and state.pt")
         return real_save(obj, f, *a, **kw)
 
+    # a run that writes ckpt-3 where one is (as a resume from an earlier checkpoint of the folder would): the
+    # folder's own rule (a second run into it is refused: tests/test_run_dir.py) is set aside for this
+    monkeypatch.setattr(checkpoint, "check_out_dir", lambda *a: [])
     monkeypatch.setattr(torch, "save", crash_at_state)
     cfg = dict(model=str(sft_path), adv_estimator="gae", steps=3, save_every=3, out_dir=str(ckpt.parent), **TINY)
     with pytest.raises(KeyboardInterrupt):
         trainer.train(
             trainer.Config(**cfg, lr=1e-3)
         )  # a rerun into the same folder overwrites ckpt-3, with other weights
-    monkeypatch.undo()
+    monkeypatch.setattr(torch, "save", real_save)
     assert {p.name: p.read_bytes() for p in (ckpt / "policy").iterdir()} == before  # the old one, whole
     assert checkpoint.incomplete(ckpt) is None
     assert "has no checkpoint.json" in checkpoint.incomplete(ckpt.with_name("ckpt-3.tmp"))

@@ -151,6 +151,29 @@ def test_verl_and_trl_reward_functions_weighted(tmp_path):
         alone.score(rows[:1], ["x"], [[1]])
 
 
+def test_a_trl_function_reads_ground_truth_from_a_verl_schema_file_too(tmp_path, capsys):
+    """docs/from_trl.md's function reads kw["ground_truth"]: in a veRL-schema parquet the truth sits in
+    reward_model, and still arrives as `ground_truth` (the veRL columns too, as stored). Repeats are counted per
+    file: --eval-data's rows under their own name."""
+    train = verl_rows(20) + verl_rows(2)  # 2 repeats in the training file
+    path, held = (
+        write_parquet(tmp_path / "train.parquet", train),
+        write_parquet(tmp_path / "eval.parquet", verl_rows(5, 40) + verl_rows(1, 40)),
+    )
+    body = "def f(prompts, completions, completion_ids, **kw):\n"
+    body += "    assert [r['ground_truth'] for r in kw['reward_model']] == kw['ground_truth']\n"
+    body += "    return [float(c[0]['content'] == t) for c, t in zip(completions, kw['ground_truth'])]\n"
+    fn = reward_file(tmp_path, body, "trl_gt.py") + ":f"
+    tok = tasks.make_tokenizer()
+    task = data.DataTask(data.DataArgs(data=path, eval_data=held), RewardArgs(reward=[fn], reward_workers=0), tok, 64)
+    out = capsys.readouterr().out
+    assert f"{path}: 2 of its 22 rows repeat" in out and f"{held}: 1 of its 6 rows repeat" in out, out
+    rows = task.rows["train"][:3]
+    right, wrong = rows[0]["ground_truth"], "nope"
+    scores, _, _ = RewardSet(RewardArgs(reward=[fn], reward_workers=0)).score(rows[:2], [right, wrong], [[1], [1]])
+    assert scores == [1.0, 0.0]
+
+
 @pytest.mark.parametrize(
     "body,style,what",
     [("raise KeyError('parser exploded')", "verl", r"raised KeyError\('parser exploded'\) at \S+r\.py:6 .* sample 1"),
