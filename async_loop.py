@@ -69,6 +69,8 @@ from warm_start import sft_config_for, sft_warm_start
 class AsyncConfig(Config):
     """The trainer's Config plus the knobs of asynchronous rollouts (docs/design.md 5.4)."""
 
+    help_first = (*Config.help_first[:2], "AsyncConfig", *Config.help_first[2:])
+
     async_ratio: int = 1
     """alpha: a sample started at weights version v may be trained at version <= v + alpha (0 = synchronous)."""
     rollout_workers: int | None = None

@@ -16,8 +16,10 @@ import argparse
 import json
 from types import SimpleNamespace
 
+from cli import check_range
 from envs import ENVS, multi_turn
 from tasks import TASKS
+from warm_start import sft_target_for
 
 RANGES = {  # allowed interval -> trainer.Config's own fields, checked at construction (cli.check_fields)
     "[0, inf)": ("steps", "warmup_steps", "lr", "kl_coef", "kl_loss_coef", "ent_coef", "seed", "kl_metric_every"),
@@ -130,6 +132,19 @@ CHECKS = (  # (bad(cfg), why(cfg)), in the order they are checked
 def failed(cfg) -> list[str]:
     """The why of every check `cfg` fails, in order (empty: all pass)."""
     return [why(cfg) for bad, why in CHECKS if bad(cfg)]
+
+
+def derive(cfg) -> None:
+    """The trainer Config's fields derived from others, where left at None: the entropy bonus (1e-3 with AsyPPO's
+    entropy filter), the SFT warm start's target, the constant C of seq-mean-token-sum-norm; and max_context, which a
+    multi-turn run needs above max_prompt_len."""
+    if cfg.ent_coef is None:
+        cfg.ent_coef = 1e-3 if cfg.critic == "asyppo" and cfg.adv_estimator == "gae" else 0.0
+    cfg.sft_target = sft_target_for(cfg.task) if cfg.sft_target is None else cfg.sft_target
+    if multi_turn(cfg):  # single-turn runs use max_prompt_len + max_new_tokens
+        check_range("max_context", cfg.max_context, cfg.max_prompt_len + 1)
+    if cfg.loss_agg == "seq-mean-token-sum-norm" and cfg.loss_scale_factor is None:
+        cfg.loss_scale_factor = cfg.max_context if multi_turn(cfg) else cfg.max_new_tokens
 
 
 def check_config(cfg) -> None:

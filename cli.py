@@ -1,7 +1,8 @@
 """A command line from a dataclass, and the one way config values are validated (torch-free: every file uses it).
 
-- `parse_config(Config)`: `--help` lists every field once, grouped by the Args class that declares it, with its
-  default; the string literal under each field is its help. `--field-name`, `--field_name`, `--no-flag` all work.
+- `parse_config(Config)`: `--help` lists every field once, grouped by the Args class that declares it (the classes
+  named in `Config.help_first` first), with its default; the string literal under each field is its help.
+  `--field-name`, `--field_name`, `--no-flag` all work; "none" is None for an optional field.
 - `check_fields`, `check_range`, `check_choice`: raise ValueError naming the field, its value and what is allowed.
 
     python cli.py --steps 3 --name run_a --tags x y   # a small dataclass parsed and validated, then printed
@@ -15,6 +16,7 @@ import dataclasses
 import inspect
 import math
 import re
+import shutil
 import sys
 import textwrap
 import types
@@ -46,8 +48,10 @@ def _parser_for(tp):
         return type(args[0]), list(args), None
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
-        base, choices, nargs = _parser_for(inner[0])  # "none" on the command line is None, also among choices
-        return (lambda s: None if s.lower() == "none" else base(s)), choices and [*choices, None], nargs
+        base, choices, nargs = _parser_for(inner[0])
+        if choices and "none" in choices:  # "none" is a choice of its own; None stays the unset default
+            return base, choices, nargs
+        return (lambda s: None if s.lower() == "none" else base(s)), choices and [*choices, None], nargs  # "none"
     if origin in (list, tuple):
         return args[0], None, "*"
     return tp, None, None
@@ -61,26 +65,47 @@ class _ListFlag(argparse.Action):
         setattr(namespace, self.dest, ([] if so_far is self.default else list(so_far)) + list(values))
 
 
-def parse_config(cls, argv: list[str] | None = None, description: str | None = None):
-    """Build `cls` (a dataclass) from command-line flags; `--help` lists every field once, with its default."""
-    hints = typing.get_type_hints(cls)
-    docs = field_docs(cls)
-    doc = description or (inspect.getdoc(sys.modules[cls.__module__]) or "").split("\n\n")[0]
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def _blurb(text: str, width: int) -> str:
+    """Paragraphs filled to `width`; an indented one (example commands) kept as written."""
+    paras = [p for p in text.strip("\n").split("\n\n") if p.strip()]
+    return "\n\n".join(p if p.startswith("    ") else textwrap.fill(" ".join(p.split()), width) for p in paras)
+
+
+class _Format(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Each flag's default after its help; descriptions printed as _blurb laid them out."""
+
+
+def parse_config(cls, argv: list[str] | None = None, description: str | None = None, epilog: str | None = None):
+    """Build `cls` (a dataclass) from command-line flags; `--help` lists every field once, with its default: one
+    group per Args class, the names in `cls.help_first` first (the everyday ones), then the others in MRO order.
+    Without a `description`, the module docstring's first paragraph and its example commands describe it."""
+    hints, docs, width = typing.get_type_hints(cls), field_docs(cls), min(shutil.get_terminal_size().columns, 100) - 2
+    paras = (inspect.getdoc(sys.modules[cls.__module__]) or "").split("\n\n")
+    doc = description or "\n\n".join(paras[:1] + [e for e in paras[1:2] if e.startswith("    ")])
     fields, seen = [f for f in dataclasses.fields(cls) if f.init], set()
-    for klass in [k for k in cls.__mro__ if dataclasses.is_dataclass(k)]:  # a group per class: the class itself first
+    short = "%(prog)s [-h] [--FLAG VALUE ...]   (flags below, grouped by concern)" if len(fields) > 12 else None
+    p = argparse.ArgumentParser(usage=short, description=_blurb(doc, width), epilog=epilog, formatter_class=_Format)
+    order = [k for k in cls.__mro__ if dataclasses.is_dataclass(k)]
+    first = getattr(cls, "help_first", ())
+    for klass in sorted(order, key=lambda k: first.index(k.__name__) if k.__name__ in first else len(first)):
         about = inspect.getdoc(klass)  # @dataclass writes its signature there when a class has no docstring
         about = None if about == klass.__name__ + str(inspect.signature(klass)).replace(" -> None", "") else about
+        about = about and _blurb(about, width - 2)
         group = p.add_argument_group(f"{klass.__name__} ({Path(inspect.getfile(klass)).name})", about)
         for f in [f for f in fields if f.name in vars(klass).get("__annotations__", {}) and f.name not in seen]:
             default, seen = f.default if f.default is not dataclasses.MISSING else f.default_factory(), seen | {f.name}
             kind = dict(zip(("type", "choices", "nargs"), _parser_for(hints[f.name])))
+            if kind["choices"] and None in kind["choices"]:  # "none" on the command line, None in the config
+                kind["metavar"] = "{" + ",".join(str(c) for c in kind["choices"] if c is not None) + ",none}"
+            elif f.name.startswith("no_") and not kind["choices"]:  # a value, not the negation of a switch
+                base = [t for t in (*typing.get_args(hints[f.name]), hints[f.name]) if t in (int, float, str)][0]
+                kind["metavar"] = {int: "INT", float: "NUMBER", str: "TEXT"}[base]
             kind = {"action": argparse.BooleanOptionalAction} if hints[f.name] is bool else kind
             kind = {**kind, "action": _ListFlag} if kind.get("nargs") else kind
             help_ = docs.get(f.name, "").replace("%", "%%")  # argparse formats help strings with %
             group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=default, help=help_, **kind)
     argv = sys.argv[1:] if argv is None else argv
-    flag = re.compile(r"--(no-)?[a-z0-9_]+(=.*)?")  # --field_name, --no-field_name, --field_name=VALUE
+    flag = re.compile(r"--(no-)?[a-z0-9_]+(=.*)?")  # --field-name, --no-field_name, --field_name=VALUE
     argv = [a.split("=")[0].replace("_", "-") + a[len(a.split("=")[0]) :] if flag.fullmatch(a) else a for a in argv]
     return cls(**vars(p.parse_args(argv)))
 

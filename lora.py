@@ -96,6 +96,13 @@ ADAPTER_FILE = "adapter_model.safetensors"  # peft's names: PeftModel.from_pretr
 PEFT_PREFIX = "base_model.model."  # where a PeftModel keeps the model its adapters are in: its saved keys start so
 
 
+def params_line(model, rank: int) -> str:
+    """The model's size for a run's header: "0.52M params", with adapters "(0.0225M trainable, LoRA rank 4)" too."""
+    line = f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params"
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6  # only the adapters, with LoRA
+    return line + (f" ({trainable:.3g}M trainable, LoRA rank {rank})" if rank else "")
+
+
 def tuner_layers(model) -> list:
     """The layers that carry adapters (peft's BaseTunerLayer), empty for a model without."""
     from peft.tuners.tuners_utils import BaseTunerLayer

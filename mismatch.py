@@ -33,8 +33,10 @@ p99 0.9-1.5 and 3-10 % extreme tokens); `broken` otherwise (a recompute that is 
 temperature, masks, positions, a chat template; fix it, do not correct it). For a numerics gap the suggestions
 are the offpolicy.py flags that would act on about 1 token in 1000 (the TIS cap: the 99.9 % quantile of rho, TIS
 cuts one side; token_k1: of |rho|) and on about 1 sequence in 100 (seq_mean_k1, the geometric mask: the 99 %
-quantile of |mean rho|), printed in full precision, with the share each one acts on when offpolicy.py applies it
-to the measured samples. They need enough samples (SUGGEST_MIN: 1000 tokens, 100 sequences): fewer are reported.
+quantile of |mean rho|), with 4 significant digits of their distance from 1 (1.0004123, not 1.000), and the
+share each one acts on when offpolicy.py applies it to the measured samples. They need enough samples
+(SUGGEST_MIN: 1000 tokens, 100 sequences): fewer are reported. The printed table has a legend of its columns;
+bug_no_temperature is marked as the control it is.
 """
 
 from __future__ import annotations
@@ -138,8 +140,18 @@ def suggestions(s: dict) -> dict:
     w = max(float(torch.quantile(s["_rho"], 0.999)), 0.0)  # rho of the 1-in-1000 token from above: TIS cuts there
     t = float(torch.quantile(s["_rho"].abs(), 0.999))  # |rho| of the 1-in-1000 token: token_k1 is two-sided
     q = float(torch.quantile(s["_seq"], 0.99))  # |mean rho| of the 1-in-100 sequence
-    exact = lambda x: f"{math.exp(x):.12g}"  # noqa: E731  (rounded to 4 digits, exp(4e-4) would print as 1)
-    return {"rollout_is_threshold": exact(w), "token_k1": exact(t), "seq_mean_k1": f"{exact(-q)}_{exact(q)}"}
+    return {
+        "rollout_is_threshold": near_one(w),
+        "token_k1": near_one(t),
+        "seq_mean_k1": f"{near_one(-q)}_{near_one(q)}",
+    }
+
+
+def near_one(x: float) -> str:
+    """exp(x) as text with 4 significant digits of its distance from 1: 1.0004123, 0.9995877, 1.1538 (4 significant
+    digits of exp(x) itself would print exp(4e-4) as 1.000, a threshold that acts on nothing)."""
+    v = math.exp(x)
+    return f"{v:.{max(3, 3 - math.floor(math.log10(abs(v - 1))))}f}" if v != 1 else "1"
 
 
 def acts_on(trainer_logprobs, sampler_logprobs, mask, suggested: dict) -> dict:
@@ -223,13 +235,30 @@ def check(args: MismatchArgs, model=None, tokenizer=None) -> list[dict]:
     return [measure(args, model, tokenizer, prompt_ids, prompt_mask, v) for v in args.variations]
 
 
+LEGEND = f"""\
+  rho = log pi_trainer - log pi_sampler of each response token (nats; 0 = the trainer recomputes what was sampled)
+  p50 p90 p99 max   quantiles of |rho| over the response tokens
+  k3_kl             veRL's k3 estimate of KL(sampler || trainer), per token (>= 0)
+  extreme           share of tokens whose ratio exp(rho) is outside [0.5, 2]
+  seq_mean_max      the largest |mean rho| of one sequence
+  tokens            response tokens measured
+  verdict           exact: max <= {EXACT:g} | numerics: p99 <= {P99_NUMERICS:g} and extreme <= {EXTREME_NUMERICS:g}
+                    (a correction fits) | broken: fix the recompute, do not correct it
+  (control)         a bug planted on purpose: its verdict must be broken, else the checker misses bugs"""
+CONTROLS = ("bug_no_temperature",)  # variations that are planted bugs, not numerics
+
+
 def report(results: list[dict]) -> str:
-    """The results as an aligned table, then each non-exact variation's suggested flags."""
+    """The results as an aligned table and its legend, then each non-exact variation's suggested flags."""
     cols = ["p50", "p90", "p99", "max", "k3_kl", "extreme", "seq_mean_max"]
     lines = [f"{'variation':22s} " + " ".join(f"{c:>12s}" for c in cols) + f" {'tokens':>7s}  verdict"]
     for r in results:
         values = " ".join(f"{r[c]:12.3g}" for c in cols)
-        lines.append(f"{r['variation']:22s} {values} {r['tokens']:7d}  {r['verdict']}")
+        mark = ""
+        if r["variation"] in CONTROLS:  # must be broken
+            mark = "  (control)" + ("" if r["verdict"] == "broken" else ": NOT broken, the checker missed a bug")
+        lines.append(f"{r['variation']:22s} {values} {r['tokens']:7d}  {r['verdict']}{mark}")
+    lines.append(LEGEND)
     flags = {
         "rollout_is_threshold": "--rollout-is token --rollout-is-threshold",
         "token_k1": "--rollout-rs token_k1 --rollout-rs-threshold",

@@ -45,6 +45,7 @@ import hashlib
 import math
 import queue
 import sys
+import textwrap
 import threading
 import traceback
 from dataclasses import dataclass, field
@@ -55,7 +56,7 @@ import torch
 
 import openai_api
 from agent_pool import AgentPool
-from cli import check_fields, parse_config
+from cli import check_fields, field_docs, parse_config
 from common import make_autocast
 from env_service import HTTPError, Server, ServiceArgs, request, start_server, stop_server
 from offpolicy import inference_copy
@@ -332,6 +333,8 @@ def stop_proxy(server: Server) -> None:
 class AgentConfig(Config):
     """`python model_proxy.py --agent PROGRAM`: the trainer's knobs, and the agent processes'."""
 
+    help_first = ("AgentConfig", *Config.help_first)
+
     agent: str = str(Path(__file__).resolve().parent / "examples" / "calc_agent.py")
     """The agent program: `python AGENT --base-url URL/v1 --env-url URL --max-turns N`, SEED:SESSION:SPLIT on stdin."""
     agents: int = 16
@@ -431,6 +434,27 @@ def train_agent(cfg: AgentConfig, hooks=()) -> dict:
         stop_server(env_server)
 
 
+def agent_help(width: int = 78) -> str:
+    """The end of `--help`: the flags of the `--agent PROGRAM` mode (AgentConfig's own; the trainer's are listed by
+    `--agent PROGRAM --help`)."""
+    docs = field_docs(AgentConfig)
+    meta = {"agent": "PROGRAM", "agents": "N", "agent_timeout": "SECONDS", "gather_ms": "MS"}  # flag -> its value
+    lead = (
+        "Training an agent program (--agent PROGRAM): the proxy serves the policy, the agent's processes play the "
+        "episodes through it, and the trainer learns from what they sampled. That mode takes the flags below and "
+        "every flag of `python3 trainer.py --help` (its default task here: calc); `python3 model_proxy.py --agent "
+        "PROGRAM --help` lists them all."
+    )
+    lines = [*textwrap.wrap(lead, width, break_on_hyphens=False), ""]
+    for name, var in meta.items():
+        default = "examples/calc_agent.py" if name == "agent" else getattr(AgentConfig, name)
+        text = f"{docs[name]} (default: {default})"
+        flag = f"  --{name.replace('_', '-')} {var}".ljust(28)
+        lines += textwrap.wrap(text, width, initial_indent=flag, subsequent_indent=" " * 28, break_on_hyphens=False)
+    example = "python3 model_proxy.py --agent examples/calc_agent.py --agents 16 --adv-estimator grpo"
+    return "\n".join([*lines, "", "    " + example])
+
+
 def main(argv=None) -> None:
     """Serve (--serve), train an agent (--agent PROGRAM), or the demo: two turns of one session, then its sample."""
     argv = sys.argv[1:] if argv is None else argv
@@ -441,7 +465,7 @@ def main(argv=None) -> None:
         before, after = out["agent_success"]
         print(f"[minrl] greedy success of the agent on {cfg.eval_n} held-out episodes: {before:.3f} -> {after:.3f}")
         return
-    args = parse_config(ProxyArgs, argv)
+    args = parse_config(ProxyArgs, argv, epilog=agent_help())
     torch.manual_seed(0)
     if args.model:
         model, tokenizer = load_policy(args.model, "cpu")

@@ -66,23 +66,27 @@ class OffPolicyArgs:
     """The off-policy knobs: corrections, loss family and their settings; the trainer's Config inherits them."""
 
     off_policy: Literal["none", "behav", "tis", "decoupled"] | None = None
-    """Off-policy correction: none | behav (clip at sampler logprobs) | tis | decoupled (None = none; async: tis)."""
+    """How to correct for samples drawn by another policy than the one trained: none | behav (clip at the sampler's
+    logprobs) | tis (truncated importance weights) | decoupled (unset: none, or tis in async_loop.py)."""
     is_cap: float = 2.0
-    """tis: importance weight pi_old / pi_behav truncated at this C."""
+    """tis: the cap C on the importance weights pi_old / pi_behav."""
     is_mask_cap: float = 5.0
     """decoupled: tokens whose pi_old / pi_behav exceeds this are masked out of the policy loss."""
     rollout_is: Literal["token", "sequence"] | None = None
-    """veRL rollout IS weights pi_old / pi_rollout per token or per sequence (None = off)."""
+    """Importance weights that correct for the sampler's logprobs differing from the trainer's, per token or per
+    sequence (veRL's rollout IS, pi_old / pi_rollout; none = off)."""
     rollout_is_threshold: str | None = None
     """Rollout IS: U truncates weights at U (TIS); "L_U" zeroes weights outside [L, U] (IcePop) (None = 2.0). A
     number or a string, as in veRL's configs."""
     rollout_rs: str | None = None
-    """Rollout rejection: comma-separated token_k1|k2|k3, seq_sum_kX, seq_mean_kX, seq_max_k2|k3 (None = off)."""
+    """Drop the samples whose sampler and trainer logprobs differ too much (veRL's rollout rejection): comma-separated
+    token_k1|k2|k3, seq_sum_kX, seq_mean_kX, seq_max_k2|k3 (None = off)."""
     rollout_rs_threshold: str | None = None
     """Rejection bounds, one for all options or one per option: kX "U", k1 ratios "L_U" (or "U": [1/U, U]); a
     number is one U for every option."""
     loss_mode: Literal[LOSS_MODES] = "vanilla"
-    """Policy loss: vanilla (PPO clip) | gspo | cispo | sapo | geo_mean | dppo_tv | dppo_kl (veRL's). clip_low/high
+    """Which policy loss: vanilla (PPO's clip) or one of veRL's others, gspo | cispo | sapo | geo_mean | dppo_tv |
+    dppo_kl. clip_low/high
     bound all but sapo's (dppo: divergences); dual_clip is vanilla's dual clip and dppo's ratio cap, else unused."""
     sapo_tau_pos: float = 1.0
     """sapo: gate temperature for tokens with A > 0 (veRL tau_pos)."""

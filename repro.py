@@ -34,6 +34,7 @@ import contextlib
 import copy
 import hashlib
 import json
+import textwrap
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from functools import partial
@@ -455,10 +456,25 @@ def dumped_update(path, cfg, tokenizer, samples, extra: dict, policy, opt, criti
     print(f"[minrl] saved the update of this step to {path}; rerun it: python replay.py {path}")
 
 
+def config_changes(config: dict, width: int = 100) -> list[str]:
+    """A saved config as lines to read: one per field that differs from trainer.py's defaults (derived fields as
+    trainer.Config() derives them), long values wrapped."""
+    from trainer import Config  # here: trainer imports this module
+
+    default = json.loads(json.dumps(asdict(Config())))  # as saved: tuples are lists
+    changed = {k: v for k, v in config.items() if k not in default or v != default[k]}
+    about = f"{len(changed)} of {len(config)} fields differ from trainer.py's defaults (all: the run's config.json)"
+    lines = [f"  config: {about}"]
+    for k, v in changed.items():
+        lines += textwrap.wrap(f"{k} = {v!r}", width, initial_indent="    ", subsequent_indent="        ")
+    return lines
+
+
 def describe_dump(path) -> None:
     """Print what a --dump-batch file holds: the run's config changes, tensor shapes, a few samples, the outcome."""
     d = torch.load(path, weights_only=True, map_location="cpu")
-    print(f"{path}: config {json.loads(d['config'])}")
+    print(f"{path}:")
+    print("\n".join(config_changes(json.loads(d["config"]))))
     for k, v in d["batch"].items():
         print(f"  batch[{k!r}]: {tuple(v.shape) if isinstance(v, torch.Tensor) else v}")
     for p, r, s in list(zip(d["prompts"], d["responses"], d["scores"].tolist()))[:4]:

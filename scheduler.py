@@ -464,10 +464,20 @@ def print_costs(cfg: Config) -> None:
     )
 
 
+UNITS = """\
+units: step_s seconds per training step; traj_per_s / tok_per_s trained trajectories / their tokens per second;
+  speedup, speedup_tok: that throughput over the first schedule's; rollout waste train sync overhead idle: shares of
+  all GPU time (n_gpus x wall-clock seconds), summing to 1, where waste = rollout GPU time spent on work never trained
+  on (aborted, timed out, expired trajectories; migrated turns), overhead = timemux's shrink and expand, idle = in no
+  role; wasted_share = waste / (rollout + waste); timeouts aborted: trajectories; migrated: turns moved off a
+  shrinking GPU; stale_mean: policy versions between a trajectory's start and its training"""
+
+
 def print_comparison(res: list[dict]) -> None:
-    """compare()'s table, the headline in both units, and each schedule's staleness histogram."""
+    """compare()'s table and its units, the headline in both units, and each schedule's staleness histogram."""
     cols = "schedule steps step_s traj_per_s tok_per_s speedup speedup_tok rollout waste wasted_share train sync"
     print(format_table(res, cols.split() + "overhead idle timeouts aborted migrated stale_mean".split()))
+    print(UNITS)
     tm = next(r for r in res if r["schedule"] == "timemux")  # the headline in both units (compare's docstring)
     print(f"{tm['schedule']} vs {res[0]['schedule']}: {tm['speedup']:.3g}x in trajectories/s, "
           f"{tm['speedup_tok']:.3g}x in tokens/s; {tm['wasted_share']:.0%} of its rollout GPU time wasted")  # fmt: skip

@@ -1,11 +1,10 @@
-"""PPO and GRPO for causal LMs with veRL's semantics: the math, one update, the training loop.
+"""PPO and GRPO for causal LMs with veRL's semantics: the math, one update, the training loop. New here? README.md
+first; docs/design.md explains the loop and each group of flags below, docs/metrics.md every logged metric.
 
-    python trainer.py                                     # PPO (critic + GAE) on the embedded default, CPU
-    python trainer.py --adv-estimator grpo                # GRPO: a group baseline, no critic
-    python trainer.py --model PATH_OR_HUB_ID --data my.jsonl --reward math_exact
-    python trainer.py --task calc --adv-estimator grpo    # multi-turn tool use (envs.py)
+    python trainer.py                                     # PPO (critic + GAE) on the embedded tiny model, CPU
+    python trainer.py --adv-estimator grpo --task calc    # GRPO (a group baseline, no critic), multi-turn tool use
+    python trainer.py --model PATH_OR_HUB_ID --data my.jsonl --reward math_exact   # your model, data and reward
     torchrun --standalone --nproc_per_node=2 trainer.py   # data parallel: gloo on CPU, nccl on GPU
-    python trainer.py --dump-batch 7 --steps 7 --out-dir runs/b && python replay.py runs/b/batch-7.pt   # again
 
 One iteration, train()'s numbered stanzas (docs/design.md 4): 1 rollout, G episodes per prompt -> 2 rewards -> 3 old
 logprobs (the PPO anchor), reference logprobs, values -> 4 the Batch: token rewards, advantages (GAE then
@@ -73,14 +72,14 @@ import tasks
 from attention_credit import CreditArgs, credit_weights
 from checkpoint import check_resume, resume_checkpoint, run_fingerprint, save_checkpoint, save_policy
 from checks import sequences_per_rank
-from cli import check_fields, check_range, parse_config
+from cli import check_fields, parse_config
 from common import DistArgs, make_autocast, masked_mean, masked_whiten
 from critics import CriticArgs, Critics, asyppo_masks, critic_targets, make_critics, partition_shares, value_stats
 from data import DataArgs, DataTask, load_task
 from diagnose import LiveDiagnoser, verl_aliases
 from envs import EnvArgs, multi_turn, rollout_kw, sample_episodes
 from evaluation import EvalArgs, evaluate, evaluate_all, first_action_mask, held_out, rollout_metrics, score_stats
-from lora import LoraArgs, adapters_off, add_adapters
+from lora import LoraArgs, adapters_off, add_adapters, params_line
 from memory import Batch, MemoryArgs, clipped_step, critics_footprint, host_floats
 from offpolicy import OffPolicyArgs
 from repro import ReproArgs
@@ -88,7 +87,7 @@ from rewards import RewardArgs
 from rollout import SampleArgs, last_valid
 from runlog import MetricsLogger, RunArgs, stopping_cleanly, write_result
 from tasks import TaskArgs, load_policy
-from warm_start import sft_config_for, sft_target_for, sft_warm_start
+from warm_start import sft_config_for, sft_warm_start
 
 ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")  # Config.adv_estimator
 
@@ -96,10 +95,13 @@ ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus
 @dataclass
 class Config(TaskArgs, DataArgs, RewardArgs, SampleArgs, EvalArgs, CriticArgs, CreditArgs, OffPolicyArgs, EnvArgs,
              MemoryArgs, LoraArgs, DistArgs, RunArgs, ReproArgs):  # fmt: skip
-    """The trainer's knobs: PPO's own here, each concept's in the Args class it inherits (`--help` lists all)."""
+    """The trainer's knobs: the algorithm, its scale and loss here; each other concept's in its Args class (--help)."""
+
+    help_first = ("TaskArgs", "Config", "DataArgs", "RewardArgs", "SampleArgs", "EvalArgs", "RunArgs", "DistArgs")
 
     adv_estimator: Literal[ESTIMATORS] = "gae"
-    """Advantage estimator: gae (PPO, a critic), grpo / rloo / reinforce_plus_plus[_baseline] (offpolicy.py)."""
+    """How a response's advantage is computed: gae (PPO, with a critic), or from its group's scores without a critic:
+    grpo | rloo | reinforce_plus_plus[_baseline] (offpolicy.py)."""
     steps: int = 90
     """Number of RL iterations."""
     prompts_per_step: int = 32
@@ -115,7 +117,7 @@ class Config(TaskArgs, DataArgs, RewardArgs, SampleArgs, EvalArgs, CriticArgs, C
     min_lr_ratio: float = 0.0
     """Cosine schedule: the floor of the decay as a share of lr (and critic_lr)."""
     adam_eps: float = 1e-8
-    """AdamW epsilon (PyTorch placement)."""
+    """AdamW's epsilon (added after the square root of the second moment, as PyTorch does)."""
     ppo_epochs: int = 2
     """Passes over each batch."""
     minibatches: int = 2
@@ -123,48 +125,54 @@ class Config(TaskArgs, DataArgs, RewardArgs, SampleArgs, EvalArgs, CriticArgs, C
     micro_batch: int = 128
     """Sequences per forward/backward (gradient accumulation inside a minibatch)."""
     clip_low: float = 0.2
-    """PPO clip epsilon below 1 (ratio >= 1 - clip_low)."""
+    """How far below 1 the PPO ratio may go before it is clipped (ratio >= 1 - clip_low)."""
     clip_high: float = 0.2
-    """PPO clip epsilon above 1 (clip-higher: > clip_low)."""
+    """How far above 1 the PPO ratio may go before it is clipped (ratio <= 1 + clip_high; > clip_low: clip-higher)."""
     dual_clip: float | None = 3.0
-    """Dual-clip constant c > 1 for negative advantages (None = off)."""
+    """Bounds the loss of a token with a negative advantage A at c * |A| (dual clip, c > 1; None = off)."""
     value_clip: float = 0.5
-    """Value clipping epsilon."""
+    """How far a value estimate may move from its old one before its loss is clipped (value clip epsilon)."""
     gamma: float = 1.0
-    """GAE discount."""
+    """Discount of future rewards in GAE (1 = none)."""
     lam: float = 1.0
-    """GAE lambda."""
+    """GAE's lambda: 1 = the full return minus the value, 0 = one-step TD errors."""
     grpo_norm_std: bool = True
-    """GRPO: divide by the group std (Dr. GRPO: --no-grpo-norm-std --loss-agg seq-mean-token-sum-norm)."""
+    """GRPO: divide each advantage by its group's score std (Dr. GRPO does not: --no-grpo-norm-std --loss-agg
+    seq-mean-token-sum-norm)."""
     loss_agg: Literal[ppo_math.AGG_MODES] = "token-mean"
-    """How per-token losses are averaged (veRL's modes; seq-mean-token-sum-norm: token sums / loss_scale_factor)."""
+    """How per-token losses become one number: a mean over all tokens, or per sequence first (veRL's modes;
+    seq-mean-token-sum-norm divides each sequence's token sum by loss_scale_factor)."""
     loss_scale_factor: int | None = None
-    """seq-mean-token-sum-norm: the constant C dividing token sums (None = max_new_tokens; multi-turn max_context)."""
+    """C dividing a sequence's token sum in seq-mean-token-sum-norm (None = max_new_tokens; multi-turn max_context)."""
     kl_in_reward: bool = False
-    """Subtract beta * KL(old || ref) (k1) from every token's reward."""
+    """Penalise drifting from the reference model in the reward: beta * KL(old || ref) (k1) is subtracted from
+    every token's reward."""
     kl_coef: float = 0.001
     """Initial beta of the KL-in-reward penalty."""
     kl_ctrl: Literal["fixed", "adaptive"] = "fixed"
-    """KL-in-reward controller (adaptive: target 0.1, horizon 10000, veRL's defaults)."""
+    """How that beta changes: fixed, or adaptive towards a KL target (target 0.1, horizon 10000, veRL's defaults)."""
     kl_loss: bool = False
-    """Add kl_loss_coef * agg(KL(current || ref)) to the loss (GRPO style)."""
+    """Penalise drifting from the reference model in the loss: kl_loss_coef * agg(KL(current || ref)) is added
+    (GRPO style)."""
     kl_loss_coef: float = 0.001
     """Coefficient of the KL loss."""
     kl_loss_type: Literal["k1", "k2", "k3"] = "k3"
-    """Estimator of the KL loss."""
+    """The KL loss's per-token estimate, x the logprob gap: k1 = x, k2 = x^2 / 2, k3 = exp(-x) + x - 1."""
     ent_coef: float | None = None
-    """Entropy bonus coefficient (None = 0, or 1e-3 with --critic asyppo so its entropy filter acts)."""
+    """Weight of the entropy bonus, which keeps sampling from becoming deterministic (None = 0, or 1e-3 with
+    --critic asyppo so its entropy filter acts)."""
     grad_clip: float = 1.0
-    """Gradient norm clipping (policy and critics)."""
+    """Largest gradient norm: a larger gradient is scaled down to it (policy and critics)."""
     reuse_old_logprobs: bool = True
-    """Exactly on-policy (one epoch of one minibatch; no off-policy correction, KL in the reward, credit or injection):
-    the anchor is the first training forward's logprobs, detached, not a recompute (TRL's; --no-...: veRL's)."""
+    """Save a forward when the update is exactly on-policy: the old logprobs are the first training forward's, detached,
+    not a separate forward (same numbers). Only with one epoch of one minibatch and no off-policy correction, KL in
+    the reward, credit or injection. On: TRL's way; --no-reuse-old-logprobs: veRL's."""
     kl_metric_every: int = 1
-    """The reference forward for stats/kl every this many iterations when no KL term needs it (0 = never)."""
+    """Run the reference model for the logged stats/kl every this many iterations if no KL term needs it (0 = never)."""
     no_eos_penalty: float | None = None
-    """Score given to a response that hit max_new_tokens without EOS (None = keep its score)."""
+    """Not a switch: the score of a response that reached max_new_tokens without EOS (None = it keeps its score)."""
     seed: int = 0
-    """Seed (sampling uses seed + rank)."""
+    """Random seed (each rank samples with seed + rank)."""
     strict: bool = False
     """Stop the run (every rank) when the live diagnosis (diagnose.py) flags a failure mode."""
 
@@ -173,16 +181,10 @@ class Config(TaskArgs, DataArgs, RewardArgs, SampleArgs, EvalArgs, CriticArgs, C
         check_fields(self, checks.RANGES)  # PPO's own fields (a None derived below passes)
         for base in [b for b in Config.__bases__ if "__post_init__" in vars(b)]:  # each concept's checks, its own
             base.__post_init__(self)
-        if self.ent_coef is None:  # derived once here, printed with the config
-            self.ent_coef = 1e-3 if self.critic == "asyppo" and self.adv_estimator == "gae" else 0.0
-        self.sft_target = sft_target_for(self.task) if self.sft_target is None else self.sft_target  # derived, too
+        checks.derive(self)  # the fields derived from others (None defaults), once, printed with the config
         if self.data is not None and self.model is None and os.environ.get("RANK", "0") == "0":
             print("[minrl] WARNING --data without --model trains the character-level tiny model on your text")
         checks.check_config(self)  # the checks across fields (checks.py)
-        if multi_turn(self):  # single-turn runs use max_prompt_len + max_new_tokens
-            check_range("max_context", self.max_context, self.max_prompt_len + 1)
-        if self.loss_agg == "seq-mean-token-sum-norm" and self.loss_scale_factor is None:  # derived, as above
-            self.loss_scale_factor = self.max_context if multi_turn(self) else self.max_new_tokens
 
 
 def sample_here(cfg, step, policy, *, engine, tokenizer, eos_ids, task, make_env, rng, gen, autocast, rank, n_local):
@@ -552,8 +554,8 @@ def open_run_log(cfg: Config, task, policy, start: int, rank: int, world: int, d
     cfg.out_dir = folder[0]
     if rank == 0:
         (Path(cfg.out_dir) / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
-        n_params = sum(p.numel() for p in policy.parameters()) / 1e6
-        print(f"[minrl] {cfg.adv_estimator}, {name}, world {world}, {device}, {n_params:.2f}M params, {n_local} seqs")
+        where = f"{cfg.adv_estimator}, {name}, world {world}, {device}"
+        print(f"[minrl] {where}, {params_line(policy, cfg.lora_rank)}, {n_local} seqs")
     return logger
 
 

@@ -51,6 +51,12 @@ CALIBRATION = {  # preset: (its free field, the bracket bisected, the figure it 
     "agentic-160gpu": ("mfu", 0.04, 1.0, "tm/disagg tokens/s"),
 }
 # fmt: on
+SOURCES = {  # where the preset's 'reported' column comes from, printed under its table
+    "agentic-160gpu": "a time-multiplexing result from the project's seed description (Qwen3-235B-A22B, 160 GPUs, 3.5x "
+    "over a 128 train / 32 rollout split); no public text of it was found, the nearest public code is ROLL's "
+    "partial_gpu_mode (docs/design.md 5.5)",
+    "rlvr-async": "ROLL Flash, arXiv 2510.11345 (Lu et al. 2025), its RLVR figures (docs/design.md 5.4)",
+}
 NOTES = {  # printed under the preset's table: what is fixed, what is fitted, why the predictions differ
     "agentic-160gpu": "Stated: cluster, model, 128/32 split, batch 512, 100 turns, 64K. The per-turn lengths, tail "
     "and alpha 1 are our guesses; mfu is fitted to 3.5x (`--calibrate`): 0.507, while rlvr-async needs 0.0197 (at "
@@ -196,6 +202,7 @@ def main(argv=None):
     if cfg.preset:
         print(
             format_table(preset_report(cfg, res)),
+            f"\nreported: {SOURCES[cfg.preset]}; simulated: this run",
             f"\nparameters: { {k: getattr(cfg, k) for k in PRESETS[cfg.preset]} }",
         )
         print(NOTES[cfg.preset])

@@ -181,6 +181,36 @@ def test_help_lists_every_field_with_default_and_meaning():
         assert len([o for o in options.split() if o.startswith("--")]) <= 2, options  # --x / --no-x for a bool
 
 
+def test_help_reads_top_down_for_a_newcomer(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit):
+        cli.parse_config(trainer.Config, ["--help"])
+    out = capsys.readouterr().out
+    head, _, options = out.partition("options:")
+    assert out.splitlines()[0].endswith(" [-h] [--FLAG VALUE ...]   (flags below, grouped by concern)")
+    examples = [line for line in head.splitlines() if line.startswith("    ")]  # the description: a few lines
+    assert 3 <= len(examples) <= 4 and all("trainer.py" in e for e in examples) and "README.md" in head
+    assert len(head.splitlines()) < 15
+    groups = re.findall(r"^(\w+) \((\w+\.py)\):$", options, re.M)  # one group per Args class, everyday ones first
+    assert [g for g, _ in groups[:4]] == ["TaskArgs", "Config", "DataArgs", "RewardArgs"] and len(groups) == 15
+    assert options.index("--model MODEL") < options.index("--steps STEPS") < options.index("--lora-rank")
+    assert "NO_EOS_PENALTY" not in out and "--no-eos-penalty NUMBER" in out  # a value, not a switch
+    for choices in re.findall(r"\{([\w,-]+)\}", out):
+        names = choices.split(",")
+        assert "None" not in names and len(names) == len(set(names)), choices  # None once, spelled "none"
+    assert "--off-policy {none,behav,tis,decoupled}" in out and "--rollout-is {token,sequence,none}" in out
+    assert "TRL's" in out and "(TRL's;" not in out  # the jargon follows a plain sentence
+
+
+def test_none_on_the_command_line():
+    cfg = cli.parse_config(trainer.Config, ["--rollout-is", "none", "--no-eos-penalty", "-1", "--inject", "None"])
+    assert (cfg.rollout_is, cfg.no_eos_penalty, cfg.inject) == (None, -1.0, None)
+    import async_loop  # "none" is a choice of its own: no correction, where the unset default means tis
+
+    assert cli.parse_config(async_loop.AsyncConfig, ["--off-policy", "none"]).off_policy == "none"
+    assert cli.parse_config(async_loop.AsyncConfig, []).off_policy == "tis"
+
+
 def test_flags_spelled_with_underscores_still_parse():
     cfg = cli.parse_config(trainer.Config, ["--max_new_tokens", "8", "--no-kl_loss", "--out_dir=runs/x", "--seed", "3"])
     assert (cfg.max_new_tokens, cfg.kl_loss, cfg.out_dir, cfg.seed) == (8, False, "runs/x", 3)

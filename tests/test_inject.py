@@ -278,3 +278,30 @@ def test_a_dump_in_the_earlier_dict_format_still_replays_bit_for_bit(sft_path, t
     torch.save({**saved, "batch": {k: v for k, v in batch.items() if k != "advantages"}}, path)  # one missing
     with pytest.raises(ValueError, match=r"lacks \['advantages'\]"):
         replay.replay(str(path))
+
+
+def test_the_dump_description_prints_the_config_changes_one_short_line_each(tmp_path, capsys):
+    from dataclasses import asdict
+
+    cfg = trainer.Config(steps=3, lr=1e-3, model="m" * 150, lora_targets=["q_proj", "v_proj"], dump_batch=2)
+    record = {
+        "config": json.dumps(asdict(cfg)),  # as dumped_update saves it: ~100 fields, a 2,000-character line
+        "batch": {"advantages": torch.zeros(4, 3)},
+        "prompts": ["12+3="] * 4,
+        "responses": ["15"] * 4,
+        "scores": torch.ones(4),
+        "error": None,
+        "metrics": {"loss/policy": 0.1},
+        "state_after": "sha256 ...",
+    }
+    torch.save(record, tmp_path / "batch-2.pt")
+    repro.describe_dump(tmp_path / "batch-2.pt")
+    lines = capsys.readouterr().out.splitlines()
+    assert (
+        lines[1]
+        == f"  config: 5 of {len(asdict(cfg))} fields differ from trainer.py's defaults (all: the run's config.json)"
+    )
+    fields = [line.split(" = ")[0].strip() for line in lines[2:] if " = " in line]
+    assert sorted(fields) == ["dump_batch", "lora_targets", "lr", "model", "steps"] and "    steps = 3" in lines
+    assert max(len(line) for line in lines[:-2]) <= 100  # the model's 150 characters wrapped over two lines
+    assert "batch['advantages']: (4, 3)" in "\n".join(lines) and "state after: sha256 ..." in lines[-1]

@@ -63,6 +63,16 @@ def test_only_adapters_train_and_the_reference_is_the_base(sft_path):
     assert moved > 1e-3, f"the adapters did not change the policy ({moved:.2e})"
 
 
+def test_the_run_header_counts_the_trainable_adapters(sft_path):  # lora.params_line, in the trainer's header
+    cfg, policy, *_ = lora_models(sft_path)
+    total = sum(p.numel() for p in policy.parameters())
+    adapters = sum(p.numel() for n, p in policy.named_parameters() if ".lora_" in n)
+    line = lora.params_line(policy, cfg.lora_rank)
+    assert line == f"{total / 1e6:.2f}M params ({adapters / 1e6:.3g}M trainable, LoRA rank 4)", line
+    assert 0 < adapters < total / 10
+    assert lora.params_line(policy, 0) == f"{total / 1e6:.2f}M params"  # without LoRA: every weight trains
+
+
 def test_saved_adapters_load_through_peft_and_merge_to_the_same_function(sft_path, tmp_path):
     """The adapter folder (peft's layout) loads with peft's own PeftModel.from_pretrained onto the base, and the
     merged save (W0 + alpha / r B A) with AutoModelForCausalLM: both give the LoRA policy's logprobs."""

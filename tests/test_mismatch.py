@@ -32,6 +32,25 @@ def test_every_variation_gets_its_verdict(results):
     assert bug["verdict"] == "broken" and bug["extreme"] > 0.01 and not bug["suggest"]  # fix it, do not correct it
 
 
+def test_the_printed_table_has_a_legend_a_marked_control_and_short_thresholds(results):
+    out = mismatch.report(list(results.values()))
+    lines = out.splitlines()
+    bug = next(line for line in lines if line.startswith("bug_no_temperature"))
+    assert bug.endswith("broken  (control)") and sum("(control)" in line for line in lines) == 2  # row + legend
+    for col in ("p50 p90 p99 max", "k3_kl", "extreme", "seq_mean_max", "tokens", "verdict", "rho ="):
+        assert any(line.lstrip().startswith(col) for line in lines[len(results) + 1 :]), col
+    flags = [line for line in lines if "--rollout-" in line]
+    values = [v for f in flags for v in f.split("threshold ")[1].split()[0].split("_")]  # 1.0004123, not 12 digits
+    assert values and all(len(v) <= 9 and abs(float(v) - 1) < 1 for v in values), values
+    assert (
+        mismatch.near_one(math.log(1.00041234)) == "1.0004123"
+        and mismatch.near_one(math.log(0.99958766)) == "0.9995877"
+    )
+    assert mismatch.near_one(0.14) == "1.1503" and mismatch.near_one(1.2) == "3.320" and mismatch.near_one(0) == "1"
+    broken = {**results["baseline"], "variation": "bug_no_temperature"}  # exact: the checker missed the bug
+    assert "NOT broken" in mismatch.report([broken])
+
+
 @pytest.mark.parametrize("R", [40, 400])  # 400-token rows: |mean rho| ~ 2e-4, where 4-digit rounding said 1
 def test_suggested_thresholds_act_on_the_shares_they_promise(R):
     """On a bf16-like gap the suggested flags, fed to offpolicy.py's own functions, act on about 1 token in 1000

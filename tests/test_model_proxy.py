@@ -2,6 +2,7 @@
 recorded ids and logprobs (the policy's own), batching, weight versions, sessions to samples token in token out,
 a history rewrite as a new sample, the re-tokenisation drift it avoids, and every refusal."""
 
+import contextlib
 import http.client
 import json
 import subprocess
@@ -23,7 +24,7 @@ import tasks
 from agent_pool import AgentPool
 from common import make_autocast
 from offpolicy import inference_copy
-from rollout import Rollout, sequence_logprobs
+from rollout import Rollout, generate, sequence_logprobs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -274,6 +275,20 @@ def agent_run(tmp_path, name: str, **kw) -> tuple[dict, list[dict]]:
     return mp.train_agent(cfg, hooks=[lambda step, m: rows.append(m)]), rows
 
 
+def test_help_shows_the_agent_modes_flags(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit):
+        mp.main(["--help"])
+    out = capsys.readouterr().out
+    for flag in ("--port PORT", "--agent PROGRAM", "--agents N", "--agent-timeout SECONDS"):
+        assert flag in out, flag
+    assert "--agent PROGRAM --help" in out and "--agents 16 --adv-estimator grpo" in out  # the README's command
+    with pytest.raises(SystemExit):  # that mode's own --help: its flags first, then the trainer's
+        mp.main(["--agent", "examples/calc_agent.py", "--help"])
+    out = capsys.readouterr().out
+    assert out.index("--agents AGENTS") < out.index("--steps STEPS") < out.index("--lora-rank")
+
+
 def test_an_unmodified_agent_learns_through_the_proxy_against_an_lr0_control(tmp_path):
     """The agent processes' episodes (G sessions per env seed) are the batch, with the sampler's logprobs the
     trainer's and no history break; the agent's greedy success through the proxy on 100 held-out seeds rises by >= 10
@@ -417,20 +432,28 @@ def test_a_hung_agent_is_killed_at_its_timeout_and_a_stopped_proxy_serves_nothin
 
 def test_a_bf16_proxy_samples_with_its_engines_logprobs_and_rounds_the_weights_it_loads():
     """--rollout-dtype bfloat16: the proxy serves inference_copy's bf16 engine under train()'s autocast; the recorded
-    logprobs are that engine's own, and the trainer's fp32 weights arrive rounded to bf16."""
+    ids and logprobs are that engine's own (the same generate call, bit for bit), and the trainer's fp32 weights
+    arrive rounded to bf16. A full forward is not the reference: bf16 kernels may round a one-token decoding step
+    and a whole-sequence forward differently (2e-3 apart on an AVX2 CPU)."""
     tok = tasks.make_tokenizer()
     torch.manual_seed(0)
     policy = tasks.make_tiny_model(tok)
     engine, cast = inference_copy(policy, "bfloat16"), make_autocast("bfloat16", torch.device("cpu"))
     proxy = mp.ModelProxy(engine, tok, mp.ProxyArgs(max_tokens=8), SAMPLING, autocast=cast)
     rec = proxy.complete("a", [{"role": "user", "content": "12+3="}], 8, {})
-    ids = torch.tensor([rec["prompt_ids"] + rec["ids"]])
-    with torch.no_grad(), cast():
-        ours, _ = sequence_logprobs(engine, ids, torch.ones_like(ids), len(rec["ids"]), temperature=1.0)
-    assert torch.allclose(ours[0].float(), torch.tensor(rec["logprobs"]), atol=1e-5), (ours, rec["logprobs"])
-    with torch.no_grad():
-        fp32 = sequence_logprobs(policy, ids, torch.ones_like(ids), len(rec["ids"]), temperature=1.0)[0]
-    assert not torch.allclose(fp32[0], ours[0].float(), atol=1e-5)  # the bf16 engine is not the fp32 policy
+    prompt = torch.tensor([rec["prompt_ids"]])
+    stops = {"eos_token_ids": proxy.eos_ids, "pad_token_id": tok.pad_token_id, "max_new_tokens": 8, **SAMPLING}
+
+    def sample(model, autocast):  # the proxy's call for this request: its seed, its prompt, its sampling
+        gen = torch.Generator().manual_seed(mp.request_seed(proxy.seed, "a", 0))
+        with torch.no_grad(), autocast():
+            out = generate(model, prompt, torch.ones_like(prompt), generator=[gen], **stops)
+        return out.response_ids[0, : len(rec["ids"])].tolist(), out.rollout_logprobs[0, : len(rec["ids"])]
+
+    ids, logprobs = sample(engine, cast)
+    assert ids == rec["ids"] and torch.equal(logprobs.float(), torch.tensor(rec["logprobs"])), (logprobs, rec)
+    fp32 = sample(policy, contextlib.nullcontext)[1]
+    assert not torch.allclose(fp32.float(), logprobs.float(), atol=1e-5)  # the bf16 engine is not the fp32 policy
     torch.manual_seed(1)
     new = tasks.make_tiny_model(tok)
     proxy.load_weights(new, version=1)

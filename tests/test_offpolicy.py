@@ -213,11 +213,11 @@ SMALL = dict(task="reverse", steps=2, prompts_per_step=8, group_size=4, eval_eve
 def test_trainer_with_a_bf16_sampler_reports_and_applies_the_corrections(tmp_path, sft_path):
     """A bf16 sampler makes a gap; token IcePop zeroes some weights, a tight token mask rejects tokens, and the
     update still runs (rejected tokens leave the losses); with an fp32 sampler the gap is rounding only."""
-    common = dict(SMALL, model=str(sft_path), out_dir=str(tmp_path / "a"))
-    fp32 = trainer.train(trainer.Config(**common, rollout_is="token"))
+    common = dict(SMALL, model=str(sft_path))
+    fp32 = trainer.train(trainer.Config(**common, out_dir=str(tmp_path / "fp32"), rollout_is="token"))
     tight = dict(rollout_is="token", rollout_is_threshold="0.999_1.001")
     tight.update(rollout_rs="token_k1", rollout_rs_threshold="1.002")
-    bf16 = trainer.train(trainer.Config(**common, rollout_dtype="bfloat16", **tight))
+    bf16 = trainer.train(trainer.Config(**common, out_dir=str(tmp_path / "bf16"), rollout_dtype="bfloat16", **tight))
     assert fp32["stats/rollout_vs_old_logp_diff"] < 1e-4 < bf16["stats/rollout_vs_old_logp_diff"]
     assert fp32["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(1.0, abs=1e-3)
     assert 0 < bf16["rollout_corr/rollout_is_oob_ratio"] < 1 and 0 < bf16["rollout_corr/rollout_rs_masked_fraction"] < 1
@@ -225,7 +225,8 @@ def test_trainer_with_a_bf16_sampler_reports_and_applies_the_corrections(tmp_pat
     rows = {}
     for name, kw in (("none", {}), ("tis", dict(rollout_is="token", rollout_is_threshold="1.0001")), ("rs", tight)):
         hook = lambda step, m, name=name: rows.setdefault(name, m)  # noqa: E731  the first iteration's row
-        trainer.train(trainer.Config(**{**common, "steps": 1}, rollout_dtype="bfloat16", **kw), hooks=[hook])
+        one = dict(common, steps=1, out_dir=str(tmp_path / name), rollout_dtype="bfloat16")
+        trainer.train(trainer.Config(**one, **kw), hooks=[hook])
     assert len({rows[k]["rollout/reward_mean"] for k in rows}) == 1  # the same samples (the same seed and weights)
     assert rows["none"]["rollout_corr/kl"] == rows["tis"]["rollout_corr/kl"]  # the same samples, the same gap
     for name in ("tis", "rs"):  # ... and a different update

@@ -406,11 +406,17 @@ def test_main_help_sweep_and_default(tmp_path, capsys):
     assert all(f"--{f.name.replace('_', '-')}" in out for f in dataclasses.fields(S.Config))
     res = S.main(["--steps", "2", "--batch", "32", "--out-dir", str(tmp_path)])
     assert [r["schedule"] for r in res] == list(S.SCHEDULES) and (tmp_path / "schedules.png").stat().st_size > 0
+    out = capsys.readouterr().out  # the table's units under it: shares of GPU time, seconds, counts
+    assert (
+        "traj_per_s" in out and "units: step_s seconds per training step" in out and "shares of\n  all GPU time" in out
+    )
+    for col in ("waste", "overhead", "idle", "migrated", "stale_mean"):
+        assert col in out.split("units:")[1], col
+    assert set(E.SOURCES) == set(E.PRESETS) and "arXiv 2510.11345" in E.SOURCES["rlvr-async"]  # 'reported': from
     rows = E.main(
         ["--sweep", "tail", "--sweep-values", "0", "1", "--steps", "2", "--batch", "16", "--out-dir", str(tmp_path)]
     )
     assert [r["tail"] for r in rows] == [0.0, 1.0] and (tmp_path / "sweep_tail.png").exists()
-    assert "traj_per_s" in capsys.readouterr().out
 
 
 def test_bench_quick_preset_runs_and_meets_the_memory_target():
