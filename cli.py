@@ -4,6 +4,8 @@
   named in `Config.help_first` first), with its default; the string literal under each field is its help.
   `--field-name`, `--field_name`, `--no-flag` all work; "none" is None for an optional field.
 - `check_fields`, `check_range`, `check_choice`: raise ValueError naming the field, its value and what is allowed.
+- `choose_threads()`, run by parse_config: torch's CPU threads, as many as the cores other processes leave free,
+  unless OMP_NUM_THREADS says how many.
 
     python cli.py --steps 3 --name run_a --tags x y   # a small dataclass parsed and validated, then printed
 """
@@ -15,10 +17,12 @@ import ast
 import dataclasses
 import inspect
 import math
+import os
 import re
 import shutil
 import sys
 import textwrap
+import time
 import types
 import typing
 from pathlib import Path
@@ -107,7 +111,47 @@ def parse_config(cls, argv: list[str] | None = None, description: str | None = N
     argv = sys.argv[1:] if argv is None else argv
     flag = re.compile(r"--(no-)?[a-z0-9_]+(=.*)?")  # --field-name, --no-field_name, --field_name=VALUE
     argv = [a.split("=")[0].replace("_", "-") + a[len(a.split("=")[0]) :] if flag.fullmatch(a) else a for a in argv]
-    return cls(**vars(p.parse_args(argv)))
+    cfg = cls(**vars(p.parse_args(argv)))
+    choose_threads()
+    return cfg
+
+
+def busy_cores(seconds: float = 0.2) -> float:
+    """Cores that other processes keep busy now: the machine's busy CPU time over `seconds` (/proc/stat) less this
+    process's own, in cores. 0.0 where /proc/stat is not there (not Linux)."""
+
+    def machine_busy():  # seconds of CPU time spent working (not idle, not waiting on I/O), all cores together
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+        return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+    try:
+        busy0, own0, t0 = machine_busy(), sum(os.times()[:2]), time.monotonic()
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    time.sleep(seconds)
+    busy, own = machine_busy() - busy0, sum(os.times()[:2]) - own0
+    return max(0.0, (busy - own) / (time.monotonic() - t0))
+
+
+def choose_threads() -> int | None:
+    """Torch's CPU threads for this process, chosen once at start (every entry point passes here): as many as the
+    cores other processes leave free, at least 1. Why: torch's threads spin while they wait for each other; on cores
+    shared with busy processes a spinning thread holds the core its partner needs (bench/threads_bench.py: the
+    default job 6.9x slower beside two busy processes with 2 threads, 1.8x with 1). An explicit OMP_NUM_THREADS
+    always wins (a run is bitwise reproducible for a thread count; torchrun sets 1); a program without torch is left
+    alone. Returns the number set, or None."""
+    if "OMP_NUM_THREADS" in os.environ or "torch" not in sys.modules:
+        return None
+    torch, busy = sys.modules["torch"], busy_cores()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    n = max(1, min(torch.get_num_threads(), round(cores - busy)))
+    if n < torch.get_num_threads():
+        torch.set_num_threads(n)
+        if os.environ.get("RANK", "0") == "0":
+            why = f"other processes keep {busy:.1f} of the {cores} cores busy; OMP_NUM_THREADS=N sets it"
+            print(f"[minrl] torch threads: {n} ({why})", flush=True)
+    return n
 
 
 def check_range(name: str, value, lo=None, hi=None, *, lo_open: bool = False, hi_open: bool = False) -> None:

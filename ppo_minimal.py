@@ -183,7 +183,7 @@ def train(cfg: Config) -> dict:
     shuffle_gen = torch.Generator().manual_seed(cfg.seed)  # minibatches: the same on every rank
     held_out = task.sample(cfg.eval_n, "eval", np.random.default_rng(HELD_OUT_SEED))
     columns = "step rollout/reward_mean eval/acc loss/policy loss/value stats/kl stats/clipfrac"
-    logger = MetricsLogger(cfg.out_dir, columns.split(), rank == 0, entry="ppo_minimal")
+    logger = MetricsLogger(cfg.out_dir, columns.split(), rank == 0, entry="ppo_minimal", total_steps=cfg.steps)
     evaluation = partial(evaluate, policy, tok, task, held_out, eos_ids, cfg.max_new_tokens)
     history = [(0, evaluation(rank, world))] if cfg.eval_every else []  # the start model
     for step in range(cfg.steps):

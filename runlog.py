@@ -5,7 +5,8 @@
 
 - The run's folder (checkpoint.run_dir): without --out-dir a fresh `runs/<entry>-<date>-<n>/`; a folder that holds
   a run is refused without --resume or --overwrite; a stopped run still writes result.json and curves.png.
-- `MetricsLogger`: one row per step, printed as an aligned table (rank 0) and appended to `metrics.jsonl`.
+- `MetricsLogger`: one row per step, printed as an aligned table (rank 0) with the progress and an estimate of the
+  time left, and appended to `metrics.jsonl`.
 - `format_table`, `read_jsonl`, `plot_metrics`: the same rows read back, for experiments and notebooks.
 - `parallel_map`: independent runs (simulations) in spawned processes (trainer runs as subprocesses, and the
   statistics over seeds of the experiments: experiments/seeds.py).
@@ -24,6 +25,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -121,7 +123,8 @@ def format_table(rows: list[dict], columns: list[str] | None = None) -> str:
 
 
 class MetricsLogger:
-    """One row per step: printed as an aligned table (rank 0), appended to `metrics.jsonl`.
+    """One row per step: printed as an aligned table (rank 0), appended to `metrics.jsonl`. With `total_steps`
+    each printed row ends with `step/total` and the time left at the pace of the rows so far (not in the file).
 
     It opens the run's folder (checkpoint.run_dir, on the rank that logs; `self.dir`). On resume an existing
     metrics.jsonl keeps only its rows up to `start_step`, the checkpoint's, so that no two runs' rows ever mix.
@@ -129,8 +132,9 @@ class MetricsLogger:
 
     def __init__(self, out_dir: str | Path | None, columns: list[str], enabled: bool = True, tensorboard: bool = False,
                  start_step=0, wandb_project=None, config: dict | None = None, aliases=None, entry: str = "run",
-                 overwrite: bool = False):  # fmt: skip
+                 overwrite: bool = False, total_steps: int | None = None):  # fmt: skip
         self.columns, self.enabled, self.n, self.aliases, self.wandb = columns, enabled, 0, aliases, None
+        self.total, self.first = total_steps, None  # (step, time) of the first row printed: the pace's origin
         self.labels = column_labels(columns)
         self.width = max(10, *(len(c) for c in self.labels))
         # the run's folder (checkpoint.run_dir: None is a fresh one; a run's is refused unless resumed or overwritten)
@@ -161,7 +165,7 @@ class MetricsLogger:
     @classmethod
     def of(cls, cfg, columns: list[str], enabled: bool, start_step: int, aliases=None) -> MetricsLogger:
         """The logger of a run configured by `cfg` (RunArgs fields: out_dir, overwrite, tensorboard, wandb_project)."""
-        more = {"entry": entry_name(cfg), "overwrite": cfg.overwrite}
+        more = {"entry": entry_name(cfg), "overwrite": cfg.overwrite, "total_steps": getattr(cfg, "steps", None)}
         return cls(
             cfg.out_dir, columns, enabled, cfg.tensorboard, start_step, cfg.wandb_project, asdict(cfg), aliases, **more
         )
@@ -199,8 +203,19 @@ class MetricsLogger:
             self.wandb.log(both, step=step)
         if self.n % 20 == 0:
             print(" ".join(c.rjust(self.width) for c in self.labels), flush=True)
-        print(format_row(row, self.columns, self.width), flush=True)
+        print(format_row(row, self.columns, self.width) + self.progress(step), flush=True)
         self.n += 1
+
+    def progress(self, step: int) -> str:
+        """`  12/90, 1m05s left`: the steps still to go at the pace of the rows after the first one (whose time
+        includes the start-up)."""
+        if not self.total:
+            return ""
+        now = time.monotonic()
+        self.first = self.first or (step, now)
+        done, took = step - self.first[0], now - self.first[1]
+        left = f", {clock(took / done * (self.total - step))} left" if done > 0 and step < self.total else ""
+        return f"  {step}/{self.total}{left}"
 
     def close(self) -> None:
         """Flush and close TensorBoard and W&B (the offline run folder is complete after this)."""
@@ -208,6 +223,12 @@ class MetricsLogger:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def clock(seconds: float) -> str:
+    """A duration as a person reads it: 42s, 3m05s, 1h12m."""
+    s = round(seconds)
+    return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

@@ -229,6 +229,9 @@ def sft_warm_start(
             if not (out / "config.json").exists():  # e.g. saved by a rank other than 0 before detail 5
                 raise RuntimeError(f"the cached SFT warm start {out} holds no model: delete that folder to rebuild it")
             return out
+        if verbose:  # minutes once, then a cache hit for every run with this key
+            say = f"SFT until greedy accuracy {cfg.target_acc}, at most {cfg.max_steps} steps"
+            print(f"[minrl] building the warm start of {cfg.task!r} once ({say}), cached in {out}", flush=True)
         torch.manual_seed(cfg.seed)
         rng = np.random.default_rng(cfg.seed)
         tokenizer = make_tokenizer(ASCII if cfg.task == "shell" else CHARS)  # shell commands need $|;_"'{}[]&~#
@@ -250,8 +253,9 @@ def sft_warm_start(
                 envs = [TaskEnv(task, p) for p in val]
                 return greedy_accuracy(model, tokenizer, envs, [None] * len(envs), max_new_tokens=answer_len)
 
-        acc, step, bar = 0.0, 0, tqdm(range(1, cfg.max_steps + 1), desc=f"SFT {cfg.task}", disable=not verbose)
-        for step in bar:
+        acc, step, bar = 0.0, 0, tqdm(desc=f"SFT {cfg.task}", unit=" steps", disable=not verbose)  # stops at its target
+        for step in range(1, cfg.max_steps + 1):
+            bar.update()
             model.train()
             ids, mask, labels = (x.to(device) for x in _sft_batch(tokenizer, demos(cfg.batch_size)))
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
@@ -264,6 +268,7 @@ def sft_warm_start(
                 bar.set_postfix(loss=f"{loss.item():.4f}", greedy_acc=f"{acc:.3f}", target=cfg.target_acc)
                 if acc >= cfg.target_acc:
                     break
+        bar.close()
         if acc < cfg.target_acc:
             raise RuntimeError(
                 f"SFT warm start of {cfg.task!r} did not reach {cfg.target_acc} in {cfg.max_steps} steps"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import runlog
 from checkpoint import check_out_dir, run_dir
 from runlog import read_jsonl
 
@@ -79,3 +80,17 @@ def test_sigterm_stops_a_run_leaving_result_and_curves_as_far_as_it_got(tmp_path
     result, rows = json.loads((out / "result.json").read_text()), read_jsonl(out / "metrics.jsonl")
     assert result["stopped_at"] == rows[-1]["step"] == result["step"] >= 2 and (out / "curves.png").stat().st_size
     assert f"stopped at step {rows[-1]['step']}" in stdout
+
+
+def test_printed_rows_show_the_progress_and_the_time_left_at_the_pace_after_the_first(tmp_path, monkeypatch, capsys):
+    """The first row's time holds the start-up (100 s here): the pace (10 s per step) is measured from that row on;
+    the file keeps only the metrics."""
+    clock = iter([100.0, 110.0, 120.0, 130.0])
+    monkeypatch.setattr(runlog.time, "monotonic", lambda: next(clock))
+    logger = runlog.MetricsLogger(tmp_path / "run", ["a"], total_steps=4)
+    for step in range(1, 5):
+        logger.log(step, {"a": 0.5})
+    rows = capsys.readouterr().out.splitlines()[1:]
+    assert [r.split("  ")[-1].strip() for r in rows] == ["1/4", "2/4, 20s left", "3/4, 10s left", "4/4"]
+    assert read_jsonl(tmp_path / "run" / "metrics.jsonl")[0] == {"step": 1, "a": 0.5}
+    assert [runlog.clock(s) for s in (0.4, 59.4, 125, 3600 * 2 + 61)] == ["0s", "59s", "2m05s", "2h01m"]

@@ -62,3 +62,18 @@ def test_a_cached_folder_without_a_model_is_an_error_naming_it(tmp_path):
     (out / "sft.json").write_text("{}")  # what a rank other than 0 cached before the fix: no config, no weights
     with pytest.raises(RuntimeError, match=f"{out.name} holds no model: delete that folder"):
         warm_start.sft_warm_start(QUICK, cache_dir=tmp_path, verbose=False)
+
+
+def test_a_build_says_what_it_is_and_its_bar_promises_no_step_count(tmp_path, capsys):
+    """The one-off build names itself and its cache; SFT stops at its target, so the bar counts steps, no total."""
+    out = warm_start.sft_warm_start(QUICK, cache_dir=tmp_path)
+    said = capsys.readouterr()
+    assert (
+        f"[minrl] building the warm start of 'add' once (SFT until greedy accuracy 0.01, at most {QUICK.max_steps}"
+        in said.out
+    )
+    assert f"cached in {out}" in said.out
+    bar = said.err.replace("\r", "\n")
+    assert "SFT add: 1 steps" in bar and f"/{QUICK.max_steps}" not in bar, bar
+    warm_start.sft_warm_start(QUICK, cache_dir=tmp_path)  # a cache hit: nothing to build, nothing said
+    assert "building" not in capsys.readouterr().out

@@ -1,0 +1,37 @@
+"""Torch's threads on a shared CPU (cli.choose_threads): one per core that other processes leave free, unless
+OMP_NUM_THREADS says how many. The speed it buys is measured by bench/threads_bench.py, not timed here."""
+
+import subprocess
+
+import torch
+
+import cli
+
+
+def test_busy_cores_sees_a_process_that_spins(monkeypatch):
+    spinner = subprocess.Popen(["yes"], stdout=subprocess.DEVNULL)
+    try:
+        assert cli.busy_cores(0.5) >= 0.7  # one core kept busy (more if the machine has other work)
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def test_threads_follow_the_free_cores_and_an_explicit_setting_wins(monkeypatch, capsys):
+    before = torch.get_num_threads()
+    monkeypatch.setattr(cli.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    try:
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        torch.set_num_threads(4)
+        assert cli.choose_threads() is None and torch.get_num_threads() == 4  # the user's number stands
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        monkeypatch.setattr(cli, "busy_cores", lambda: 2.6)  # 1.4 cores free
+        assert cli.choose_threads() == 1 and torch.get_num_threads() == 1
+        assert "[minrl] torch threads: 1 (other processes keep 2.6 of the 4 cores busy" in capsys.readouterr().out
+        torch.set_num_threads(4)
+        monkeypatch.setattr(cli, "busy_cores", lambda: 0.2)  # an idle machine: torch's own number
+        assert cli.choose_threads() == 4 and torch.get_num_threads() == 4 and capsys.readouterr().out == ""
+        monkeypatch.setattr(cli, "busy_cores", lambda: 5.0)  # every core busy: still one thread
+        assert cli.choose_threads() == 1
+    finally:
+        torch.set_num_threads(before)
