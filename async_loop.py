@@ -55,7 +55,7 @@ import torch.distributed as dist
 from cli import check_fields, parse_config
 from common import dist_store, make_autocast, setup_dist, train_alone
 from data import load_task
-from env_service import env_maker
+from env_client import env_maker
 from envs import TaskEnv, env_overrides, multi_turn, rollout_kw
 from rollout import Rollout, cat_rollouts, rollout_env
 from runlog import format_table, read_jsonl, stopping_cleanly

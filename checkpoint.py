@@ -16,7 +16,8 @@ A checkpoint folder `ckpt-N/` holds
 A run's folder (run_dir): without --out-dir every run gets a fresh `runs/<entry>-<date>-<n>/` (printed); an --out-dir
 that already holds a run (metrics, checkpoints, a policy) is refused, naming --resume (continue it) and --overwrite
 (remove its files first): a second run never drops the first one's rows nor leaves its ckpt-N for a later --resume
-to pick. A resume continues in the checkpoint's run folder.
+to pick. A resume continues in the checkpoint's run folder. `RunArgs`: these flags (the trainer's Config inherits
+them).
 
 Atomic (the usual write-then-rename recipe): every rank writes into `ckpt-N.tmp/` and fsyncs its files; after a
 barrier rank 0 writes the marker, fsyncs the folder and renames it to `ckpt-N` (an older `ckpt-N` is moved aside
@@ -41,11 +42,12 @@ import os
 import re
 import shutil
 import time
-from dataclasses import MISSING, asdict, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 import common
 import lora
+from cli import check_range
 
 MARKER = "checkpoint.json"
 # where a run writes, how it reports: free to change on resume
@@ -67,6 +69,42 @@ IDENTITY += (
 
 
 RUN_FILES = ("metrics.jsonl", "config.json", "result.json", "curves.png", "policy", "tb", "wandb", "timeline.json")
+
+
+@dataclass
+class RunArgs:
+    """Where a run writes and what it keeps; the trainer's Config inherits these fields."""
+
+    out_dir: str | None = None
+    """The run's folder (metrics.jsonl, result.json, plots, checkpoints). Default: a fresh runs/<entry>-<date>-<n>;
+    --resume: the checkpoint's run. A folder that holds a run is refused without --resume or --overwrite."""
+    overwrite: bool = False
+    """Remove the files of the run already in --out-dir (metrics, checkpoints, policy, plots) before this one."""
+    save_every: int = 0
+    """Checkpoint every this many iterations (0 = never)."""
+    resume: str | None = None
+    """Checkpoint folder to resume from, or a run folder: its newest complete ckpt-N."""
+    resume_allow: tuple[str, ...] = ()
+    """Config fields (and world_size) that may differ from the checkpoint's on --resume, e.g. steps lr."""
+    tensorboard: bool = False
+    """Also log to TensorBoard (needs the tensorboard package), with veRL's metric names as aliases."""
+    wandb_project: str | None = None
+    """Also log to Weights & Biases in this project, offline (`wandb sync` uploads it; WANDB_MODE overrides), with
+    veRL's metric names as aliases (needs: pip install wandb)."""
+    save_final: bool = True
+    """Save the final policy and tokenizer in out_dir/policy (save_pretrained: AutoModelForCausalLM loads it)."""
+
+    def __post_init__(self):
+        check_range("save_every", self.save_every, 0)
+        if self.resume:  # at load: a missing, incomplete or damaged checkpoint is refused before any model loads
+            self.resume = find_checkpoint(self.resume)
+            self.out_dir = self.out_dir or str(Path(self.resume).parent)  # the run goes on in its own folder
+        elif self.resume_allow:
+            raise ValueError(f"config field 'resume_allow' = {list(self.resume_allow)} needs --resume: it does nothing")
+        names = {f.name for f in fields(self)} - set(IDENTITY) | {"world_size", "model_source"}
+        if bad := [k for k in self.resume_allow if k not in names]:
+            what = "name config fields (or world_size, model_source), none of"
+            raise ValueError(f"config field 'resume_allow': {bad} cannot be allowed: {what} {list(IDENTITY)}")
 
 
 def previous_run(folder: Path) -> list[str]:

@@ -471,7 +471,7 @@ def env_overrides(name: str, latency: float, split: str) -> dict:
 def sample_episodes(task, env: str, split: str, n: int, rng, repeat: int = 1, latency: float = 0.0, make=make_env):
     """n x repeat episodes [(env, seed)], a group of `repeat` per problem or env seed: a single-turn `task`'s
     problems as TaskEnvs (seed None), or, when task is None, episodes of the environment named `env`, each made by
-    `make` (make_env, or env_service.env_maker's RemoteEnvs)."""
+    `make` (make_env, or env_client.env_maker's RemoteEnvs)."""
     if task is not None:
         return [(TaskEnv(task, p), None) for p in task.sample(n, split, rng) for _ in range(repeat)]
     seeds = [int(x) for x in rng.integers(2**31, size=n)]

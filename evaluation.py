@@ -3,6 +3,7 @@
 
     python evaluation.py --model runs/a/policy --task sort --eval-samples 8   # a trained policy (saved folder)
     python evaluation.py --model runs/a/policy --data my.parquet --reward my_reward.py --eval-samples 8
+    python evaluation.py --model runs/a/policy --task sort --print-samples 3  # what it writes, beside the truth
     python evaluation.py                          # the embedded model at random init: the metrics' floor, in seconds
 
 - `rollout_metrics`, `score_stats`: the rollout/* metrics of a training batch; `eos_mask_errors`: responses whose
@@ -168,7 +169,7 @@ def sampled_eval(model, tokenizer, episodes: list, eos_ids, n: int, rank=0, worl
 def held_out(task, name: str, n: int, samples: int = 0, make=make_env) -> tuple[list, list]:
     """The held-out episodes [(env, seed)] of every evaluation: n for greedy accuracy and, with samples > 0, the same n
     repeated `samples` times each for sampled_eval (a fixed draw: detail 1); envs made by `make` (envs.make_env, or
-    env_service.env_maker's remote ones)."""
+    env_client.env_maker's remote ones)."""
     greedy = sample_episodes(task, name, "eval", n, np.random.default_rng(12345), make=make)
     again = sample_episodes(task, name, "eval", n, np.random.default_rng(12345), samples, make=make) if samples else []
     return greedy, again
@@ -187,7 +188,11 @@ def evaluate_all(model, tokenizer, sets: tuple[list, list], eos_ids, samples: in
 class EvalConfig(TaskArgs, DataArgs, RewardArgs, SampleArgs, EnvArgs, EvalArgs):
     """A saved policy (--model) on a task's or --data's held-out episodes; the trainer's flags, the same defaults."""
 
+    print_samples: int = 0
+    """Also print this many held-out episodes as the policy plays them greedily: prompt, answer, truth, return."""
+
     def __post_init__(self):
+        check_fields(self, {"[0, inf)": ("print_samples",)}, EvalConfig)
         for base in EvalConfig.__bases__:
             if "__post_init__" in vars(base):
                 base.__post_init__(self)
@@ -201,8 +206,24 @@ def score_stats(scores, group_ids) -> dict:
     return {"rollout/reward_mean": scores.mean().item(), "rollout/reward_std": std, "rollout/zero_std_frac": zero}
 
 
+@torch.no_grad()
+def show_samples(model, tokenizer, episodes: list, eos_ids, **limits) -> None:
+    """Print held-out episodes [(env, seed)] played greedily: the prompt and everything after it (a multi-turn
+    episode's observations included), the task's ground truth where it has one, the return and whether it solved."""
+    envs, seeds = zip(*episodes)
+    rollout, info = rollout_env(model, tokenizer, list(envs), list(seeds), eos_ids, **limits)  # greedy: no generator
+    P, text = rollout.prompt_ids.shape[1], lambda ids: repr(tokenizer.decode(ids, skip_special_tokens=True))
+    for j, (env, e) in enumerate(zip(envs, info)):
+        real = rollout.attention_mask[j].bool()
+        truth = getattr(env, "problem", {}).get("ground_truth")  # a task's (TaskEnv); environments judge by playing
+        print(f"sample {j + 1}: prompt {text(rollout.prompt_ids[j][real[:P]])}")
+        print(f"  answer {text(rollout.response_ids[j][real[P:]])}" + (f"  truth {truth!r}" if truth else ""))
+        print(f"  return {e['return']:.3g}, {'solved' if e['success'] else 'not solved'}")
+
+
 def main(argv=None) -> None:
-    """Greedy accuracy and, with --eval-samples N, mean@N and pass@k of a policy on held-out episodes."""
+    """Greedy accuracy and, with --eval-samples N, mean@N and pass@k of a policy on held-out episodes; with
+    --print-samples N, N of those episodes as the policy plays them."""
     cfg = parse_config(EvalConfig, argv)
     torch.manual_seed(0)
     if cfg.model:
@@ -215,6 +236,9 @@ def main(argv=None) -> None:
     sets = held_out(task, cfg.task, cfg.eval_n, cfg.eval_samples)
     out = evaluate_all(policy, tokenizer, sets, stop_token_ids(policy, tokenizer), cfg.eval_samples, **rollout_kw(cfg))
     print("  ".join(f"{k} {v:.3f}" for k, v in out.items()))
+    if cfg.print_samples:  # the first of the same held-out episodes, again (detail 1: a fixed draw)
+        show = held_out(task, cfg.task, min(cfg.print_samples, cfg.eval_n))[0]
+        show_samples(policy, tokenizer, show, stop_token_ids(policy, tokenizer), **rollout_kw(cfg))
     if task is not None and hasattr(task, "close"):
         task.close()
 

@@ -262,7 +262,7 @@ def estimate(
     root_grad = (N - L * layer_n) * g if fsdp and not adapters else 0  # the root reduces its gradient at the end
     buckets = (trained + n_critic) * s if world > 1 and not fsdp else 0  # DDP's gradient buckets: a copy of each
     ref_n = 0 if adapters or not reference else N  # LoRA's reference is the policy with its adapters off
-    copy = (N + adapters) * 2 if engine == "bfloat16" else 0  # offpolicy.inference_copy (never under FSDP2)
+    copy = (N + adapters) * 2 if engine == "bfloat16" else 0  # rollout.inference_copy (never under FSDP2)
     static = ((N + adapters + 2 * trained) + ref_n + 3 * n_critic) * s / shard + buckets + copy
     update = static + gathered + max(trained * s / shard + root_grad + act + transient, critic_step)
     step = static + 2 * trained * s / shard  # opt.step: gradients and foreach AdamW's temporaries, activations freed

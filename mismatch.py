@@ -11,7 +11,7 @@ those the sampler drew from. The sampler is `rollout.generate` (KV cache, the sa
 batch and padding, the sampler with its KV cache against the trainer's one full forward) each variation changes one
 thing (VARIATIONS):
   autocast_bf16        both under bf16 autocast, fp32 weights: what `trainer.py --dtype bfloat16` runs
-  sampler_bf16         the sampler holds the weights in bf16 (offpolicy.inference_copy, --rollout-dtype), trainer fp32
+  sampler_bf16         the sampler holds the weights in bf16 (rollout.inference_copy, --rollout-dtype), trainer fp32
   trainer_bf16         an fp32 engine against a trainer under bf16 autocast
   both_bf16            bf16 sampler weights and a bf16-autocast trainer (not the same kernels: still a gap)
   no_kv_cache          the sampler's logprobs of its tokens from a full forward over each prefix (cache off): what
@@ -52,8 +52,8 @@ import torch
 from cli import check_fields, parse_config
 from common import make_autocast
 from logits import _last_logits_kw
-from offpolicy import gap_metrics, inference_copy, rollout_is_weights, rollout_rejection_mask
-from rollout import cat_rollouts, generate, position_ids_from_mask, sequence_logprobs
+from offpolicy import gap_metrics, rollout_is_weights, rollout_rejection_mask
+from rollout import cat_rollouts, generate, inference_copy, position_ids_from_mask, sequence_logprobs
 from tasks import (
     TASKS,
     format_prompt,

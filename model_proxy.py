@@ -59,8 +59,7 @@ from agent_pool import AgentPool
 from cli import check_fields, field_docs, parse_config
 from common import make_autocast
 from env_service import HTTPError, Server, ServiceArgs, request, start_server, stop_server
-from offpolicy import inference_copy
-from rollout import Rollout, generate, left_pad, pack_tracks
+from rollout import Rollout, generate, inference_copy, left_pad, pack_tracks
 from runlog import stopping_cleanly
 from tasks import load_policy, load_tokenizer, make_tiny_model, make_tokenizer, stop_token_ids
 from trainer import Config, train

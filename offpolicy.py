@@ -10,7 +10,8 @@ trained policy, with veRL 0.9.1's semantics (golden-tested against veRL itself: 
 
 Samples are off-policy when the sampler is not the policy the trainer differentiates: stale weights (async RL,
 async_loop.py), top-p / top-k truncation, or numerics (a bf16 inference engine against an fp32 trainer:
---rollout-dtype bfloat16 samples with a bf16 copy of the weights, `inference_copy`, synced before each rollout).
+--rollout-dtype bfloat16 samples with a bf16 copy of the weights, rollout.inference_copy, synced before each
+rollout).
 Notation, all [B, R] over response tokens: logp = the policy being trained (with grad), old = the trainer's
 recompute at update start (pi_old, the PPO anchor), rollout = the sampler's logprobs, A the advantage, m the
 response mask, n_i = sum_t m_it.
@@ -38,13 +39,12 @@ response mask, n_i = sum_t m_it.
    Their clip knobs are PPO's (--clip-low / --clip-high; DPPO: divergence thresholds; dual_clip: DPPO's TIS cap);
    sapo and geo_mean average their policy term per sequence whatever loss_agg says (veRL's; `policy_agg`).
 4. `policy_loss`: the one entry point the trainer's update calls for every family: vanilla is ppo_math's clipped
-   objective; shaping (attention credit's token weights), the rollout IS weights and AsyPPO's pg_mask multiply
-   the per-token loss before the aggregation.
+   objective; the rollout IS weights and AsyPPO's pg_mask multiply the per-token loss before the aggregation
+   (attention credit's token weights shape the advantages before it is called: trainer.py).
 """
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -86,8 +86,8 @@ class OffPolicyArgs:
     number is one U for every option."""
     loss_mode: Literal[LOSS_MODES] = "vanilla"
     """Which policy loss: vanilla (PPO's clip) or one of veRL's others, gspo | cispo | sapo | geo_mean | dppo_tv |
-    dppo_kl. clip_low/high
-    bound all but sapo's (dppo: divergences); dual_clip is vanilla's dual clip and dppo's ratio cap, else unused."""
+    dppo_kl. clip_low/high bound all but sapo's (dppo: divergences); dual_clip is vanilla's dual clip and dppo's
+    ratio cap, else unused."""
     sapo_tau_pos: float = 1.0
     """sapo: gate temperature for tokens with A > 0 (veRL tau_pos)."""
     sapo_tau_neg: float = 1.05
@@ -124,27 +124,6 @@ class OffPolicyArgs:
     def reports_gap(self) -> bool:
         """veRL's rollout_corr/ gap metrics are logged: with a rollout correction or a bf16 sampler (as veRL)."""
         return self.rollout_is is not None or self.rollout_rs is not None or self.rollout_dtype != "float32"
-
-
-def inference_copy(policy, dtype: str):
-    """The model that samples: the policy itself (float32), or a frozen copy of it with its weights in `dtype`
-    (bfloat16: every weight rounded, the forward in bf16, like an inference engine's), refreshed by `sync_weights`
-    before each rollout (the weight sync). Buffers keep their dtype: an engine computes RoPE's angles from fp32
-    frequencies too (and rounds only the cos / sin it applies)."""
-    if dtype == "float32":
-        return policy
-    engine = copy.deepcopy(policy).eval().requires_grad_(False)
-    for p in engine.parameters():
-        p.data = p.data.to(getattr(torch, dtype))
-    return engine
-
-
-@torch.no_grad()
-def sync_weights(engine, policy) -> None:
-    """Copy the policy's current weights into its inference copy (rounded to its dtype); a no-op for itself."""
-    if engine is not policy:
-        for dst, src in zip(engine.parameters(), policy.parameters(), strict=True):
-            dst.copy_(src)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ Injections (their regression suite is tests/test_inject.py)
    helpers) is replaced by the bug's version, which its `plant` returns, defined here beside it; the originals are
    put back on the way out. No line of the trainer names a bug. This works because the trainer calls these
    functions through their module at call time (`ppo_math.value_loss(...)`, `rollout.rollout_env(...)`,
-   `offpolicy.sync_weights(...)`, its own helpers by their global name), never through a `from x import f` name
+   `rollout.sync_weights(...)`, its own helpers by their global name), never through a `from x import f` name
    bound at import time. Other callers that import a function by name (evaluation.py's rollout_env) are out of
    reach on purpose: the bugs live in the training loop only. One plant keeps state across the run's steps
    (stale_old_logprobs: its frozen copy of the policy, one update behind).
@@ -44,7 +44,6 @@ from typing import Literal, NamedTuple
 import torch
 import torch.nn.functional as F
 
-import offpolicy
 import ppo_math
 import rollout
 import tasks
@@ -170,7 +169,7 @@ def plant_wrong_stop_id(trainer) -> dict:
 def plant_stale_sampler(trainer) -> dict:
     """stale_sampler: the sampler is a frozen copy of the starting policy, and the weight sync never updates it."""
     frozen_copy = lambda policy, dtype: copy.deepcopy(policy).requires_grad_(False)  # noqa: E731
-    return {(offpolicy, "inference_copy"): frozen_copy, (offpolicy, "sync_weights"): lambda engine, policy: None}
+    return {(rollout, "inference_copy"): frozen_copy, (rollout, "sync_weights"): lambda engine, policy: None}
 
 
 def plant_no_temperature(trainer) -> dict:
@@ -344,7 +343,7 @@ INJECTIONS = {
         "the sampler never receives the trained weights (a broken weight sync)",
         {},
         "logprob_mismatch",
-        "offpolicy.inference_copy, offpolicy.sync_weights",
+        "rollout.inference_copy, rollout.sync_weights",
         plant_stale_sampler,
     ),
 }
@@ -433,6 +432,7 @@ def dumped_update(path, cfg, tokenizer, samples, extra: dict, policy, opt, criti
     it. An update that raises (a NaN gradient) is saved with its error, and the error re-raised (detail 3)."""
     record = {
         "config": json.dumps(asdict(cfg)),
+        "defaults": json.dumps(asdict(type(cfg)())),  # the config class's defaults: what a reader reads changes from
         "model_config": policy.config.to_json_string(),
         "batch": {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in vars(batch).items()},
         **{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in extra.items()},
@@ -456,14 +456,11 @@ def dumped_update(path, cfg, tokenizer, samples, extra: dict, policy, opt, criti
     print(f"[minrl] saved the update of this step to {path}; rerun it: python replay.py {path}")
 
 
-def config_changes(config: dict, width: int = 100) -> list[str]:
-    """A saved config as lines to read: one per field that differs from trainer.py's defaults (derived fields as
-    trainer.Config() derives them), long values wrapped."""
-    from trainer import Config  # here: trainer imports this module
-
-    default = json.loads(json.dumps(asdict(Config())))  # as saved: tuples are lists
+def config_changes(config: dict, default: dict, width: int = 100) -> list[str]:
+    """A saved config as lines to read: one per field that differs from its class's defaults (as saved with it,
+    derived fields derived), long values wrapped."""
     changed = {k: v for k, v in config.items() if k not in default or v != default[k]}
-    about = f"{len(changed)} of {len(config)} fields differ from trainer.py's defaults (all: the run's config.json)"
+    about = f"{len(changed)} of {len(config)} fields differ from the defaults (all: the run's config.json)"
     lines = [f"  config: {about}"]
     for k, v in changed.items():
         lines += textwrap.wrap(f"{k} = {v!r}", width, initial_indent="    ", subsequent_indent="        ")
@@ -474,7 +471,7 @@ def describe_dump(path) -> None:
     """Print what a --dump-batch file holds: the run's config changes, tensor shapes, a few samples, the outcome."""
     d = torch.load(path, weights_only=True, map_location="cpu")
     print(f"{path}:")
-    print("\n".join(config_changes(json.loads(d["config"]))))
+    print("\n".join(config_changes(json.loads(d["config"]), json.loads(d.get("defaults", "{}")))))  # older: all
     for k, v in d["batch"].items():
         print(f"  batch[{k!r}]: {tuple(v.shape) if isinstance(v, torch.Tensor) else v}")
     for p, r, s in list(zip(d["prompts"], d["responses"], d["scores"].tolist()))[:4]:

@@ -3,8 +3,9 @@
     python rollout.py        # sample from the random-init tiny model: tokens/s, the logprob gap, a few responses
 
 `generate` samples one turn with a KV cache; `rollout_env` runs multi-turn episodes (envs.py) on it, a single-turn
-task being the one-turn case; `sequence_logprobs` is the trainer's recompute. Tensors (docs/design.md 3): B sequences,
-P prompt length (left-padded), R response length (right-padded).
+task being the one-turn case; `sequence_logprobs` is the trainer's recompute; `inference_copy` / `sync_weights`: the
+model that samples (the policy, or its bf16 copy as an inference engine holds it: --rollout-dtype). Tensors
+(docs/design.md 3): B sequences, P prompt length (left-padded), R response length (right-padded).
 - `response_mask` [B, R] is 1 on generated tokens up to AND including the first stop token, 0 after.
 - `rollout_logprobs` [B, R]: the sampled tokens' logprobs under the behaviour policy, softmax(logits / T) after
   top-p / top-k truncation, renormalised. With top_p = 1 and top_k = 0 (the training default) that is the policy
@@ -32,6 +33,7 @@ Implementation details (our choices)
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 import time
@@ -223,6 +225,27 @@ def generate(
         rollout_logprobs=logps[:, :n] * response_mask,
         truncated=~done,
     )
+
+
+def inference_copy(policy, dtype: str):
+    """The model that samples: the policy itself (float32), or a frozen copy of it with its weights in `dtype`
+    (bfloat16: every weight rounded, the forward in bf16, like an inference engine's), refreshed by `sync_weights`
+    before each rollout (the weight sync). Buffers keep their dtype: an engine computes RoPE's angles from fp32
+    frequencies too (and rounds only the cos / sin it applies)."""
+    if dtype == "float32":
+        return policy
+    engine = copy.deepcopy(policy).eval().requires_grad_(False)
+    for p in engine.parameters():
+        p.data = p.data.to(getattr(torch, dtype))
+    return engine
+
+
+@torch.no_grad()
+def sync_weights(engine, policy) -> None:
+    """Copy the policy's current weights into its inference copy (rounded to its dtype); a no-op for itself."""
+    if engine is not policy:
+        for dst, src in zip(engine.parameters(), policy.parameters(), strict=True):
+            dst.copy_(src)
 
 
 def sequence_logprobs(

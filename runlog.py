@@ -10,7 +10,6 @@
 - `format_table`, `read_jsonl`, `plot_metrics`: the same rows read back, for experiments and notebooks.
 - `parallel_map`: independent runs (simulations) in spawned processes (trainer runs as subprocesses, and the
   statistics over seeds of the experiments: experiments/seeds.py).
-- `RunArgs`: where a run writes and what it keeps (the checkpoints themselves: checkpoint.py).
 
 torch and matplotlib are imported inside the functions that need them, so that the torch-free leaves
 (`scheduler.py`, `diagnose.py`) can write tables on a machine without torch.
@@ -26,47 +25,10 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 from pathlib import Path
 
-from checkpoint import IDENTITY, find_checkpoint, run_dir
-from cli import check_range
-
-
-@dataclass
-class RunArgs:
-    """Where a run writes and what it keeps; the trainer's Config inherits these fields."""
-
-    out_dir: str | None = None
-    """The run's folder (metrics.jsonl, result.json, plots, checkpoints). Default: a fresh runs/<entry>-<date>-<n>;
-    --resume: the checkpoint's run. A folder that holds a run is refused without --resume or --overwrite."""
-    overwrite: bool = False
-    """Remove the files of the run already in --out-dir (metrics, checkpoints, policy, plots) before this one."""
-    save_every: int = 0
-    """Checkpoint every this many iterations (0 = never)."""
-    resume: str | None = None
-    """Checkpoint folder to resume from, or a run folder: its newest complete ckpt-N (checkpoint.py)."""
-    resume_allow: tuple[str, ...] = ()
-    """Config fields (and world_size) that may differ from the checkpoint's on --resume, e.g. steps lr."""
-    tensorboard: bool = False
-    """Also log to TensorBoard (needs the tensorboard package), with veRL's metric names as aliases."""
-    wandb_project: str | None = None
-    """Also log to Weights & Biases in this project, offline (`wandb sync` uploads it; WANDB_MODE overrides), with
-    veRL's metric names as aliases (needs: pip install wandb)."""
-    save_final: bool = True
-    """Save the final policy and tokenizer in out_dir/policy (save_pretrained: AutoModelForCausalLM loads it)."""
-
-    def __post_init__(self):
-        check_range("save_every", self.save_every, 0)
-        if self.resume:  # at load: a missing, incomplete or damaged checkpoint is refused before any model loads
-            self.resume = find_checkpoint(self.resume)
-            self.out_dir = self.out_dir or str(Path(self.resume).parent)  # the run goes on in its own folder
-        elif self.resume_allow:
-            raise ValueError(f"config field 'resume_allow' = {list(self.resume_allow)} needs --resume: it does nothing")
-        names = {f.name for f in fields(self)} - set(IDENTITY) | {"world_size", "model_source"}
-        if bad := [k for k in self.resume_allow if k not in names]:
-            what = "name config fields (or world_size, model_source), none of"
-            raise ValueError(f"config field 'resume_allow': {bad} cannot be allowed: {what} {list(IDENTITY)}")
+from checkpoint import run_dir
 
 
 def entry_name(obj) -> str:

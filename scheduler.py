@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+import scheduler_config
 from cli import parse_config
 from runlog import format_table, parallel_map
 from scheduler_config import SCHEDULES, Config, cost_model, decode_steps, decode_time, load_lengths, make_workload
@@ -454,23 +455,13 @@ def plot_results(results: list[dict], path: str) -> Path:
     return Path(path)
 
 
-def print_costs(cfg: Config) -> None:
-    """One line: the per-worker cost constants of cost_model (assumptions 2-4) in readable units."""
-    c = cost_model(cfg)
-    print(
-        f"per worker: decode step {1e3 * c['step_min']:.3g}-{1e3 * c['step_max']:.3g} ms + {1e9 * c['kv_s']:.3g} ms"
-        f"/1M context tokens; KV cache {c['kv_cap']:.4g} tokens; prefill {1e6 * c['prefill_s']:.3g} ms/1K tokens;"
-        f" train {1e3 * c['train_gpu_s']:.3g} GPU-ms/token; sync {c['sync_s']:.3g} s"
-    )
-
-
 UNITS = """\
-units: step_s seconds per training step; traj_per_s / tok_per_s trained trajectories / their tokens per second;
-  speedup, speedup_tok: that throughput over the first schedule's; rollout waste train sync overhead idle: shares of
-  all GPU time (n_gpus x wall-clock seconds), summing to 1, where waste = rollout GPU time spent on work never trained
-  on (aborted, timed out, expired trajectories; migrated turns), overhead = timemux's shrink and expand, idle = in no
-  role; wasted_share = waste / (rollout + waste); timeouts aborted: trajectories; migrated: turns moved off a
-  shrinking GPU; stale_mean: policy versions between a trajectory's start and its training"""
+units: step_s seconds per training step; traj_per_s, tok_per_s: trained trajectories, their tokens, per second; speedup
+  (_tok): that over the first schedule's; rollout waste train sync overhead idle: shares of all GPU time (n_gpus x
+  wall-clock seconds) summing to 1 (waste: rollout time on work never trained on, i.e. aborted, timed-out, expired
+  trajectories and migrated turns; overhead: timemux's shrink and expand; idle: in no role); wasted_share = waste /
+  (rollout + waste); timeouts aborted: trajectories; migrated: turns; stale_mean: policy versions between a
+  trajectory's start and its training"""
 
 
 def print_comparison(res: list[dict]) -> None:
@@ -491,7 +482,7 @@ def main(argv=None):
 
     matplotlib.use("Agg")
     cfg = parse_config(Config, argv, description=__doc__.split("\n\n")[0])  # (Config's module is scheduler_config)
-    print_costs(cfg)
+    scheduler_config.print_costs(cfg)  # the cost model in readable units
     res = compare(cfg)
     print_comparison(res)
     print("plot:", plot_results(res, f"{cfg.out_dir}/schedules.png"))

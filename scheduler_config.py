@@ -218,6 +218,16 @@ def make_workload(cfg: Config, chunk: int, n: int, rows=None) -> list[tuple]:
     return [(t[:m], e[:m]) for t, e, m in zip(tok.tolist(), env.tolist(), live.sum(1).tolist())]
 
 
+def print_costs(cfg: Config) -> None:
+    """One line: the per-worker cost constants of cost_model (assumptions 2-4) in readable units."""
+    c = cost_model(cfg)
+    print(
+        f"per worker: decode step {1e3 * c['step_min']:.3g}-{1e3 * c['step_max']:.3g} ms + {1e9 * c['kv_s']:.3g} ms"
+        f"/1M context tokens; KV cache {c['kv_cap']:.4g} tokens; prefill {1e6 * c['prefill_s']:.3g} ms/1K tokens;"
+        f" train {1e3 * c['train_gpu_s']:.3g} GPU-ms/token; sync {c['sync_s']:.3g} s"
+    )
+
+
 def main(argv=None) -> dict:
     """`python scheduler_config.py [flags]`: the cost constants, then the first `batch` trajectories' spread."""
     cfg = parse_config(Config, argv)

@@ -35,7 +35,7 @@ Implementation details (deviations from veRL marked "ours")
    (shape_advantages; masks multiply per-token terms, the denominator counts every valid token); the critics;
    `train(cfg, hooks=[fn(step, metrics)])`; the live diagnosis; the bug injections (repro.planted wraps the run:
    a bug replaces a function the loop calls through its module, `ppo_math.gae(...)`, `rollout.rollout_env(...)`,
-   `offpolicy.sync_weights(...)`, or one of this file's helpers by its global name; so never `from x import f` a
+   `rollout.sync_weights(...)`, or one of this file's helpers by its global name; so never `from x import f` a
    function a bug may replace).
 6. ours: the embedded default starts from an SFT warm start (warm_start.py), its recipe measured in RESULTS.md;
    KL is off in the reward and as a loss (as in veRL), stats/kl logged every kl_metric_every iterations.
@@ -62,7 +62,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import checkpoint
 import checks
 import common
-import env_service
+import env_client
 import memory
 import offpolicy
 import ppo_math
@@ -70,7 +70,7 @@ import repro
 import rollout
 import tasks
 from attention_credit import CreditArgs, credit_weights
-from checkpoint import check_resume, resume_checkpoint, run_fingerprint, save_checkpoint, save_policy
+from checkpoint import RunArgs, check_resume, resume_checkpoint, run_fingerprint, save_checkpoint, save_policy
 from checks import sequences_per_rank
 from cli import check_fields, parse_config
 from common import DistArgs, make_autocast, masked_mean, masked_whiten
@@ -85,7 +85,7 @@ from offpolicy import OffPolicyArgs
 from repro import ReproArgs
 from rewards import RewardArgs
 from rollout import SampleArgs, last_valid
-from runlog import MetricsLogger, RunArgs, stopping_cleanly, write_result
+from runlog import MetricsLogger, stopping_cleanly, write_result
 from tasks import TaskArgs, load_policy
 from warm_start import sft_config_for, sft_warm_start
 
@@ -194,7 +194,7 @@ def sample_here(cfg, step, policy, *, engine, tokenizer, eos_ids, task, make_env
     n, G = n_local // cfg.group_size, cfg.group_size
     envs, seeds = zip(*sample_episodes(task, cfg.task, "train", n, rng, G, cfg.env_latency, make_env))
     group_ids = torch.arange(n_local, device=gen.device) // G + rank * n_local  # [B]
-    offpolicy.sync_weights(engine, policy)  # --rollout-dtype bfloat16: the trained weights, rounded
+    rollout.sync_weights(engine, policy)  # --rollout-dtype bfloat16: the trained weights, rounded
     with autocast(), common.gathered(policy):  # FSDP2: whole weights, ranks' forwards may differ in number
         samples, episodes = rollout.rollout_env(
             engine, tokenizer, envs, seeds, eos_ids, **rollout_kw(cfg), generator=gen
@@ -578,7 +578,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         shuffle_gen = torch.Generator().manual_seed(cfg.seed)  # minibatches: the same on every rank
         part_gen = torch.Generator().manual_seed(cfg.seed + rank)  # AsyPPO's partition: its own stream
         gens = {"sample_gen": sample_gen, "shuffle_gen": shuffle_gen, "part_gen": part_gen}  # (checkpointed)
-        make_env = env_service.env_maker(cfg)  # envs.make_env, or --env-url: RemoteEnvs on those servers
+        make_env = env_client.env_maker(cfg)  # envs.make_env, or --env-url: RemoteEnvs on those servers
         eval_sets = held_out(task, cfg.task, cfg.eval_n, cfg.eval_samples, make_env)  # (greedy, sampled N times)
         start, history, diag = 0, {"eval": []}, LiveDiagnoser()
         if cfg.resume:  # checked in build_models; the lr is recomputed every iteration from the (allowed) config
@@ -594,7 +594,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
                 history["eval"].append((0, evaluate(policy, tokenizer, eval_sets[0], eos_ids, rank, world, **sampling)))
             if rank == 0:
                 print(f"[minrl] eval/acc before training: {history['eval'][0][1]:.3f}")
-        local = dict(engine=offpolicy.inference_copy(policy, cfg.rollout_dtype), tokenizer=tokenizer, task=task)
+        local = dict(engine=rollout.inference_copy(policy, cfg.rollout_dtype), tokenizer=tokenizer, task=task)
         local.update(eos_ids=eos_ids, make_env=make_env, rng=rng, gen=sample_gen, autocast=autocast, rank=rank)
         sampler = sampler or partial(sample_here, cfg, **local, n_local=n_local)  # None: sampled here, with the policy
         for step in range(start, cfg.steps):
@@ -602,17 +602,17 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
             update_actor = set_learning_rates(cfg, step, opt, critics)
 
             # --- 1. rollout: G episodes per prompt or env seed, a rank-local group; rewards come from the envs
-            rollout, episodes, group_ids, sampled = sampler(step, policy)  # sampled: the sampler's own metrics
+            samples, episodes, group_ids, sampled = sampler(step, policy)  # sampled: the sampler's own metrics
             group_ids = ungroup_failed(group_ids, episodes)  # --env-url: a failed episode joins no group
             t1 = time.perf_counter()
 
             # --- 2. rewards: each turn's at its last action token (a single-turn task's score at its stop token)
-            rollout, token_scores, scores = episode_rewards(cfg, rollout)  # [B, R], [B] episode return
-            response_mask = rollout.response_mask  # [B, R]
+            samples, token_scores, scores = episode_rewards(cfg, samples)  # [B, R], [B] episode return
+            response_mask = samples.response_mask  # [B, R]
             t2 = time.perf_counter()
 
             # --- 3. old logprobs (the PPO anchor), reference logprobs, values: no gradient
-            ids, attn = rollout.input_ids, rollout.attention_mask  # [B, P+R] each
+            ids, attn = samples.input_ids, samples.attention_mask  # [B, P+R] each
             mask = response_mask.float()  # [B, R]
             with torch.no_grad(), autocast():  # [B, R] each; None: given by the update's first forward, or not due
                 old_logprobs, ref_logprobs, gamma, credit = anchor_logprobs(
@@ -624,11 +624,11 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
             # --- 4. the batch: off-policy weights, token rewards and advantages, then token weights and masks
             logps = (old_logprobs, ref_logprobs, gamma)  # [B, R] each, or None
             batch, token_rewards, returns, kl, stats = make_batch(
-                cfg, rollout, token_scores, group_ids, logps, all_values, values, kl_beta, critics, gens
+                cfg, samples, token_scores, group_ids, logps, all_values, values, kl_beta, critics, gens
             )
 
             # --- 5. update: ppo_epochs x minibatches; --dump-batch saves its inputs first, then its outcome (repro.py)
-            dump = repro.dumping(cfg, step, out_dir, tokenizer, rollout, token_rewards, scores)
+            dump = repro.dumping(cfg, step, out_dir, tokenizer, samples, token_rewards, scores)
             with dump(policy_train, opt, critics, batch, shuffle_gen, update_actor) as record:
                 upd = ppo_update(cfg, policy_train, opt, critics, batch, world, shuffle_gen, autocast, update_actor)
                 record["metrics"] = upd
@@ -639,8 +639,8 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
 
             # --- 6. metrics (reduced over ranks), eval, live diagnosis, hooks, checkpoint
             m = {**score_stats(scores, group_ids), **stats, **upd, **credit, **sampled}
-            m.update({**footprint, **rollout_metrics(rollout, episodes, eos_ids, cfg.max_new_tokens)})
-            m.update(logprob_stats(cfg, batch.old_logprobs, ref_logprobs, rollout, episodes, step))
+            m.update({**footprint, **rollout_metrics(samples, episodes, eos_ids, cfg.max_new_tokens)})
+            m.update(logprob_stats(cfg, batch.old_logprobs, ref_logprobs, samples, episodes, step))
             m.update({"stats/kl_coef": kl_beta, "stats/lr": opt.param_groups[0]["lr"], "time/rollout": t1 - t0})
             m.update({"perf/tokens_per_s": mask.sum().item() / (t3 - t0), "time/train": t3 - t2})
             if "time/credit" in credit:  # attention credit: what it adds to the recompute, as a share of the step

@@ -253,7 +253,8 @@ def sft_warm_start(
                 envs = [TaskEnv(task, p) for p in val]
                 return greedy_accuracy(model, tokenizer, envs, [None] * len(envs), max_new_tokens=answer_len)
 
-        acc, step, bar = 0.0, 0, tqdm(desc=f"SFT {cfg.task}", unit=" steps", disable=not verbose)  # stops at its target
+        form = "{desc}: {n_fmt} steps [{elapsed}, {rate_fmt}{postfix}]"  # no total: it stops at its target
+        acc, step, bar = 0.0, 0, tqdm(desc=f"SFT {cfg.task}", unit="step", bar_format=form, disable=not verbose)
         for step in range(1, cfg.max_steps + 1):
             bar.update()
             model.train()

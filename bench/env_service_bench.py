@@ -37,7 +37,8 @@ import async_bench  # noqa: E402
 
 import envs  # noqa: E402
 from cli import check_fields, parse_config  # noqa: E402
-from env_service import RemoteEnv, request  # noqa: E402
+from env_client import RemoteEnv  # noqa: E402
+from env_service import request  # noqa: E402
 from runlog import format_table  # noqa: E402
 
 ACTIONS = {"guess": "guess 16", "shell": "ls | wc -l"}

@@ -5,7 +5,7 @@
     python experiments/mismatch.py --arms "bf16, none" "bf16, IcePop"   # some arms only
 
 Every arm is the default run (`python trainer.py`: PPO with a critic on the embedded task, 90 iterations)
-with `--seed S`; all but the first sample with `--rollout-dtype bfloat16` (offpolicy.inference_copy: the policy's
+with `--seed S`; all but the first sample with `--rollout-dtype bfloat16` (rollout.inference_copy: the policy's
 weights rounded to bf16 and a bf16 forward, as an inference engine holds them; the trainer stays fp32):
   fp32 sampler      the reference: the sampler is the trained policy (gap ~ 0)
   bf16, none        the gap, uncorrected

@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 import scheduler  # noqa: E402
 from cli import check_choice, parse_config  # noqa: E402
 from runlog import format_table, parallel_map  # noqa: E402
-from scheduler import compare, plot_results, print_comparison, print_costs, simulate  # noqa: E402
-from scheduler_config import SCHEDULES  # noqa: E402
+from scheduler import compare, plot_results, print_comparison, simulate  # noqa: E402
+from scheduler_config import SCHEDULES, print_costs  # noqa: E402
 
 # fmt: off
 PRESETS = {  # the reported runs: what they state is fixed, their free parameter calibrated (CALIBRATION, RESULTS.md)

@@ -19,7 +19,8 @@ import envs
 import sandbox
 import tasks
 import trainer
-from env_service import RemoteEnv, ServerDown, Servers, ServiceArgs, request, start_server, stop_server
+from env_client import RemoteEnv, Servers
+from env_service import ServerDown, ServiceArgs, request, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -109,15 +109,15 @@ def test_the_trainer_calls_every_planted_function_through_its_module():
 
 
 def test_planted_replaces_the_functions_for_the_block_only_and_puts_them_back():
-    before = offpolicy.sync_weights, rollout.rollout_env, trainer.episode_rewards
+    before = rollout.sync_weights, rollout.rollout_env, trainer.episode_rewards
     with repro.planted("stale_sampler", trainer):
-        assert offpolicy.sync_weights is not before[0] and rollout.rollout_env is before[1]
+        assert rollout.sync_weights is not before[0] and rollout.rollout_env is before[1]
     with pytest.raises(RuntimeError, match="inside"), repro.planted("pad_eq_eos", trainer):
         assert rollout.rollout_env is not before[1] and trainer.episode_rewards is not before[2]
         raise RuntimeError("an error inside the block")
-    assert (offpolicy.sync_weights, rollout.rollout_env, trainer.episode_rewards) == before
+    assert (rollout.sync_weights, rollout.rollout_env, trainer.episode_rewards) == before
     with repro.planted(None, trainer):
-        assert (offpolicy.sync_weights, rollout.rollout_env, trainer.episode_rewards) == before
+        assert (rollout.sync_weights, rollout.rollout_env, trainer.episode_rewards) == before
 
 
 @pytest.mark.parametrize("name", list(INJECTIONS))
@@ -163,12 +163,12 @@ def test_retokenized_history_drops_the_inner_end_of_turn_tokens_and_keeps_the_re
 def test_the_sampler_stop_and_sign_injections_plant_what_they_say():
     policy = torch.nn.Linear(2, 2)
     with repro.planted("stale_sampler", trainer):
-        engine = offpolicy.inference_copy(policy, "float32")  # a frozen copy, not the policy itself
+        engine = rollout.inference_copy(policy, "float32")  # a frozen copy, not the policy itself
         with torch.no_grad():
             policy.weight.add_(1.0)
-        offpolicy.sync_weights(engine, policy)
+        rollout.sync_weights(engine, policy)
     assert engine is not policy and not torch.equal(engine.weight, policy.weight)  # never synced
-    assert offpolicy.inference_copy(policy, "float32") is policy
+    assert rollout.inference_copy(policy, "float32") is policy
     tokenizer = SimpleNamespace(eos_token_id=2, pad_token_id=0)
     with repro.planted("wrong_stop_id", trainer):
         assert tasks.stop_token_ids(None, tokenizer) == [0]
@@ -286,6 +286,7 @@ def test_the_dump_description_prints_the_config_changes_one_short_line_each(tmp_
     cfg = trainer.Config(steps=3, lr=1e-3, model="m" * 150, lora_targets=["q_proj", "v_proj"], dump_batch=2)
     record = {
         "config": json.dumps(asdict(cfg)),  # as dumped_update saves it: ~100 fields, a 2,000-character line
+        "defaults": json.dumps(asdict(trainer.Config())),
         "batch": {"advantages": torch.zeros(4, 3)},
         "prompts": ["12+3="] * 4,
         "responses": ["15"] * 4,
@@ -297,10 +298,7 @@ def test_the_dump_description_prints_the_config_changes_one_short_line_each(tmp_
     torch.save(record, tmp_path / "batch-2.pt")
     repro.describe_dump(tmp_path / "batch-2.pt")
     lines = capsys.readouterr().out.splitlines()
-    assert (
-        lines[1]
-        == f"  config: 5 of {len(asdict(cfg))} fields differ from trainer.py's defaults (all: the run's config.json)"
-    )
+    assert lines[1] == f"  config: 5 of {len(asdict(cfg))} fields differ from the defaults (all: the run's config.json)"
     fields = [line.split(" = ")[0].strip() for line in lines[2:] if " = " in line]
     assert sorted(fields) == ["dump_batch", "lora_targets", "lr", "model", "steps"] and "    steps = 3" in lines
     assert max(len(line) for line in lines[:-2]) <= 100  # the model's 150 characters wrapped over two lines

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import critics
+import env_client
 import env_service
 import envs
 import evaluation
@@ -87,6 +88,12 @@ def test_env_service_main_plays_each_environment_through_a_server(capsys):
     assert out.count("'success': True") == len(envs.ENVS) and "'sessions': 0" in out
 
 
+def test_env_client_main_plays_each_environment_through_remote_envs(capsys):
+    out = main_output(capsys, env_client)
+    assert all(f"--- {name} at http://127.0.0.1:" in out for name in envs.ENVS), out
+    assert out.count("'success': True") == len(envs.ENVS) and "'sessions': 0" in out
+
+
 def test_sandbox_main_contains_each_hostile_command(capsys):
     lines = main_output(capsys, sandbox).splitlines()
     assert len(lines) == 7 and "'hello\\n" in lines[0] and "No such file" in lines[1], lines
@@ -109,6 +116,17 @@ def test_evaluation_main_reports_greedy_mean_at_n_and_pass_at_k(sft_path, capsys
     values = dict(zip(out.split()[::2], map(float, out.split()[1::2])))
     assert set(values) == {"eval/acc", "eval/mean@4", "eval/acc_mean@4", "eval/pass@1", "eval/pass@2", "eval/pass@4"}
     assert values["eval/pass@1"] == values["eval/acc_mean@4"] <= values["eval/pass@4"] and values["eval/acc"] > 0
+
+
+def test_evaluation_prints_samples_with_their_truth_and_return(sft_path, capsys):
+    out = main_output(capsys, evaluation, "--model", str(sft_path), "--task", "reverse", "--eval-n", "8",
+                      "--print-samples", "2").splitlines()  # fmt: skip
+    assert out[0].startswith("eval/acc ") and [line.split(":")[0] for line in out[1::3]] == ["sample 1", "sample 2"]
+    for prompt, answer, result in zip(out[1::3], out[2::3], out[3::3]):
+        digits = prompt.split("'")[1].rstrip(">")  # reverse: the truth is the prompt's digits reversed
+        assert answer.strip().startswith("answer '") and answer.endswith(f"truth '{digits[::-1]}'")
+        solved = answer.split("'")[1] == digits[::-1]
+        assert result.strip().startswith("return ") and result.endswith("not solved" if not solved else ", solved")
 
 
 def test_common_main_under_torchrun_reduces_over_two_ranks():

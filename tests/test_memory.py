@@ -14,7 +14,7 @@ import memory
 import trainer
 from critics import saved_activation_bytes
 from memory import checkpoint_layers, micro_batches
-from rollout import lm_head, position_ids_from_mask, sequence_logprobs
+from rollout import inference_copy, lm_head, position_ids_from_mask, sequence_logprobs
 from tasks import make_tiny_model, make_tokenizer
 
 
@@ -258,15 +258,14 @@ def test_estimate_under_fsdp_and_lora():
 
 def test_estimate_counts_the_bf16_sampler_copy():
     """--rollout-dtype bfloat16: the sampler's copy (2 bytes a weight) on every peak, its KV cache in bf16 (measured:
-    offpolicy.inference_copy holds exactly that many bf16 parameters)."""
-    import offpolicy
+    rollout.inference_copy holds exactly that many bf16 parameters)."""
 
     policy, critics = memory.meta_models(None, n_critics=1)
     N, GiB = sum(p.numel() for p in policy.parameters()), 2**30
     sizes = {"seqs": 32, "prompt_len": 8, "response_len": 24, "rows": 16}
     fp32 = memory.estimate(policy, critics, memory.MemoryArgs(), **sizes)
     bf16 = memory.estimate(policy, critics, memory.MemoryArgs(), engine="bfloat16", **sizes)
-    copy = offpolicy.inference_copy(make_tiny_model(make_tokenizer()), "bfloat16")
+    copy = inference_copy(make_tiny_model(make_tokenizer()), "bfloat16")
     assert bf16["sampler's bf16 copy (--rollout-dtype)"] * GiB == sum(p.numel() * p.element_size() for p in
                                                                      copy.parameters()) == 2 * N  # fmt: skip
     kv = "rollout KV cache (32 x 32 tokens)"

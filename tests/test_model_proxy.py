@@ -23,8 +23,7 @@ import openai_api
 import tasks
 from agent_pool import AgentPool
 from common import make_autocast
-from offpolicy import inference_copy
-from rollout import Rollout, generate, sequence_logprobs
+from rollout import Rollout, generate, inference_copy, sequence_logprobs
 
 ROOT = Path(__file__).resolve().parents[1]
 

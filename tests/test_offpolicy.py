@@ -12,6 +12,7 @@ import offpolicy as op
 import ppo_math
 import trainer
 from evaluation import first_action_mask
+from rollout import inference_copy, sync_weights
 from tasks import make_tiny_model, make_tokenizer
 
 F64 = torch.float64
@@ -151,14 +152,14 @@ def test_thresholds_are_numbers_or_text_as_in_veRLs_configs():
 
 def test_inference_copy_is_a_bf16_snapshot_synced_on_demand():
     policy = make_tiny_model(make_tokenizer())
-    assert op.inference_copy(policy, "float32") is policy
-    engine = op.inference_copy(policy, "bfloat16")
+    assert inference_copy(policy, "float32") is policy
+    engine = inference_copy(policy, "bfloat16")
     assert engine is not policy and all(p.dtype == torch.bfloat16 and not p.requires_grad for p in engine.parameters())
     with torch.no_grad():
         for p in policy.parameters():
             p.add_(0.01)
     assert not all(torch.equal(e, p.bfloat16()) for e, p in zip(engine.parameters(), policy.parameters()))
-    op.sync_weights(engine, policy)
+    sync_weights(engine, policy)
     assert all(torch.equal(e, p.bfloat16()) for e, p in zip(engine.parameters(), policy.parameters()))
     assert all(p.dtype == torch.float32 for p in policy.parameters())  # the trainer's weights stay fp32
 

@@ -14,7 +14,8 @@ import pytest
 import envs
 import sandbox
 import tasks
-from env_service import RemoteEnv, ServiceArgs, start_server, stop_server
+from env_client import RemoteEnv
+from env_service import ServiceArgs, start_server, stop_server
 
 LIMITS = {"wall_s": 3.0, "cpu_s": 2, "output_cap": 4096}  # sandbox.Limits fields sent as the env's options
 
