@@ -15,10 +15,9 @@ weights towards the answers that scored better than expected. train()'s six stan
 4. Advantages: how much better than expected each token's choice turned out. PPO: GAE over the
    critic's values, whitened over the batch (the step size ignores the reward's scale). GRPO: the
    score minus its group's mean, over the group's std: the G answers are each other's baseline.
-5. Update. PPO_EPOCHS passes over the batch in MINIBATCHES shuffled minibatches, one step each.
-   The clipped loss gives no gradient to a token whose ratio already left [1 - eps, 1 + eps] the
-   way its advantage pushes: that makes several steps on one batch safe. The critic regresses its
-   values on the returns.
+5. Update. PPO_EPOCHS passes over the batch in MINIBATCHES shuffled minibatches, a step each. The
+   clipped loss gives no gradient to a token whose ratio left [1 - eps, 1 + eps] the way its
+   advantage pushes: several steps on one batch are safe. The critic regresses V on the returns.
 6. Log: a row per iteration (out_dir/metrics.jsonl), a greedy evaluation every eval_every.
 
 Data parallel (torchrun), as in nanoGPT: setup() starts the process group, each rank samples its
@@ -183,7 +182,8 @@ def train(cfg: Config) -> dict:
     shuffle_gen = torch.Generator().manual_seed(cfg.seed)  # minibatches: the same on every rank
     held_out = task.sample(cfg.eval_n, "eval", np.random.default_rng(HELD_OUT_SEED))
     columns = "step rollout/reward_mean eval/acc loss/policy loss/value stats/kl stats/clipfrac"
-    logger = MetricsLogger(cfg.out_dir, columns.split(), rank == 0, entry="ppo_minimal", total_steps=cfg.steps)
+    logger = MetricsLogger(cfg.out_dir, columns.split(), rank == 0, entry="ppo_minimal",
+                           total_steps=cfg.steps)  # rows end with step / steps and the time left
     evaluation = partial(evaluate, policy, tok, task, held_out, eos_ids, cfg.max_new_tokens)
     history = [(0, evaluation(rank, world))] if cfg.eval_every else []  # the start model
     for step in range(cfg.steps):
