@@ -201,8 +201,9 @@ def _reward_decline(d):
     """The reward falls steadily: the update climbs the loss instead of descending it (the sign of the advantages or
     of the policy loss), a KL or entropy term that outweighs the task (see kl_blowup / entropy_blowup), hacking of a
     learned reward that its score hides. Try: on one batch, check that a step raises the logprob of samples with
-    A > 0 (`--dump-batch N`, then `python replay.py OUT_DIR/batch-N.pt` re-runs that update); read the other findings;
-    print samples with their rewards (`python repro.py OUT_DIR/batch-N.pt` prints four; the file holds all)."""
+    A > 0 (`--dump-batch N --steps N` saves that update, `python replay.py OUT_DIR/batch-N.pt` re-runs it, in a
+    debugger if need be); read the other findings; print samples with their rewards (`python repro.py
+    OUT_DIR/batch-N.pt` prints four; the file holds all)."""
     w, n = int(TH["reward_decline.window"]), int(TH["baseline_n"])
     win = list(d.hist.get("rollout/reward_mean", ()))[-w:]
     if "rollout/reward_mean" not in d.cur or len(win) < w:
@@ -280,8 +281,8 @@ def _high_truncation(d):
     picks EOS), a policy that drifted (kl_blowup, entropy_blowup); less often a framework bug: a wrong EOS id, EOS
     masked out of the loss (eos_mask). Try: print a few samples and see where they stop (`--dump-batch N --steps N`,
     then `python repro.py OUT_DIR/batch-N.pt`); raise max_new_tokens, use an instruction-tuned model with its chat
-    template, lower the temperature, score truncated responses (--no-eos-penalty 0); then check the EOS id and the
-    response mask."""
+    template, lower the temperature, give truncated responses a score of 0 (--no-eos-penalty 0); then check the EOS
+    id and the response mask."""
     if (t := d.cur.get("rollout/truncated_frac")) is not None:
         return t > TH["high_truncation.frac"], f"{t:.0%} of responses hit the length limit", None
 
