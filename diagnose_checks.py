@@ -326,8 +326,11 @@ def _grad_spike(d):
 # What each failure mode can cause (its symptoms), from the mechanisms in the docstrings above and the symptoms the
 # benchmark saw (bench/diagnose_bench.py's SYMPTOMS); diagnose.rank puts a cause before what it explains, and
 # flat_reward is not reported while a finding that explains it is. A reward that falls and a KL that runs away explain
-# each other (a policy that unlearns leaves its reference, one that leaves it unlearns): the earlier ranks first.
-# Outcomes (high_truncation, zero_variance_groups, reward_decline, flat_reward) explain little; bugs explain much.
+# each other (a policy that unlearns leaves its reference, one that leaves it unlearns): the earlier ranks first; so
+# do high_truncation and kl_blowup. Outcomes (high_truncation, zero_variance_groups, reward_decline, flat_reward)
+# explain little; bugs explain much. One way only, on purpose: entropy_* -> reward_decline (an entropy term moves the
+# reward before the entropy crosses its threshold; a policy that unlearns seldom blows its entropy up) and
+# reward_scale -> kl_blowup (a KL term in the reward that outweighs the score drives the KL).
 EXPLAINS = {
     "nan_inf": ("value_divergence", "kl_blowup", "entropy_blowup", "entropy_collapse", "reward_decline"),
     # trained on the wrong token probabilities: the policy drifts, loses its EOS, unlearns

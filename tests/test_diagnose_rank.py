@@ -150,6 +150,18 @@ def test_bench_causes_name_real_cases_and_checks(bench):
     assert bench.CAUSES["kl_sign"] == ("kl_blowup", "reward_scale")
 
 
+def test_bench_symptoms_are_explained_by_their_cases_cause(bench):
+    """The two tables agree: each symptom the bench declared for a case is explained by one of the case's causes,
+    but for the one-way choice EXPLAINS documents (a policy that unlearns seldom blows its entropy up)."""
+    unexplained = {
+        (case, s)
+        for case, symptoms in bench.SYMPTOMS.items()
+        for s in symptoms
+        if s not in bench.CAUSES[case] and not any(s in diagnose_checks.EXPLAINS[c] for c in bench.CAUSES[case])
+    }
+    assert unexplained == {("adv_sign", "entropy_blowup")}
+
+
 def test_bench_top_k_scores_both_orders_on_labelled_runs_only(bench):
     results = [  # (case, config, seed, {id: (dated step, reported step)}), in the order the ids were reported
         ("adv_sign", "sort-grpo", 6, {"kl_blowup": (18, 19), "high_truncation": (15, 17), "reward_decline": (3, 22)}),
