@@ -329,8 +329,10 @@ def _grad_spike(d):
 # each other (a policy that unlearns leaves its reference, one that leaves it unlearns): the earlier ranks first; so
 # do high_truncation and kl_blowup. Outcomes (high_truncation, zero_variance_groups, reward_decline, flat_reward)
 # explain little; bugs explain much. One way only, on purpose: entropy_* -> reward_decline (an entropy term moves the
-# reward before the entropy crosses its threshold; a policy that unlearns seldom blows its entropy up) and
-# reward_scale -> kl_blowup (a KL term in the reward that outweighs the score drives the KL).
+# reward before the entropy crosses its threshold; a policy that unlearns seldom blows its entropy up), entropy_* ->
+# kl_blowup (an entropy bonus drags the policy off its reference, and the KL crosses its threshold first; a KL that
+# runs away does not by itself raise the entropy) and reward_scale -> kl_blowup (a KL term in the reward that
+# outweighs the score drives the KL).
 EXPLAINS = {
     "nan_inf": ("value_divergence", "kl_blowup", "entropy_blowup", "entropy_collapse", "reward_decline"),
     # trained on the wrong token probabilities: the policy drifts, loses its EOS, unlearns
@@ -340,8 +342,8 @@ EXPLAINS = {
     "reward_scale": ("kl_blowup", "reward_decline", "value_divergence", "flat_reward"),
     "zero_variance_groups": ("flat_reward",),  # no advantage, no update
     "reward_decline": ("kl_blowup", "high_truncation", "zero_variance_groups", "flat_reward"),  # unlearning
-    "kl_blowup": ("reward_decline", "entropy_blowup", "high_truncation", "zero_variance_groups", "grad_spike",
-                  "flat_reward"),  # far from the reference: it unlearns, turns to noise, loses its EOS
+    "kl_blowup": ("reward_decline", "high_truncation", "zero_variance_groups", "grad_spike",
+                  "flat_reward"),  # far from the reference: it unlearns, loses its EOS
     "policy_frozen": ("flat_reward",),
     "entropy_collapse": ("kl_blowup", "reward_decline", "high_truncation", "zero_variance_groups", "flat_reward"),
     "entropy_blowup": ("kl_blowup", "reward_decline", "high_truncation", "zero_variance_groups", "flat_reward"),

@@ -65,15 +65,24 @@ def test_the_issue_examples_name_the_cause_first():
     out = rank(sign_flip)
     assert [f.id for f in out] == ["reward_decline", "high_truncation", "kl_blowup", "zero_variance_groups"]
     assert why_first(out[0], out) == "explains high_truncation, kl_blowup, zero_variance_groups; earliest, step 3"
-    # with entropy_blowup (it explains the fall; the earlier kl_blowup explains it; the fall explains kl_blowup):
-    # a cycle, whose earliest finding goes first
-    assert rank([*sign_flip, F("entropy_blowup", 21)])[0].id == "reward_decline"
+    # an entropy bonus of 1.0 (seed 6, sort-grpo): the KL crosses its threshold first, the reward falls from the start
+    bonus = [F("kl_blowup", 7), F("entropy_blowup", 13), F("high_truncation", 15), F("reward_decline", 3)]
+    assert ranked(*bonus)[0] == ("entropy_blowup", 13)
     # the KL penalty added with the wrong sign: the reward falls first, but reward_scale explains that fall
     kl_sign = [F("high_truncation", 12), F("reward_decline", 10), F("reward_scale", 15), F("kl_blowup", 22)]
     assert rank(kl_sign)[0].id == "reward_scale"
     # a bug planted in the masks: everything after it is its consequence
     masks = [F("logprob_mismatch", 1), F("reward_decline", 2), F("eos_mask", 1), F("kl_blowup", 20)]
     assert ranked(*masks)[0] == ("eos_mask", 1)
+
+
+def test_a_cycle_starts_with_its_earliest_finding():
+    # nan_inf explains kl_blowup, which (earlier) explains grad_spike, which (within the lag) explains nan_inf
+    assert ranked(F("grad_spike", 20), F("kl_blowup", 10), F("nan_inf", 5)) == [
+        ("nan_inf", 5),
+        ("kl_blowup", 10),
+        ("grad_spike", 20),
+    ]
 
 
 def test_each_id_once_dated_to_its_first_report_and_the_why():
