@@ -2,8 +2,9 @@
 
     python diagnose.py runs/a/      # a run dir; or a .jsonl (ours, veRL's), a .csv, TRL's trainer_state.json
 
-One line per failure mode found (stable id, step where it started, evidence, likely cause, what to try), then the
-checks that ran and those skipped. Exit code 0: nothing flagged; 1: something flagged; 2: unreadable input (the
+One line per failure mode found (stable id, step where it started, evidence, likely cause, what to try), causes
+before their symptoms (`FOUND 1. ...`, `FOUND 2. ...`), the one to check first and why (`check first: ...`), then
+the checks that ran and those skipped. Exit code 0: nothing flagged; 1: something flagged; 2: unreadable input (the
 message names the file and line). Live: `diag = LiveDiagnoser()`; `diag.update(step, metrics)` returns what is new.
 The checks and their thresholds: diagnose_checks.py; reading the files and other frameworks' metric names
 (veRL's, TRL's): diagnose_logs.py.
@@ -15,6 +16,14 @@ Implementation details (our choices):
 2. Levels are medians of `baseline_n` values. flat_reward = no progress since the start and no trend in the window
    (a plateau after a rise is convergence). A reward >= 0.9 reward_max (or accuracy >= 0.9) is saturated.
 3. Non-finite values raise nan_inf and stay out of windows.
+4. Ranking (`rank`): a finding's onset is the step it is dated to (detail 1); EXPLAINS (diagnose_checks.py) lists
+   what each failure mode can cause. A comes before B when A explains B and A's onset is at most RANK_LAG steps
+   after B's, unless B explains A in the same way and has the earlier onset. The list is built first to last: next
+   is the earliest remaining finding (ties in check order) that no remaining one comes before; in a cycle, the
+   earliest. So a cause precedes its symptoms, unrelated findings go by onset, and the first is the one to check
+   first. RANK_LAG = 20 steps: checks dated where a threshold is crossed (kl_blowup, entropy_*) trail the drift they
+   measure, while a symptom dated back to where it began (reward_decline: to its highest reward) does not; 20 steps
+   is reward_decline's window, the span its trend is judged on. A cause dated later still did not start it.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from statistics import median  # stdlib: faster than numpy on a window of ~20 va
 import numpy as np
 
 from cli import check_fields, parse_config
-from diagnose_checks import CHECKS, HISTORY, TH
+from diagnose_checks import CHECKS, EXPLAINS, HISTORY, TH
 from diagnose_logs import (
     KNOWN,
     iter_metrics,
@@ -167,6 +176,36 @@ def diagnose(rows: list[dict], reward_max: float = 1.0) -> list[Finding]:
     return [f for i, row in enumerate(rows) for f in d.update(int(row.get("step", i)), row)]
 
 
+RANK_LAG = int(TH["rank_lag"])
+ORDER = {cid: i for i, (cid, _, _) in enumerate(CHECKS)}
+
+
+def comes_before(a: Finding, b: Finding) -> bool:
+    """Detail 4: must finding a rank before finding b, as its likely cause?"""
+    a_explains = b.id in EXPLAINS[a.id] and a.step <= b.step + RANK_LAG
+    b_explains = a.id in EXPLAINS[b.id] and b.step <= a.step + RANK_LAG
+    return a_explains and (not b_explains or (a.step, ORDER[a.id]) < (b.step, ORDER[b.id]))
+
+
+def rank(findings: list[Finding]) -> list[Finding]:
+    """The first finding of each id, the cause before its symptoms (detail 4); the first is the one to check first."""
+    left = sorted({f.id: f for f in reversed(findings)}.values(), key=lambda f: (f.step, ORDER[f.id]))
+    out = []
+    while left:
+        free = [f for f in left if not any(comes_before(g, f) for g in left if g is not f)]
+        out.append((free or left)[0])  # none free: a cycle, take the earliest
+        left.remove(out[-1])
+    return out
+
+
+def why_first(first: Finding, findings: list[Finding]) -> str:
+    """Why `first` is checked first (detail 4): the findings it explains, and whether its onset is the earliest."""
+    explained = [f.id for f in findings if f is not first and f.id in EXPLAINS[first.id] and comes_before(first, f)]
+    earliest = all((first.step, ORDER[first.id]) <= (f.step, ORDER[f.id]) for f in findings)
+    reasons = [f"explains {', '.join(explained)}"] if explained else []
+    return "; ".join(reasons + ([f"earliest, step {first.step}"] if earliest or not reasons else []))
+
+
 TABLE = "rollout/reward_mean rollout/zero_std_frac stats/kl stats/entropy stats/grad_norm".split()
 
 
@@ -191,18 +230,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{cfg.path}: {len(rows)} steps ({rows[0]['step']}..{rows[-1]['step']})")
     picks = sorted({int(i) for i in np.linspace(0, len(rows) - 1, min(len(rows), 6))})
     print(format_table([rows[i] for i in picks], ["step", *[c for c in TABLE if any(c in r for r in rows)]]))
-    for cid in dict.fromkeys(f.id for f in findings):  # one line per failure mode, in order of appearance
-        f, *more = [f for f in findings if f.id == cid]
-        print(f"FOUND {f}" + (f" (again at step {', '.join(str(g.step) for g in more)})" if more else ""))
+    ranked = rank(findings)
+    for i, f in enumerate(ranked, 1):  # one line per failure mode, the cause first (detail 4)
+        more = [g.step for g in findings if g.id == f.id and g is not f]
+        print(f"FOUND {i}. {f}" + (f" (again at step {', '.join(map(str, more))})" if more else ""))
+    if ranked:
+        print(f"check first: {ranked[0].id} ({why_first(ranked[0], ranked)})")
     skipped = d.skipped()
     print("checks run: " + ", ".join(cid for cid, _, _ in CHECKS if cid not in skipped))
     for cid, why in skipped.items():
         print(f"check skipped: {cid}: {why}")
     if unused := sorted(seen - KNOWN - {"step"}):
         print(f"columns not used ({len(unused)}): {', '.join(unused[:8])}{' ...' if len(unused) > 8 else ''}")
-    n = len({f.id for f in findings})
-    print(f"{n} failure mode(s) flagged" if n else "no failure mode flagged")
-    return 1 if n else 0
+    print(f"{len(ranked)} failure mode(s) flagged" if ranked else "no failure mode flagged")
+    return 1 if ranked else 0
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ THRESHOLDS = (
     Threshold("window", 40, "trend/reference window: covers a 20-step lr warm-up and batch noise; fits CPU runs"),
     Threshold("baseline_n", 5, "values in a median level (start, recent) and least history for a reference median"),
     Threshold("clear_steps", 3, "steps without the condition before a reported failure clears (no flicker)"),
+    # diagnose.rank: reward_decline is dated inside its 20-step window and kl_blowup fires at the end of a drift
+    Threshold("rank_lag", 20, "a cause may be dated up to 20 steps after a symptom it explains and still rank first"),
     Threshold("saturated_frac", 0.9, "reward >= 0.9 reward_max or acc >= 0.9: at the ceiling, not stuck"),
     Threshold(
         "flat_reward.window", 60, "a flat reward is judged on 60 steps: a healthy 40-step CPU run may not rise yet"
@@ -158,8 +160,9 @@ def _reward_scale(d):
 def _zero_variance(d):
     """Most prompts are all-solved or all-failed: identical rewards in a group give zero advantage. A reward of
     exactly 0 everywhere is a reward that never matches (answer format, parser, a wrong ground truth) more often than
-    a task too hard. Try: print a few samples with their rewards, then prompts of the right difficulty, larger groups,
-    partial-credit rewards, or dynamic sampling."""
+    a task too hard. Try: print a few samples with their rewards (the run's command with `--dump-batch N --steps N`
+    saves step N's batch; `python repro.py OUT_DIR/batch-N.pt` prints four of its samples with their rewards), then
+    prompts of the right difficulty, larger groups, partial-credit rewards, or dynamic sampling."""
     if (z := d.cur.get("rollout/zero_std_frac")) is not None:
         r, hi = d.cur.get("rollout/reward_mean"), d.cur.get("rollout/score_max")
         level = "" if r is None else f" (mean reward {r:.3g}" + ("" if hi is None else f", max {hi:.3g}") + ")"
@@ -178,8 +181,8 @@ def _trend(values: list[float]) -> tuple[float, float]:
 
 def _flat_reward(d):
     """No learning signal reaches the policy (reward scale, zero-variance groups, lr too low, a masking bug); not
-    reported while another finding (which explains it) is. Try: print the rewards of a few samples, check lr,
-    reproduce on a tiny task."""
+    reported while another finding (which explains it) is. Try: print a few samples with their rewards (`--dump-batch
+    N --steps N`, then `python repro.py OUT_DIR/batch-N.pt`), check lr, reproduce on a tiny task."""
     w, n = int(TH["flat_reward.window"]), int(TH["baseline_n"])
     win = list(d.hist.get("rollout/reward_mean", ()))[-w:]
     if "rollout/reward_mean" not in d.cur or len(win) < w:
@@ -194,16 +197,13 @@ def _flat_reward(d):
     return hit, ev, win[0][0]
 
 
-EXPLAINS_FLAT = ("logprob_mismatch", "reward_scale", "zero_variance_groups", "reward_decline", "kl_blowup",
-                 "policy_frozen", "entropy_collapse", "entropy_blowup", "template_drift", "eos_mask", "high_truncation",
-                 "value_divergence")  # fmt: skip
-
-
 def _reward_decline(d):
     """The reward falls steadily: the update climbs the loss instead of descending it (the sign of the advantages or
     of the policy loss), a KL or entropy term that outweighs the task (see kl_blowup / entropy_blowup), hacking of a
     learned reward that its score hides. Try: on one batch, check that a step raises the logprob of samples with
-    A > 0; read the other findings; print the highest-reward samples."""
+    A > 0 (`--dump-batch N --steps N` saves that update, `python replay.py OUT_DIR/batch-N.pt` re-runs it, in a
+    debugger if need be); read the other findings; print samples with their rewards (`python repro.py
+    OUT_DIR/batch-N.pt` prints four; the file holds all)."""
     w, n = int(TH["reward_decline.window"]), int(TH["baseline_n"])
     win = list(d.hist.get("rollout/reward_mean", ()))[-w:]
     if "rollout/reward_mean" not in d.cur or len(win) < w:
@@ -212,13 +212,16 @@ def _reward_decline(d):
     slope, t = _trend(r)
     drop = d.base("rollout/reward_mean") - median(r[-n:])
     hit = t < -TH["reward_decline.t_stat"] and drop > TH["reward_decline.min_drop"] * d.reward_unit()
-    peak = max(win, key=lambda sv: sv[1])[0]  # dated to where the fall began: the window's highest reward
+    # dated to where the fall began: the highest reward kept (the last HISTORY steps; a fall is seen only once the
+    # reward is below its start, which after a rise can be long after this window's first step)
+    peak = max(d.hist["rollout/reward_mean"], key=lambda sv: sv[1])[0]
     return hit, f"reward {drop:.3g} below its start; trend {slope:+.2g}/step over {w} steps, t = {t:.2g}", peak
 
 
 def _kl_blowup(d):
     """The policy runs away from the reference: lr too high, too many epochs, KL coefficient too low, reward
-    hacking. Try: lower lr or ppo_epochs, raise the KL coefficient (or adaptive KL), read high-reward samples."""
+    hacking. Try: lower lr or ppo_epochs, raise the KL coefficient (or adaptive KL), read samples with their rewards
+    (`--dump-batch N --steps N`, then `python repro.py OUT_DIR/batch-N.pt`)."""
     k, prev = d.cur.get("stats/kl"), d.prev("stats/kl")
     if k is None:
         return None
@@ -273,8 +276,13 @@ def _sampler_gap(d):
 
 
 def _high_truncation(d):
-    """Responses do not end with EOS: wrong EOS id, EOS masked out, max_new_tokens too small.
-    Try: check the EOS id and the response mask, raise max_new_tokens, or penalise truncated responses."""
+    """Responses do not end with EOS. Usually: max_new_tokens too small for the task's answers, a model out of its
+    domain or not instruction-tuned that never learned to stop (no chat template), sampling too hot (noise seldom
+    picks EOS), a policy that drifted (kl_blowup, entropy_blowup); less often a framework bug: a wrong EOS id, EOS
+    masked out of the loss (eos_mask). Try: print a few samples and see where they stop (`--dump-batch N --steps N`,
+    then `python repro.py OUT_DIR/batch-N.pt`); raise max_new_tokens, use an instruction-tuned model with its chat
+    template, lower the temperature, give truncated responses a score of 0 (--no-eos-penalty 0); then check the EOS
+    id and the response mask."""
     if (t := d.cur.get("rollout/truncated_frac")) is not None:
         return t > TH["high_truncation.frac"], f"{t:.0%} of responses hit the length limit", None
 
@@ -313,6 +321,41 @@ def _grad_spike(d):
         return None
     ref = median(prev)
     return ref > 0 and g > TH["grad_spike.factor"] * ref, f"grad norm {g:.3g} vs median {ref:.3g} before", None
+
+
+# What each failure mode can cause (its symptoms), from the mechanisms in the docstrings above and the symptoms the
+# benchmark saw (bench/diagnose_bench.py's SYMPTOMS); diagnose.rank puts a cause before what it explains, and
+# flat_reward is not reported while a finding that explains it is. A reward that falls and a KL that runs away explain
+# each other (a policy that unlearns leaves its reference, one that leaves it unlearns): the earlier ranks first; so
+# do high_truncation and kl_blowup. Outcomes (high_truncation, zero_variance_groups, reward_decline, flat_reward)
+# explain little; bugs explain much. One way only, on purpose: entropy_* -> reward_decline (an entropy term moves the
+# reward before the entropy crosses its threshold; a policy that unlearns seldom blows its entropy up), entropy_* ->
+# kl_blowup (an entropy bonus drags the policy off its reference, and the KL crosses its threshold first; a KL that
+# runs away does not by itself raise the entropy) and reward_scale -> kl_blowup (a KL term in the reward that
+# outweighs the score drives the KL).
+EXPLAINS = {
+    "nan_inf": ("value_divergence", "kl_blowup", "entropy_blowup", "entropy_collapse", "reward_decline"),
+    # trained on the wrong token probabilities: the policy drifts, loses its EOS, unlearns
+    "logprob_mismatch": ("kl_blowup", "entropy_blowup", "entropy_collapse", "reward_decline", "high_truncation",
+                         "zero_variance_groups", "grad_spike", "flat_reward"),
+    # the KL term outweighs the score: the policy follows it (off its reference when its sign is wrong)
+    "reward_scale": ("kl_blowup", "reward_decline", "value_divergence", "flat_reward"),
+    "zero_variance_groups": ("flat_reward",),  # no advantage, no update
+    "reward_decline": ("kl_blowup", "high_truncation", "zero_variance_groups", "flat_reward"),  # unlearning
+    "kl_blowup": ("reward_decline", "high_truncation", "zero_variance_groups", "grad_spike",
+                  "flat_reward"),  # far from the reference: it unlearns, loses its EOS
+    "policy_frozen": ("flat_reward",),
+    "entropy_collapse": ("kl_blowup", "reward_decline", "high_truncation", "zero_variance_groups", "flat_reward"),
+    "entropy_blowup": ("kl_blowup", "reward_decline", "high_truncation", "zero_variance_groups", "flat_reward"),
+    "sampler_precision_gap": (),  # small and steady: it slows learning, it does not break it
+    "template_drift": ("eos_mask", "logprob_mismatch", "kl_blowup", "reward_decline", "flat_reward"),
+    "eos_mask": ("logprob_mismatch", "kl_blowup", "high_truncation", "reward_decline", "flat_reward"),
+    "high_truncation": ("kl_blowup", "zero_variance_groups", "flat_reward"),  # trained past where EOS belonged
+    "value_divergence": ("reward_decline", "grad_spike", "flat_reward"),  # advantages from a broken critic
+    "grad_spike": ("nan_inf", "kl_blowup", "entropy_blowup"),  # one outsized step
+    "flat_reward": (),
+}  # fmt: skip
+EXPLAINS_FLAT = tuple(cid for cid, effects in EXPLAINS.items() if "flat_reward" in effects)
 
 
 # (id, check, metrics any of which lets it run), in the order the checks run.

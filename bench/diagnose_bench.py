@@ -20,6 +20,10 @@ Scoring (our definitions)
    reference, kl_blowup) -- those count neither way. Every finding on a clean run is a false positive.
 3. steps to detection = the iteration at which the live diagnosis reported the label (the finding is dated earlier,
    to the first step of its streak; both are kept in --json).
+4. top-k of an order of a run's findings = a finding among its first k is one of the case's causes (CAUSES: the
+   case's label, or another id that names the same cause). Two orders are scored on the labelled runs:
+   diagnose.rank's (causes before their symptoms; what `python diagnose.py` prints) and the order in which the
+   live diagnosis reported them (what it printed before ranking).
 Runs are kept under --out-dir (one folder per case / config / seed, with the flags it ran); a rerun with the same
 flags reuses a finished run, so re-scoring after a threshold change costs only the diagnosis.
 """
@@ -39,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cli import check_fields, parse_config  # noqa: E402
-from diagnose import CHECKS, LiveDiagnoser  # noqa: E402
+from diagnose import CHECKS, Finding, LiveDiagnoser, rank  # noqa: E402
 from diagnose_logs import load_metrics  # noqa: E402
 from repro import INJECTIONS  # noqa: E402
 
@@ -83,6 +87,9 @@ SYMPTOMS = {  # declared on the tuning seeds: what each failure does to the run 
     "ent_bonus_too_large": ("kl_blowup", "reward_decline", "high_truncation"),  # noise: far from the reference
 }
 CASES = {k: c._replace(also=SYMPTOMS.get(k, ())) for k, c in CASES.items()}
+# The finding ids that name each case's cause (scoring 4): its label, except where another id points at the same
+# fix. kl_sign: reward_scale says that the KL term in the reward outweighs the score, which is that bug's place.
+CAUSES = {k: (c.label,) for k, c in CASES.items()} | {"kl_sign": ("kl_blowup", "reward_scale")}
 BARE_TWIN = {"ent_sign"}  # its clean run has no entropy bonus: +1.0 is ent_bonus_too_large (a config case: its base)
 
 
@@ -151,9 +158,11 @@ def train_run(out: Path, seed: int, steps: int, settings: dict) -> Path:
     if done.is_file() and (out / "bench_flags.json").is_file():
         if json.loads((out / "bench_flags.json").read_text()) == cmd:
             return out
+    # the trainer refuses an --out-dir holding a run: an unfinished one or one with other flags is replaced
+    again = ["--overwrite"] if out.is_dir() and any(out.iterdir()) else []
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(ROOT / "trainer.py"), *cmd], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(ROOT / "trainer.py"), *cmd, *again], capture_output=True, text=True,
                           env=env, cwd=ROOT)  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(f"python trainer.py {' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
@@ -168,6 +177,39 @@ def findings_of(path: Path) -> dict[str, tuple[int, int]]:
         for f in diag.update(row["step"], row):
             found.setdefault(f.id, (f.step, row["step"]))
     return found
+
+
+def orders(found: dict[str, tuple[int, int]]) -> dict[str, list[str]]:
+    """A run's finding ids in diagnose.rank's order and in the order the live diagnosis reported them."""
+    ranked = rank([Finding(cid, dated, "", "", "") for cid, (dated, _) in found.items()])
+    return {"ranked": [f.id for f in ranked], "reported": list(found)}  # found: in the order they were reported
+
+
+def top_k(results: list[tuple[str, str, int, dict]], ks=(1, 2)) -> dict[str, dict]:
+    """Scoring 4 on the labelled runs: per case and in all, the runs whose first k findings hold one of the case's
+    CAUSES, in each order: {case: {"runs": n, "ranked": {k: hits}, "reported": {k: hits}}}, "all" last."""
+    out: dict[str, dict] = {}
+    for case, _, _, found in results:
+        if case == "clean":
+            continue
+        for row in (out.setdefault(case, {}), out.setdefault("all", {})):
+            row["runs"] = row.get("runs", 0) + 1
+            for name, ids in orders(found).items():
+                hits = row.setdefault(name, {k: 0 for k in ks})
+                for k in ks:
+                    hits[k] += any(cid in CAUSES[case] for cid in ids[:k])
+    return {**{c: r for c, r in out.items() if c != "all"}, **({"all": out["all"]} if out else {})}
+
+
+def top_k_report(scores: dict) -> str:
+    """Scoring 4 as a markdown table: per case, its causes and the top-1 / top-2 hits of both orders."""
+    head = "| case | counts as its cause | runs | top-1 ranked | top-1 as reported | top-2 ranked | top-2 as reported |"
+    lines = [head, "|---|---|---|---|---|---|---|"]
+    for case, r in scores.items():
+        causes = " or ".join(CAUSES[case]) if case in CAUSES else "(all labelled runs)"
+        cells = [r["ranked"][1], r["reported"][1], r["ranked"][2], r["reported"][2]]
+        lines.append(f"| {case} | {causes} | {r['runs']} | " + " | ".join(f"{c}/{r['runs']}" for c in cells) + " |")
+    return "\n".join(lines)
 
 
 def score(results: list[tuple[str, str, int, dict]]) -> tuple[dict, dict]:
@@ -231,10 +273,13 @@ def main(argv=None) -> None:
         shown = ", ".join(f"{k}@{v[1]}" for k, v in found.items()) or "-"
         print(f"{case:22s} {conf:12s} seed {seed}: {shown}   ({p})")
     per, confusion = score(results)
+    ranking = top_k(results)
     print(report(per, confusion, args.seeds))
+    print("\n" + top_k_report(ranking))
     if args.json:
-        rows = [{"case": c, "config": conf, "seed": s, "found": f} for c, conf, s, f in results]
-        Path(args.json).write_text(json.dumps({"runs": rows, "per_id": per, "confusion": confusion}, indent=1))
+        rows = [{"case": c, "config": conf, "seed": s, "found": f, **orders(f)} for c, conf, s, f in results]
+        out = {"runs": rows, "per_id": per, "confusion": confusion, "top_k": ranking}
+        Path(args.json).write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
