@@ -400,7 +400,7 @@ def run(cfg: AsyncConfig, init_method: str | None = None) -> dict:
         if world < 2:
             raise ValueError("async_loop under torchrun needs >= 2 processes: rank 0 trains, the others roll out")
         if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:  # the processes share the cores (detail 6)
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+            torch.set_num_threads(max(1, min(torch.get_num_threads(), len(os.sched_getaffinity(0)) // world)))
         group, store = dist.new_group(backend="gloo"), dist_store()  # CPU tensors point to point, also beside nccl
         heartbeat(store, rank, stop)
         source = cfg.model or str(sft_warm_start(sft_config_for(cfg.task, cfg.sft_target)))

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import common
 import lora
-from cli import check_range
+from cli import check_range, keep_threads
 
 MARKER = "checkpoint.json"
 # where a run writes, how it reports: free to change on resume
@@ -219,6 +219,7 @@ def save_checkpoint(path, rank: int, fingerprint: dict, state: dict, policy, tok
     barrier()  # no rank writes into tmp before rank 0 has cleared it
     tmp.mkdir(parents=True, exist_ok=True)
     streams = {"torch_rng": torch.get_rng_state(), "task_rng": rng.bit_generator.state}
+    streams["threads"] = torch.get_num_threads()  # a resume takes the same count (cli.keep_threads)
     torch.save({**streams, **{name: g.get_state() for name, g in gens.items()}}, tmp / f"rank{rank}.pt")
     fsync_path(tmp / f"rank{rank}.pt")
     if cfg.get("fsdp"):  # every rank writes its shards of every model and optimizer
@@ -413,6 +414,7 @@ def resume_checkpoint(path, rank: int, policy, opt, critics, rng, gens: dict, fs
             critics.load(path, state)
     mine = path / f"rank{rank}.pt"
     streams = load_pt(mine if mine.is_file() else path / "rank0.pt")
+    keep_threads(streams.get("threads"), str(path))  # a bit-exact resume needs the run's thread count
     if mine.is_file():
         torch.set_rng_state(streams["torch_rng"])
         rng.bit_generator.state = streams["task_rng"]

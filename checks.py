@@ -1,6 +1,6 @@
 """The trainer Config's checks across fields: one table of (bad, why), each why naming the field and the fix.
 
-    python checks.py runs/ppo/config.json     # a run's saved config against every check: the ones it fails
+    python checks.py runs/a/config.json       # a run's saved config against every check: the ones it fails
 
 Each concept's Args class checks its own fields (cli.check_fields, in its __post_init__); what no single class
 can check, because it ties fields of several concepts together, is here. trainer.Config runs `check_config(cfg)`

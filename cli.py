@@ -83,7 +83,8 @@ def parse_config(cls, argv: list[str] | None = None, description: str | None = N
     """Build `cls` (a dataclass) from command-line flags; `--help` lists every field once, with its default: one
     group per Args class, the names in `cls.help_first` first (the everyday ones), then the others in MRO order.
     Without a `description`, the module docstring's first paragraph and its example commands describe it."""
-    hints, docs, width = typing.get_type_hints(cls), field_docs(cls), min(shutil.get_terminal_size().columns, 100) - 2
+    hints, docs = typing.get_type_hints(cls), field_docs(cls)
+    width = max(40, min(shutil.get_terminal_size().columns, 100) - 2)  # a tty may report 0 columns
     paras = (inspect.getdoc(sys.modules[cls.__module__]) or "").split("\n\n")
     doc = description or "\n\n".join(paras[:1] + [e for e in paras[1:2] if e.startswith("    ")])
     fields, seen = [f for f in dataclasses.fields(cls) if f.init], set()
@@ -138,9 +139,9 @@ def choose_threads() -> int | None:
     """Torch's CPU threads for this process, chosen once at start (every entry point passes here): as many as the
     cores other processes leave free, at least 1. Why: torch's threads spin while they wait for each other; on cores
     shared with busy processes a spinning thread holds the core its partner needs (bench/threads_bench.py: the
-    default job 6.9x slower beside two busy processes with 2 threads, 1.8x with 1). An explicit OMP_NUM_THREADS
+    default job 4.9x slower beside two busy processes with 2 threads, 1.5x with 1). An explicit OMP_NUM_THREADS
     always wins (a run is bitwise reproducible for a thread count; torchrun sets 1); a program without torch is left
-    alone. Returns the number set, or None."""
+    alone; a replay or a resume takes its run's count (keep_threads). Returns the number set, or None."""
     if "OMP_NUM_THREADS" in os.environ or "torch" not in sys.modules:
         return None
     torch, busy = sys.modules["torch"], busy_cores()
@@ -152,6 +153,19 @@ def choose_threads() -> int | None:
             why = f"other processes keep {busy:.1f} of the {cores} cores busy; OMP_NUM_THREADS=N sets it"
             print(f"[minrl] torch threads: {n} ({why})", flush=True)
     return n
+
+
+def keep_threads(saved: int | None, what: str) -> None:
+    """Redo a run's work (a replay, a resume) with the torch threads it ran with, `saved` (its numbers depend on how
+    reductions are split); with OMP_NUM_THREADS set and different, say that the last bits may differ."""
+    torch = sys.modules.get("torch")
+    if saved is None or torch is None or torch.get_num_threads() == saved:
+        return
+    if "OMP_NUM_THREADS" in os.environ:
+        now = f"OMP_NUM_THREADS gives {torch.get_num_threads()}: the numbers may differ in their last bits"
+        print(f"[minrl] {what} ran with {saved} torch threads, {now}", flush=True)
+    else:
+        torch.set_num_threads(saved)
 
 
 def check_range(name: str, value, lo=None, hi=None, *, lo_open: bool = False, hi_open: bool = False) -> None:

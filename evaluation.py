@@ -189,7 +189,8 @@ class EvalConfig(TaskArgs, DataArgs, RewardArgs, SampleArgs, EnvArgs, EvalArgs):
     """A saved policy (--model) on a task's or --data's held-out episodes; the trainer's flags, the same defaults."""
 
     print_samples: int = 0
-    """Also print this many held-out episodes as the policy plays them greedily: prompt, answer, truth, return."""
+    """Also print this many held-out episodes (at most eval_n) as the policy plays them greedily: prompt, answer,
+    truth, return."""
 
     def __post_init__(self):
         check_fields(self, {"[0, inf)": ("print_samples",)}, EvalConfig)
@@ -217,7 +218,8 @@ def show_samples(model, tokenizer, episodes: list, eos_ids, **limits) -> None:
         real = rollout.attention_mask[j].bool()
         truth = getattr(env, "problem", {}).get("ground_truth")  # a task's (TaskEnv); environments judge by playing
         print(f"sample {j + 1}: prompt {text(rollout.prompt_ids[j][real[:P]])}")
-        print(f"  answer {text(rollout.response_ids[j][real[P:]])}" + (f"  truth {truth!r}" if truth else ""))
+        said = "" if truth is None else f"  truth {truth!r}"
+        print(f"  answer {text(rollout.response_ids[j][real[P:]])}{said}")
         print(f"  return {e['return']:.3g}, {'solved' if e['success'] else 'not solved'}")
 
 

@@ -55,11 +55,12 @@ import numpy as np
 import torch
 
 import openai_api
+import rollout
 from agent_pool import AgentPool
 from cli import check_fields, field_docs, parse_config
 from common import make_autocast
 from env_service import HTTPError, Server, ServiceArgs, request, start_server, stop_server
-from rollout import Rollout, generate, inference_copy, left_pad, pack_tracks
+from rollout import Rollout, generate, left_pad, pack_tracks
 from runlog import stopping_cleanly
 from tasks import load_policy, load_tokenizer, make_tiny_model, make_tokenizer, stop_token_ids
 from trainer import Config, train
@@ -390,9 +391,8 @@ class AgentSampler:
 
 
 def train_agent(cfg: AgentConfig, hooks=()) -> dict:
-    """Train the policy on what `cfg.agent`'s processes do through a proxy; an environment server in this process.
-    Returns train()'s result plus "agent_success": greedy success of the agent on eval_n held-out seeds, before and
-    after."""
+    """Train the policy on what `cfg.agent`'s processes do through a proxy, an environment server in this process.
+    Returns train()'s result and "agent_success": the agent's greedy success on eval_n held-out seeds, before, after."""
     # room for every episode the agents may open at once: an iteration's, or an evaluation's (eval_n at once)
     at_once = max(256, cfg.eval_n, cfg.prompts_per_step * cfg.group_size)
     env_server = start_server(ServiceArgs(port=0, max_sessions=at_once))
@@ -403,7 +403,7 @@ def train_agent(cfg: AgentConfig, hooks=()) -> dict:
             source = cfg.model or str(sft_warm_start(sft_config_for(cfg.task, cfg.sft_target)))
             args = ProxyArgs(max_tokens=cfg.max_new_tokens, max_context=cfg.max_context, gather_ms=cfg.gather_ms)
             sampling = {k: getattr(cfg, k) for k in ("temperature", "top_p", "top_k")}  # the trainer's, always
-            engine = inference_copy(policy, cfg.rollout_dtype)  # float32: the policy itself, so copied
+            engine = rollout.inference_copy(policy, cfg.rollout_dtype)  # float32: the policy itself, so copied
             engine, dev = copy.deepcopy(policy) if engine is policy else engine, next(policy.parameters()).device
             proxy = ModelProxy(
                 engine,

@@ -39,7 +39,7 @@ import offpolicy
 import repro
 import trainer
 from checkpoint import load_pt
-from cli import parse_config
+from cli import keep_threads, parse_config
 from common import make_autocast
 from critics import make_critics
 from diagnose import verl_aliases
@@ -199,6 +199,7 @@ def replay(path: str) -> tuple[dict | None, bool]:
     names = {f.name for f in fields(Config)}  # older dumps lack newer fields: those take their defaults
     cfg = Config(**{**{k: v for k, v in saved.items() if k in names}, "dump_batch": 0, "resume": None})
     _, _, _, device = common.setup_dist(device=cfg.device)
+    keep_threads(d.get("threads"), path)  # the update's numbers depend on the thread count (older dumps: unknown)
     policy, opt, critics, gen = restore_update(d, cfg, device)
     saved_batch = batch_fields(d["batch"], [f.name for f in fields(Batch)], path)  # also older dumps
     batch = Batch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in saved_batch.items()})

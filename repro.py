@@ -1,10 +1,10 @@
 """The bug catalogue: fourteen classic RL-for-LLM bugs to plant on purpose, and one update saved to disk.
 
     python repro.py                                       # the injections: bug, planted by, config, diagnosis
-    python repro.py runs/ppo/batch-7.pt                   # what a --dump-batch file holds
+    python repro.py runs/b/batch-7.pt                     # what a --dump-batch file holds
     python trainer.py --inject reward_scale --steps 40    # plant one; the live diagnosis must name it
-    python trainer.py --dump-batch 7 --steps 7            # save everything update 7 needs (batch-7.pt)
-    python replay.py runs/ppo/batch-7.pt                  # re-run exactly that update, bit for bit (replay.py)
+    python trainer.py --dump-batch 7 --steps 7 --out-dir runs/b   # save everything update 7 needs (batch-7.pt)
+    python replay.py runs/b/batch-7.pt                    # re-run exactly that update, bit for bit (replay.py)
 
 Injections (their regression suite is tests/test_inject.py)
 1. A bug is planted from outside the loop: `with planted(cfg.inject, trainer):` wraps trainer.train's run, and for
@@ -433,6 +433,7 @@ def dumped_update(path, cfg, tokenizer, samples, extra: dict, policy, opt, criti
     record = {
         "config": json.dumps(asdict(cfg)),
         "defaults": json.dumps(asdict(type(cfg)())),  # the config class's defaults: what a reader reads changes from
+        "threads": torch.get_num_threads(),  # the update's numbers depend on it: replay.py uses the same
         "model_config": policy.config.to_json_string(),
         "batch": {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in vars(batch).items()},
         **{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in extra.items()},

@@ -206,6 +206,7 @@ def test_replay_reproduces_the_dumped_update_bit_for_bit(sft_path, tmp_path, adv
     path = tmp_path / "batch-2.pt"
     saved = torch.load(path, weights_only=True)  # the documented contract: a weights_only file
     assert json.loads(saved["config"])["adv_estimator"] == adv
+    assert saved["threads"] == torch.get_num_threads()  # what replay.py runs with (cli.keep_threads)
     logged = read_jsonl(tmp_path / "metrics.jsonl")[1]
     assert logged["step"] == 2
     metrics, same = replay.replay(str(path))

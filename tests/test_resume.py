@@ -95,7 +95,8 @@ def test_checkpoint_is_safetensors_and_weights_only(run):
     for name in ("policy", "critic_0"):
         assert (ckpt / name / "model.safetensors").is_file()
     assert (ckpt / "critic_0" / "value_head.safetensors").is_file()
-    torch.load(ckpt / "rank0.pt", weights_only=True)  # this rank's random streams
+    streams = torch.load(ckpt / "rank0.pt", weights_only=True)  # this rank's random streams
+    assert streams["threads"] == torch.get_num_threads()  # and its thread count, which a resume takes
     diag = trainer.LiveDiagnoser()  # the live diagnosis' state: a resumed run keeps its baselines
     diag.load_state(state["diag"])
     assert diag.count["stats/kl"] == 3

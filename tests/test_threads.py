@@ -2,13 +2,16 @@
 OMP_NUM_THREADS says how many. The speed it buys is measured by bench/threads_bench.py, not timed here."""
 
 import subprocess
+import sys
 
+import pytest
 import torch
 
 import cli
 
 
-def test_busy_cores_sees_a_process_that_spins(monkeypatch):
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="busy_cores reads /proc/stat (Linux); elsewhere 0")
+def test_busy_cores_sees_a_process_that_spins():
     spinner = subprocess.Popen(["yes"], stdout=subprocess.DEVNULL)
     try:
         assert cli.busy_cores(0.5) >= 0.7  # one core kept busy (more if the machine has other work)
@@ -33,5 +36,22 @@ def test_threads_follow_the_free_cores_and_an_explicit_setting_wins(monkeypatch,
         assert cli.choose_threads() == 4 and torch.get_num_threads() == 4 and capsys.readouterr().out == ""
         monkeypatch.setattr(cli, "busy_cores", lambda: 5.0)  # every core busy: still one thread
         assert cli.choose_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_replay_or_resume_takes_its_runs_thread_count_unless_omp_num_threads_says_otherwise(monkeypatch, capsys):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        cli.keep_threads(1, "runs/b/batch-7.pt")
+        assert torch.get_num_threads() == 1 and capsys.readouterr().out == ""
+        cli.keep_threads(None, "an older dump")  # no count saved: nothing to keep
+        assert torch.get_num_threads() == 1
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        cli.keep_threads(3, "runs/a/ckpt-3")  # the user's number stands, and the difference is said
+        assert torch.get_num_threads() == 1
+        assert "runs/a/ckpt-3 ran with 3 torch threads, OMP_NUM_THREADS gives 1" in capsys.readouterr().out
     finally:
         torch.set_num_threads(before)
