@@ -58,7 +58,7 @@ from data import load_task
 from env_client import env_maker
 from envs import TaskEnv, env_overrides, multi_turn, rollout_kw
 from rollout import Rollout, cat_rollouts, rollout_env
-from runlog import format_table, read_jsonl, stopping_cleanly
+from runlog import format_table, n_processes, read_jsonl, stopping_cleanly
 from tasks import load_policy, stop_token_ids
 from trainer import Config, train
 from transport import Channel, heartbeat, silent_for
@@ -400,7 +400,8 @@ def run(cfg: AsyncConfig, init_method: str | None = None) -> dict:
         if world < 2:
             raise ValueError("async_loop under torchrun needs >= 2 processes: rank 0 trains, the others roll out")
         if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:  # the processes share the cores (detail 6)
-            torch.set_num_threads(max(1, min(torch.get_num_threads(), len(os.sched_getaffinity(0)) // world)))
+            cores = n_processes(0, 1 << 30)  # the CPUs this process may run on
+            torch.set_num_threads(max(1, min(torch.get_num_threads(), cores // world)))
         group, store = dist.new_group(backend="gloo"), dist_store()  # CPU tensors point to point, also beside nccl
         heartbeat(store, rank, stop)
         source = cfg.model or str(sft_warm_start(sft_config_for(cfg.task, cfg.sft_target)))

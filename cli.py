@@ -144,7 +144,8 @@ def choose_threads() -> int | None:
     alone; a replay or a resume takes its run's count (keep_threads). Returns the number set, or None."""
     if "OMP_NUM_THREADS" in os.environ or "torch" not in sys.modules:
         return None
-    torch, busy = sys.modules["torch"], busy_cores()
+    torch = sys.modules["torch"]
+    busy = busy_cores()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     n = max(1, min(torch.get_num_threads(), round(cores - busy)))
     if n < torch.get_num_threads():

@@ -213,7 +213,11 @@ def show_samples(model, tokenizer, episodes: list, eos_ids, **limits) -> None:
     episode's observations included), the task's ground truth where it has one, the return and whether it solved."""
     envs, seeds = zip(*episodes)
     rollout, info = rollout_env(model, tokenizer, list(envs), list(seeds), eos_ids, **limits)  # greedy: no generator
-    P, text = rollout.prompt_ids.shape[1], lambda ids: repr(tokenizer.decode(ids, skip_special_tokens=True))
+    P = rollout.prompt_ids.shape[1]  # prompt columns (left-padded), then the response's
+
+    def text(ids):
+        return repr(tokenizer.decode(ids, skip_special_tokens=True))
+
     for j, (env, e) in enumerate(zip(envs, info)):
         real = rollout.attention_mask[j].bool()
         truth = getattr(env, "problem", {}).get("ground_truth")  # a task's (TaskEnv); environments judge by playing
