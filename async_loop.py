@@ -148,7 +148,7 @@ def rollout_worker(cfg: AsyncConfig, rank: int, group, store, source: str) -> No
     eos_ids, autocast = stop_token_ids(policy, tokenizer), make_autocast(cfg.dtype, device)
     task = None if multi_turn(cfg) else load_task(cfg, tokenizer, device)
     chan, gen = Channel(store, group, rank, 0), torch.Generator(device=device).manual_seed(cfg.seed + rank)
-    make_env = env_maker(cfg)  # --env-url: this worker's episodes run on those servers
+    make_env = env_maker(cfg.env_url, cfg.env_timeout)  # --env-url: this worker's episodes run on those servers
     version, queue, done, last_heard = -1, deque(), 0, time.time()
     while True:
         for header, tensor in chan.poll():  # between two requests only: weights never change inside one

@@ -117,6 +117,10 @@ CHECKS = (  # (bad(cfg), why(cfg)), in the order they are checked
         ),
     ),
     (
+        lambda c: c.env_url and not multi_turn(c),
+        lambda c: f"'env_url' needs a multi-turn environment as --task, not {c.task!r}",
+    ),
+    (
         lambda c: (c.fsdp or c.lora_rank) and (c.dump_batch or c.credit != "none" or c.inject),
         lambda c: (
             "'fsdp' / 'lora_rank' do not combine with dump_batch, credit or inject yet (one process, whole models)"

@@ -23,9 +23,11 @@ import sys
 import threading
 import time
 
+import torch
+
 from cli import parse_config
 from env_service import HTTPError, ServerDown, ServiceArgs, request, start_server, stop_server
-from envs import ENVS, make_env, multi_turn
+from envs import ENVS, make_env
 
 
 class Servers:
@@ -140,15 +142,21 @@ class RemoteEnv:
                 raise
 
 
-def env_maker(cfg):
-    """`make(name, split, **overrides)` for the trainer's episodes: envs.make_env, or with cfg.env_url RemoteEnvs
-    spread over those servers (one Servers object: what one failure teaches, every later episode knows)."""
-    if not cfg.env_url:
+def env_maker(env_url: str | None, timeout: float):
+    """`make(name, split, **overrides)` for the trainer's episodes: envs.make_env, or with env_url RemoteEnvs
+    spread over those servers (one Servers object: what one failure teaches, every later episode knows), each
+    answer awaited `timeout` seconds at most. That env_url needs a multi-turn --task is checks.py's."""
+    if not env_url:
         return make_env
-    if not multi_turn(cfg):
-        raise ValueError(f"config field 'env_url' needs a multi-turn environment as --task, not {cfg.task!r}")
-    servers = Servers(cfg.env_url)
-    return lambda name, split="train", **overrides: RemoteEnv(servers, name, split, cfg.env_timeout, **overrides)
+    servers = Servers(env_url)
+    return lambda name, split="train", **overrides: RemoteEnv(servers, name, split, timeout, **overrides)
+
+
+def ungroup_failed(group_ids, episodes: list[dict]):
+    """[B] group ids with each episode its env server failed (info env_error: rollout_env) alone in a group of its
+    own, so that its 0 return joins no GRPO / RLOO baseline (it has no gradient either: mask 0)."""
+    failed = torch.tensor([e.get("env_error") is not None for e in episodes], device=group_ids.device)  # [B]
+    return torch.where(failed, -1 - torch.arange(len(failed), device=group_ids.device), group_ids)
 
 
 def main(argv=None) -> None:

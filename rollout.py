@@ -338,7 +338,7 @@ def rollout_env(
     max_context), "no_stop_actions" (actions without a stop token), "action_spans" [(start, end) in response
     positions], "env_s" [seconds in each env.step], "gen_s" [seconds of each turn's batched generation]}, and for a
     remote env "env_error" (None, or why its server failed it: the episode ends there, its response_mask and
-    token_scores are 0: an infrastructure failure teaches nothing, and joins no group: trainer.ungroup_failed).
+    token_scores are 0: an infrastructure failure teaches nothing, and joins no group: env_client.ungroup_failed).
     """
     dev = next(model.parameters()).device
     sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k} if generator else {"temperature": 0.0}

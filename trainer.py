@@ -187,18 +187,19 @@ class Config(TaskArgs, DataArgs, RewardArgs, SampleArgs, EvalArgs, CriticArgs, C
         checks.check_config(self)  # the checks across fields (checks.py)
 
 
-def sample_here(cfg, step, policy, *, engine, tokenizer, eos_ids, task, make_env, rng, gen, autocast, rank, n_local):
+def sample_here(
+    cfg, step, policy, *, engine, tokenizer, eos_ids, task, make_env, rng, gen, autocast, rank, n_local, sampling
+):
     """train()'s sampler when none is given: G episodes per prompt or env seed (a rank-local group), sampled by
-    `engine` (the policy, or its --rollout-dtype copy after the weight sync). Returns (rollout, episode infos,
+    `engine` (the policy, or its --rollout-dtype copy after the weight sync) with `sampling`, rollout_env's limits and
+    settings (envs.rollout_kw). Returns (rollout, episode infos,
     group_ids [B], the sampler's metrics: none)."""
     n, G = n_local // cfg.group_size, cfg.group_size
     envs, seeds = zip(*sample_episodes(task, cfg.task, "train", n, rng, G, cfg.env_latency, make_env))
     group_ids = torch.arange(n_local, device=gen.device) // G + rank * n_local  # [B]
     rollout.sync_weights(engine, policy)  # --rollout-dtype bfloat16: the trained weights, rounded
     with autocast(), common.gathered(policy):  # FSDP2: whole weights, ranks' forwards may differ in number
-        samples, episodes = rollout.rollout_env(
-            engine, tokenizer, envs, seeds, eos_ids, **rollout_kw(cfg), generator=gen
-        )
+        samples, episodes = rollout.rollout_env(engine, tokenizer, envs, seeds, eos_ids, **sampling, generator=gen)
     return samples, episodes, group_ids, {}
 
 
@@ -210,13 +211,6 @@ def episode_rewards(cfg: Config, samples):
         penalty = last_valid(samples.response_mask).float() * cfg.no_eos_penalty  # [B, R]
         token_scores = torch.where(samples.truncated[:, None], penalty, token_scores)
     return samples, token_scores, token_scores.sum(-1)
-
-
-def ungroup_failed(group_ids, episodes: list[dict]):
-    """[B] group ids with each episode its env server failed (info env_error: rollout_env) alone in a group of its
-    own, so that its 0 return joins no GRPO / RLOO baseline (it has no gradient either: mask 0)."""
-    failed = torch.tensor([e.get("env_error") is not None for e in episodes], device=group_ids.device)  # [B]
-    return torch.where(failed, -1 - torch.arange(len(failed), device=group_ids.device), group_ids)
 
 
 def trainer_logprobs(cfg: Config, model, input_ids, attention_mask, R: int, with_entropy=False, micro_batch=None):
@@ -426,7 +420,7 @@ def anchor_logprobs(cfg: Config, anchor, ref, input_ids, attention_mask, respons
         per micro-batch, so every rank runs as many: under FSDP2 each is a collective)."""
 
         def logprobs(ids, mask, r):
-            return trainer_logprobs(cfg, model, ids, mask, r, micro_batch=forward_rows(cfg, ids))[0]
+            return trainer_logprobs(cfg, model, ids, mask, r, micro_batch=forward_rows(ids, **plan))[0]
 
         return memory.by_micro_batches(logprobs, input_ids, attention_mask, R, **plan, response_mask=response_mask)
 
@@ -445,15 +439,16 @@ def anchor_logprobs(cfg: Config, anchor, ref, input_ids, attention_mask, respons
 
 def critic_values(cfg: Config, critics: Critics, input_ids, attention_mask, response_mask):
     """[M, B, R] every critic's values, no gradient, micro-batched as the update is (micro_batch_tokens too)."""
-    values = lambda ids, mask, r: critics.values(ids, mask, r, forward_rows(cfg, ids))  # noqa: E731
-    plan = {"rows": cfg.micro_batch, "tokens": cfg.micro_batch_tokens, "response_mask": response_mask}
-    return memory.by_micro_batches(values, input_ids, attention_mask, response_mask.shape[1], **plan)
+    plan = {"rows": cfg.micro_batch, "tokens": cfg.micro_batch_tokens}
+    values = lambda ids, mask, r: critics.values(ids, mask, r, forward_rows(ids, **plan))  # noqa: E731
+    R = response_mask.shape[1]
+    return memory.by_micro_batches(values, input_ids, attention_mask, R, **plan, response_mask=response_mask)
 
 
-def forward_rows(cfg: Config, input_ids) -> int:
-    """Rows per forward of a no-grad pass: a planned micro-batch whole under micro_batch_tokens (one forward each, as
-    in the update, so every rank runs as many: under FSDP2 each is a collective), else micro_batch."""
-    return input_ids.shape[0] if cfg.micro_batch_tokens else cfg.micro_batch
+def forward_rows(input_ids, rows: int, tokens: int) -> int:
+    """Rows per forward of a no-grad pass: a planned micro-batch whole under a token budget (micro_batch_tokens: one
+    forward each, as in the update, so every rank runs as many: under FSDP2 each is a collective), else `rows`."""
+    return input_ids.shape[0] if tokens else rows
 
 
 def needs_reference(cfg: Config, step: int) -> bool:
@@ -488,15 +483,15 @@ def make_batch(cfg: Config, samples, token_scores, group_ids, logps: tuple, all_
     return batch, token_rewards, returns, kl, {**adv_stats, **shaped, **off_stats}
 
 
-def logprob_stats(cfg: Config, old_logprobs, ref_logprobs, samples, episodes, step: int) -> dict:
+def logprob_stats(cfg: Config, old_logprobs, ref_logprobs, samples, episodes, step: int, multi: bool) -> dict:
     """Stanza 6's logprob metrics: stats/kl (old vs reference, on an iteration with its pass) and the sampler's gap
-    to the trainer (offpolicy.gap_stats; multi-turn: the first turn's too). old_logprobs: the batch's (reuse: the
-    update's first forward filled them)."""
+    to the trainer (offpolicy.gap_stats; multi, a multi-turn run: the first turn's too). old_logprobs: the batch's
+    (reuse: the update's first forward filled them)."""
     mask, m = samples.response_mask.float(), {}  # [B, R]
     if ref_logprobs is not None:
         kl = ppo_math.kl_estimate(old_logprobs, ref_logprobs) * mask  # [B, R]
         m["stats/kl"] = float(masked_mean(kl, mask, global_=True))
-    first = first_action_mask(episodes, samples.response_mask) if multi_turn(cfg) else None  # [B, R] the first turn's
+    first = first_action_mask(episodes, samples.response_mask) if multi else None  # [B, R] the first turn's
     behav = samples.rollout_logprobs  # [B, R] the sampler's logprobs
     return {
         **m,
@@ -571,14 +566,15 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
         model = cfg.model or str(sft_warm_start(sft_config_for(cfg.task, cfg.sft_target)))  # the embedded: SFT first
         models = build_models(cfg, model, device, world)  # the policy, its optimizer, the reference, critics...
         policy, policy_train, opt, ref, tokenizer, eos_ids, critics, fingerprint = models
-        task = None if multi_turn(cfg) else load_task(cfg, tokenizer, device)  # a procedural task, or --data's rows
+        multi = multi_turn(cfg)  # an environment's episodes (envs.py), not a single-turn task
+        task = None if multi else load_task(cfg, tokenizer, device)  # a procedural task, or --data's rows
         kl_beta = cfg.kl_coef  # beta of KL in the reward (ppo_math.kl_controller)
         rng = np.random.default_rng(cfg.seed + rank)  # tasks and env seeds: seed + rank
         sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + rank)  # the sampler: seed + rank
         shuffle_gen = torch.Generator().manual_seed(cfg.seed)  # minibatches: the same on every rank
         part_gen = torch.Generator().manual_seed(cfg.seed + rank)  # AsyPPO's partition: its own stream
         gens = {"sample_gen": sample_gen, "shuffle_gen": shuffle_gen, "part_gen": part_gen}  # (checkpointed)
-        make_env = env_client.env_maker(cfg)  # envs.make_env, or --env-url: RemoteEnvs on those servers
+        make_env = env_client.env_maker(cfg.env_url, cfg.env_timeout)  # make_env, or --env-url's RemoteEnvs
         eval_sets = held_out(task, cfg.task, cfg.eval_n, cfg.eval_samples, make_env)  # (greedy, sampled N times)
         start, history, diag = 0, {"eval": []}, LiveDiagnoser()
         if cfg.resume:  # checked in build_models; the lr is recomputed every iteration from the (allowed) config
@@ -596,14 +592,14 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
                 print(f"[minrl] eval/acc before training: {history['eval'][0][1]:.3f}")
         local = dict(engine=rollout.inference_copy(policy, cfg.rollout_dtype), tokenizer=tokenizer, task=task)
         local.update(eos_ids=eos_ids, make_env=make_env, rng=rng, gen=sample_gen, autocast=autocast, rank=rank)
-        sampler = sampler or partial(sample_here, cfg, **local, n_local=n_local)  # None: sampled here, with the policy
+        sampler = sampler or partial(sample_here, cfg, **local, n_local=n_local, sampling=sampling)  # None: here
         for step in range(start, cfg.steps):
             t0 = time.perf_counter()
             update_actor = set_learning_rates(cfg, step, opt, critics)
 
             # --- 1. rollout: G episodes per prompt or env seed, a rank-local group; rewards come from the envs
             samples, episodes, group_ids, sampled = sampler(step, policy)  # sampled: the sampler's own metrics
-            group_ids = ungroup_failed(group_ids, episodes)  # --env-url: a failed episode joins no group
+            group_ids = env_client.ungroup_failed(group_ids, episodes)  # --env-url: a failed episode joins no group
             t1 = time.perf_counter()
 
             # --- 2. rewards: each turn's at its last action token (a single-turn task's score at its stop token)
@@ -640,7 +636,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
             # --- 6. metrics (reduced over ranks), eval, live diagnosis, hooks, checkpoint
             m = {**score_stats(scores, group_ids), **stats, **upd, **credit, **sampled}
             m.update({**footprint, **rollout_metrics(samples, episodes, eos_ids, cfg.max_new_tokens)})
-            m.update(logprob_stats(cfg, batch.old_logprobs, ref_logprobs, samples, episodes, step))
+            m.update(logprob_stats(cfg, batch.old_logprobs, ref_logprobs, samples, episodes, step, multi))
             m.update({"stats/kl_coef": kl_beta, "stats/lr": opt.param_groups[0]["lr"], "time/rollout": t1 - t0})
             m.update({"perf/tokens_per_s": mask.sum().item() / (t3 - t0), "time/train": t3 - t2})
             if "time/credit" in credit:  # attention credit: what it adds to the recompute, as a share of the step

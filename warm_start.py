@@ -13,13 +13,13 @@ Implementation details (our choices)
    once, and a half-written folder is never seen (written under a temporary name, then renamed).
 2. Single-turn: the loss is on answer tokens and EOS only; every `check_every` steps greedy exact match on 256
    train-split problems is measured and the first check at or above `target_acc` stops it. The transition is
-   sharp (NOTES-CPU.md), so checks are frequent.
+   sharp, so checks are frequent.
 3. Environments (envs.py): the demonstrations are episodes played by the env's scripted solver (`expert()`),
    with labels on action tokens (+ EOS) only and observations tokenised exactly as rollout_env does; the check
    is greedy success on 256 episodes. An episode is ~4.6x a single-turn pair's tokens (calc: 73 on average, 76
    padded, vs 16), so the trainer's warm start takes 64 of them per step, about the tokens of 256 pairs; a check
    plays whole episodes (2.6 s on 2 cores, more than a step of 256), so it runs every 10 steps. calc: 170 steps, 0.39
-   greedy, against 195 steps at 256 episodes (0.44) for 4.6x the compute (NOTES-CPU.md).
+   greedy, against 195 steps at 256 episodes (0.44) for 4.6x the compute.
 4. Targets per task (SFT_TARGETS): `sort` stops at 0.15, `shell` at 0.6, the others at 0.30 (README "Learning").
    The shell warm start imitates a demonstrator with habits (ENV_OPTIONS: envs.ShellEnv.expert, `slip` 0.6, one
    command per episode): 60 % of its commands are a plausible wrong one (`wc -c` for `wc -l`, `ls -a`, `head -n N`

@@ -111,6 +111,12 @@ def test_config_min_lr_ratio_needs_the_cosine_schedule_and_sft_target_is_derived
     assert trainer.Config(task="sort", sft_target=0.4).sft_target == 0.4
 
 
+def test_config_env_url_needs_a_multi_turn_task_at_load():
+    with pytest.raises(ValueError, match="'env_url' needs a multi-turn environment as --task, not 'sort'"):
+        trainer.Config(task="sort", env_url="http://127.0.0.1:1")
+    assert trainer.Config(task="calc", env_url="http://127.0.0.1:1").env_url  # checked at load, not contacted
+
+
 def test_config_group_estimators_need_groups():
     for est in ("grpo", "rloo"):
         with pytest.raises(ValueError, match=rf"'group_size' = 1: {est} needs >= 2"):

@@ -13,6 +13,7 @@ import torch
 
 import common
 import critics
+import env_client
 import offpolicy
 import ppo_math
 import trainer
@@ -639,12 +640,12 @@ def test_an_episode_its_env_server_failed_joins_no_group(estimator):
     scores, gids = torch.tensor([1.0, 0.0, 0.0, 0.0]), torch.zeros(4, dtype=torch.long)
     episodes = [{"env_error": None}, {}, {"env_error": "server down"}, {"env_error": None}]
     cfg = trainer.Config(adv_estimator=estimator)
-    _, adv, _, _, _ = advantages(cfg, mask, scores, trainer.ungroup_failed(gids, episodes), None)
+    _, adv, _, _, _ = advantages(cfg, mask, scores, env_client.ungroup_failed(gids, episodes), None)
     keep = torch.tensor([0, 1, 3])
     _, without, _, _, _ = advantages(cfg, mask[keep], scores[keep], gids[keep], None)
     close(adv[keep], without, 0.0)
     assert adv[2].abs().sum() == 0 and adv[0, 0] > 0
-    assert trainer.ungroup_failed(gids, episodes).tolist() == [0, 0, -3, 0]
+    assert env_client.ungroup_failed(gids, episodes).tolist() == [0, 0, -3, 0]
 
 
 def test_compute_advantages_whitens_gae_only():
