@@ -23,8 +23,6 @@ import sys
 import threading
 import time
 
-import torch
-
 from cli import parse_config
 from env_service import HTTPError, ServerDown, ServiceArgs, request, start_server, stop_server
 from envs import ENVS, make_env
@@ -155,8 +153,11 @@ def env_maker(env_url: str | None, timeout: float):
 def ungroup_failed(group_ids, episodes: list[dict]):
     """[B] group ids with each episode its env server failed (info env_error: rollout_env) alone in a group of its
     own, so that its 0 return joins no GRPO / RLOO baseline (it has no gradient either: mask 0)."""
-    failed = torch.tensor([e.get("env_error") is not None for e in episodes], device=group_ids.device)  # [B]
-    return torch.where(failed, -1 - torch.arange(len(failed), device=group_ids.device), group_ids)
+    ungrouped = group_ids.clone()  # [B]
+    for i, episode in enumerate(episodes):
+        if episode.get("env_error") is not None:
+            ungrouped[i] = -1 - i  # a group id no other episode has
+    return ungrouped
 
 
 def main(argv=None) -> None:
