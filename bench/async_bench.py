@@ -78,6 +78,7 @@ def run_one(cfg: BenchConfig, alpha: int, seed: int, out: Path, extra=("--eval-e
     """One async_loop.py run in a subprocess; its per-step metrics and timeline."""
     args = [sys.executable, str(ROOT / "async_loop.py"), "--async-ratio", str(alpha), "--seed", str(seed)]
     args += ["--rollout-workers", str(cfg.rollout_workers), "--steps", str(cfg.steps), "--out-dir", str(out)]
+    args += ["--overwrite"]  # the bench's own folder: a rerun's measurement replaces the one before it
     args += ["--prompts-per-step", str(cfg.prompts_per_step), "--group-size", str(cfg.group_size), *extra]
     args += ["--lr", "1e-4", "--lr-schedule", "constant", "--ppo-epochs", "1", "--minibatches", "1"]  # as measured
     if cfg.workload == "latency":
