@@ -117,7 +117,7 @@ CHECKS = (  # (bad(cfg), why(cfg)), in the order they are checked
         ),
     ),
     (
-        lambda c: c.env_url and not multi_turn(c),
+        lambda c: getattr(c, "env_url", None) and not multi_turn(c),  # (configs saved before it: none)
         lambda c: f"'env_url' needs a multi-turn environment as --task, not {c.task!r}",
     ),
     (

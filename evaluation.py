@@ -73,7 +73,7 @@ def first_action_mask(episodes: list[dict], response_mask):
 
 
 def rollout_metrics(rollout: Rollout, episodes: list[dict], eos_ids, max_new_tokens: int) -> dict:
-    """The rollout/* metrics of a batch of episodes (README glossary), stats/eos_mask_err_frac, time/env and, for
+    """The rollout/* metrics of a batch of episodes (docs/metrics.md), stats/eos_mask_err_frac, time/env and, for
     --data, each episode's reward_info: reward/<term> averaged over the episodes it scored, time/reward summed."""
     mask = rollout.response_mask.float()  # [B, R]
     terms = {}

@@ -20,7 +20,7 @@ Implementation details (our choices)
    padded, vs 16), so the trainer's warm start takes 64 of them per step, about the tokens of 256 pairs; a check
    plays whole episodes (2.6 s on 2 cores, more than a step of 256), so it runs every 10 steps. calc: 170 steps, 0.39
    greedy, against 195 steps at 256 episodes (0.44) for 4.6x the compute.
-4. Targets per task (SFT_TARGETS): `sort` stops at 0.15, `shell` at 0.6, the others at 0.30 (README "Learning").
+4. Targets per task (SFT_TARGETS): `sort` stops at 0.15, `shell` at 0.6, the others at 0.30 (RESULTS.md: sort).
    The shell warm start imitates a demonstrator with habits (ENV_OPTIONS: envs.ShellEnv.expert, `slip` 0.6, one
    command per episode): 60 % of its commands are a plausible wrong one (`wc -c` for `wc -l`, `ls -a`, `head -n N`
    for line N, `head` for `tail`), as SFT data from a weaker model has errors the answer check can see. Its check
