@@ -153,6 +153,8 @@ def env_maker(env_url: str | None, timeout: float):
 def ungroup_failed(group_ids, episodes: list[dict]):
     """[B] group ids with each episode its env server failed (info env_error: rollout_env) alone in a group of its
     own, so that its 0 return joins no GRPO / RLOO baseline (it has no gradient either: mask 0)."""
+    if len(episodes) != len(group_ids):
+        raise ValueError(f"ungroup_failed: {len(episodes)} episode infos for {len(group_ids)} group ids")
     ungrouped = group_ids.clone()  # [B]
     for i, episode in enumerate(episodes):
         if episode.get("env_error") is not None:

@@ -192,8 +192,7 @@ def sample_here(
 ):
     """train()'s sampler when none is given: G episodes per prompt or env seed (a rank-local group), sampled by
     `engine` (the policy, or its --rollout-dtype copy after the weight sync) with `sampling`, rollout_env's limits and
-    settings (envs.rollout_kw). Returns (rollout, episode infos,
-    group_ids [B], the sampler's metrics: none)."""
+    settings (envs.rollout_kw). Returns (rollout, episode infos, group_ids [B], the sampler's metrics: none)."""
     n, G = n_local // cfg.group_size, cfg.group_size
     envs, seeds = zip(*sample_episodes(task, cfg.task, "train", n, rng, G, cfg.env_latency, make_env))
     group_ids = torch.arange(n_local, device=gen.device) // G + rank * n_local  # [B]

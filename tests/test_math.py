@@ -646,6 +646,8 @@ def test_an_episode_its_env_server_failed_joins_no_group(estimator):
     close(adv[keep], without, 0.0)
     assert adv[2].abs().sum() == 0 and adv[0, 0] > 0
     assert env_client.ungroup_failed(gids, episodes).tolist() == [0, 0, -3, 0]
+    with pytest.raises(ValueError, match="3 episode infos for 4 group ids"):
+        env_client.ungroup_failed(gids, episodes[:3])
 
 
 def test_compute_advantages_whitens_gae_only():
