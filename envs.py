@@ -11,7 +11,7 @@ project steps an environment.
 - `guess` (GuessNumberEnv): find a secret number in [1, 32] from higher / lower feedback.
 - `shell` (ShellEnv): the action is a shell command, run in the episode's own workspace by sandbox.py (what it
   isolates and what not is said there); the task: count matching lines or files, print a line or the largest
-  number, checked against the answer computed from the files. Its model has the printable-ASCII tokenizer.
+  number, checked against the answer computed from the files.
 - `gem:<env id>` (GemEnv): the `gem` package's environments (pip install gem-llm; optional).
 - `TaskEnv`: a single-turn task of tasks.py as a one-turn environment, so that single- and multi-turn runs
   share one sampling path.
@@ -315,6 +315,8 @@ class ShellEnv(_EmbeddedEnv):
         """Run the command in the sandbox; reward 1 (the end) when its output is the answer."""
         if not action.strip():
             return "error: empty command\n", self.cfg.penalty, False, {"malformed": True}
+        if "\x00" in action:  # a byte-level model can type any byte; no command line can hold a NUL
+            return "error: the command holds a NUL byte\n", self.cfg.penalty, False, {"malformed": True}
         r = sandbox.run(action, self.workspace, self.cfg.limits, self.uid)
         right = r.exit_code == 0 and r.output.strip() == self.state[0]
         shown = "".join(c if c.isprintable() or c == "\n" else "?" for c in r.output[: self.cfg.obs_chars])

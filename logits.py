@@ -99,7 +99,7 @@ def main() -> None:
     """The tiny model's logprobs, entropies and gradients through chunks of 5 tokens against its whole logits."""
     torch.manual_seed(0)
     model = make_tiny_model(make_tokenizer()).eval()
-    ids = torch.randint(4, 56, (4, 24))  # [B, T] random tokens; the last R = 16 are the "response"
+    ids = torch.randint(4, model.config.vocab_size, (4, 24))  # [B, T] random bytes; the last R = 16: the "response"
     base, head = lm_head(model)
     hidden = final_hidden(model, base, {"input_ids": ids})[:, -17:-1]  # [B, R, H] the positions that predict them
     chunked = token_stats(hidden, head, ids[:, -16:], 0.7, 5, True, True)  # [B, R] logprobs, entropies

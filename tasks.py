@@ -10,9 +10,10 @@ What lives here
    43-character answers: long enough for attention_credit.py's windows). Partial credit = matching
    characters at matching positions / max(len(answer), len(truth)).
 2. The user's own data and reward functions are data.py and rewards.py.
-3. A character-level tokenizer built locally as a real `transformers.PreTrainedTokenizerFast`
-   (`make_tokenizer`; it round-trips through `save_pretrained` / `AutoTokenizer.from_pretrained`), and
-   `make_tiny_model(tokenizer)`: a Qwen2-style config with random init (about 0.5 M parameters, fp32).
+3. A byte-level tokenizer built locally as a real `transformers.PreTrainedTokenizerFast` (`make_tokenizer`: one
+   token per byte plus 4 specials, so any text tokenizes, in any language; it round-trips through
+   `save_pretrained` / `AutoTokenizer.from_pretrained` as tokenizer.json, no remote code), and
+   `make_tiny_model(tokenizer)`: a Qwen2-style config with random init (about 0.53 M parameters, fp32).
    warm_start.py gives it a short SFT; multi-turn environments are in envs.py.
 4. `load_policy(NAME_OR_PATH)`: any Hugging Face causal LM and its tokenizer (a local folder or a hub id);
    encoders, folders without a tokenizer and damaged weights are refused at load with the reason.
@@ -42,9 +43,7 @@ import numpy as np
 
 from rewards import digits_score, user_text
 
-CHARS = "0123456789abcdefghijklmnopqrstuvwxyz+-*/=()<>.,:?! \n"  # the embedded tokenizer's vocabulary
-ASCII = "".join(chr(c) for c in range(32, 127)) + "\n"  # the shell environment's (envs.ShellEnv): printable ASCII
-SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]  # ids 0-3 of the embedded tokenizer; byte b is id 4 + b
 
 
 # ----------------------------------------------------------------------------------------------
@@ -148,16 +147,26 @@ def make_task(name: str):
 # Tokenizer and tiny model
 
 
-def make_tokenizer(chars: str = CHARS):
-    """A character-level PreTrainedTokenizerFast: one token per character of `chars` plus 4 specials (the default
-    CHARS for the digit tasks, calc and guess; ASCII for the shell tasks, so the digit tasks' ids never move)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+def byte_symbols() -> list[str]:
+    """The 256 characters that stand for the bytes 0..255 in a byte-level vocabulary (GPT-2's convention, which
+    the `tokenizers` ByteLevel pre-tokenizer applies): a printable byte is its own character, each of the others
+    (control bytes, space, 127-160, 173) is shifted to a code point from 256 up, in byte order."""
+    printable = {*range(33, 127), *range(161, 173), *range(174, 256)}
+    shifted = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(shifted)) for b in range(256)]
+
+
+def make_tokenizer():
+    """The embedded byte-level PreTrainedTokenizerFast: 4 specials, then one token per byte (id 4 + b), no merges.
+    Any text tokenizes (UTF-8 bytes; an ASCII character is one token, so the tasks' answers stay short), and
+    decoding joins the bytes back (an incomplete UTF-8 sequence decodes to U+FFFD)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {t: i for i, t in enumerate(SPECIALS + list(chars))}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # every char its own piece
-    tok.decoder = decoders.Fuse()  # join pieces without spaces
+    vocab = {t: i for i, t in enumerate(SPECIALS + byte_symbols())}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))  # no merges: a token is a byte
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)  # text -> byte symbols
+    tok.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
     )
@@ -333,18 +342,20 @@ def check_causal(model, name: str):
 def _as_saved(tokenizer, path: str):
     """The tokenizer exactly as saved in a local folder's tokenizer.json.
 
-    transformers 5 rebuilds the tokenizer of some model types from their class (for qwen2: Qwen's byte-level
-    pre-tokenizer) instead of the folder's tokenizer.json; a custom tokenizer saved next to such a model
-    (the embedded char tokenizer) would then silently drop spaces and newlines. If tokenizer.json encodes
-    a probe differently from what AutoTokenizer built, the folder's own file wins. That is logged only where the
-    folder itself declares the class AutoTokenizer built (tokenizer_config.json): otherwise transformers overrode
-    the declared class by model type, and loading the file as saved is what the folder asked for.
+    transformers 5 rebuilds the tokenizer of some model types from their class (for qwen2: Qwen's NFC normaliser
+    and split rules) instead of the folder's tokenizer.json; a custom tokenizer saved next to such a model (the
+    embedded byte-level one: an e and a combining accent would become one character, 2 bytes where it saved 3; a
+    character-level one would lose its spaces) would then encode text differently from what it was trained on. If
+    tokenizer.json encodes a probe differently from what AutoTokenizer built, the folder's own file wins. That is
+    logged only where the folder itself declares the class AutoTokenizer built (tokenizer_config.json): otherwise
+    transformers overrode the declared class by model type, and loading the file as saved is what the folder asked
+    for.
     """
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
     saved, declared = Path(path) / "tokenizer.json", Path(path) / "tokenizer_config.json"
-    probe = "Ab 12+3 = x,\n  y?"
+    probe = "Ab 12+3 = x,\n  y? e\u0301 \u212b \u6f22\x07"  # spaces, newlines, text NFC would change, CJK, control
     if not saved.is_file():
         return tokenizer
     if (
@@ -381,7 +392,7 @@ def main(argv=None) -> None:
             print(f"{name:8s} prompt {p['prompt']!r:14s} answer {p['ground_truth']!r}")
     tok = make_tokenizer()
     n = sum(p.numel() for p in make_tiny_model(tok).parameters())
-    print(f"embedded model: Qwen2 config, {n / 1e6:.2f}M parameters, vocabulary {len(tok)} (characters + specials)")
+    print(f"embedded model: Qwen2 config, {n / 1e6:.2f}M parameters, vocabulary {len(tok)} (256 bytes + 4 specials)")
 
 
 if __name__ == "__main__":

@@ -183,7 +183,7 @@ class Config(TaskArgs, DataArgs, RewardArgs, SampleArgs, EvalArgs, CriticArgs, C
             base.__post_init__(self)
         checks.derive(self)  # the fields derived from others (None defaults), once, printed with the config
         if self.data is not None and self.model is None and os.environ.get("RANK", "0") == "0":
-            print("[minrl] WARNING --data without --model trains the character-level tiny model on your text")
+            print("[minrl] WARNING --data without --model trains the 0.53M-parameter embedded model: a dry run")
         checks.check_config(self)  # the checks across fields (checks.py)
 
 

@@ -4,7 +4,7 @@
     python bench/gpu_check.py --tiny          # the same code path on CPU with a 2.5M model (a smoke run, ~1 minute)
 
 The model is the Qwen2-0.5B shape (24 layers, hidden 896, V = 152k, tied head), random init, with the embedded
-character tokenizer (its 56 tokens are the first ids of the vocabulary; nothing is downloaded). Four figures:
+byte-level tokenizer (its 260 tokens are the first ids of the vocabulary; nothing is downloaded). Four figures:
 1. update MFU: one policy update (forward, backward through the chunked head, AdamW) on B x T tokens under bf16
    autocast; model FLOPs per token 6 (N + V H) + 12 L H T (PaLM, appendix B: N without the embedding, the head's
    matmul counted once; the chunks' recompute not), over the time, over the GPU's dense bf16 peak.

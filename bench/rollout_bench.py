@@ -9,7 +9,7 @@ gets a stop id no model can emit, model.generate gets min_new_tokens = max_new_t
 interleaved (ours, theirs, ours, ...) after one warm-up call each, and the median of the repeats is
 reported; the ratio is ours / theirs in tokens per second (docs/design.md 8; target >= 1.1x tiny, >= 1.0x 2.5M).
 
-Presets (Qwen2 configs, random init): tiny = tasks.make_tiny_model (0.5M parameters, vocab 56);
+Presets (Qwen2 configs, random init): tiny = tasks.make_tiny_model (0.53M parameters, vocab 260);
 2.5m = vocab 512, hidden 256, 4 layers; 0.5b = the Qwen2.5-0.5B shape (hidden 896, 24 layers, 14 heads,
 2 KV heads, intermediate 4864, vocab 151936), for a GPU.
 """

@@ -70,7 +70,7 @@ class Config(BenchArgs):
 
 
 def write_inputs(preset: str, folder: Path, seed: int, n_rows: int = 512) -> tuple[str, str]:
-    """A random-init model folder for the preset (the char tokenizer's vocabulary) and a JSONL of sort prompts."""
+    """A random-init model folder for the preset (the embedded tokenizer's vocabulary) and a JSONL of sort prompts."""
     torch.manual_seed(seed)
     tokenizer = make_tokenizer()
     model = make_model(preset, tokenizer=tokenizer)

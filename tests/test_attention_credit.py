@@ -440,7 +440,7 @@ def test_chain_task_answers_are_long():
 
 
 def tiny_credit_model(path):
-    """A random model of MODEL's shape (narrower), saved with the char tokenizer at `path`."""
+    """A random model of MODEL's shape (narrower), saved with the embedded tokenizer at `path`."""
     tok = tasks.make_tokenizer()
     torch.manual_seed(0)
     model = tasks.make_tiny_model(tok, **{**dict(ac.MODEL), "hidden_size": 32, "intermediate_size": 64})

@@ -292,9 +292,9 @@ def test_the_trainer_goes_on_when_a_server_dies_mid_run(tiny_model_dir, tmp_path
 def test_the_trainer_runs_shell_tasks_through_the_server(tmp_path):
     """GRPO on the sandboxed shell tasks with every training and held-out episode a RemoteEnv on one server: the
     steps the server served are the episodes' turns, no episode failed, the sampler's logprobs are the trainer's,
-    and no sandbox process or workspace outlives the run. (The shell model's own tokenizer, random init.)"""
+    and no sandbox process or workspace outlives the run. (The embedded tokenizer, random init.)"""
     torch.manual_seed(0)
-    tok, model_dir = tasks.make_tokenizer(tasks.ASCII), tmp_path / "model"
+    tok, model_dir = tasks.make_tokenizer(), tmp_path / "model"
     tasks.make_tiny_model(tok).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
     workspaces = lambda: set(os.listdir("/tmp/minrl-shell")) if os.path.isdir("/tmp/minrl-shell") else set()

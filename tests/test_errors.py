@@ -457,11 +457,20 @@ def test_data_rows_are_all_checked_at_load(tmp_path, capsys):
     sep = "\u2028"  # a line separator inside a JSON string is not a line break of the file
     extra = [{"prompt": "3+3=", "ground_truth": 6}, {"prompt": f"9{sep}+9\u00e9=", "ground_truth": 18}]
     path.write_text(good + "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in extra))
-    tok = tasks.make_tokenizer()  # the embedded char tokenizer has no 'é'
+    tok = tasks.make_tokenizer()  # byte-level: every character tokenizes, nothing to report
     task = data_task(str(path), tokenizer=tok, max_prompt_len=16)
     assert len(task.rows["train"]) + len(task.rows["eval"]) == 32
     out = capsys.readouterr().out
-    assert "1 of its 32 rows repeat an earlier row" in out, out
+    assert "1 of its 32 rows repeat an earlier row" in out and "unknown token" not in out, out
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(tasks.SPECIALS + list("0123456789+="))}  # a vocabulary with no 'é'
+    chars = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    chars.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    chars = PreTrainedTokenizerFast(tokenizer_object=chars, pad_token="<pad>", unk_token="<unk>")
+    data_task(str(path), tokenizer=chars, max_prompt_len=16)
+    out = capsys.readouterr().out
     assert "2 characters of the prompts map to the unknown token <unk>: '\\u2028' x1, 'é' x1" in out, out
     data.check_rows([data.normalize_row(rows[0], "x:1", "x")], ["exact"], tok)  # no length limit: nothing to compare
     path.write_text(good + json.dumps({"prompt": "1" * 20 + "=", "ground_truth": 0}) + "\n")  # line 31: 22 tokens

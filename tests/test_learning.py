@@ -94,8 +94,9 @@ def test_calc_environment_greedy_success_rises_against_lr0_control(tmp_path):
 def test_shell_tasks_through_the_server_raise_held_out_success(tmp_path):
     """The sandboxed shell tasks with every training and held-out episode a RemoteEnv on an env_service.py server:
     GRPO (temperature 0.6, first command only) from the shell warm start, whose demonstrator types a wrong habit
-    60 % of the time (warm_start.py detail 4), raises greedy success on 100 held-out episodes by >= 30 points in 10
-    iterations (RESULTS.md: on 200, 0.090 -> 0.57-0.69, 3 seeds). An lr = 0 run stays at the start exactly (greedy
+    60 % of the time (warm_start.py detail 4), raises greedy success on 100 held-out episodes by >= 20 points in 10
+    iterations (RESULTS.md: the byte-level model, 0.19 -> 0.48, 0.50, 0.48 for seeds 0-2, a plateau from iteration
+    5; the earlier character-level model went 0.09 -> 0.57-0.69). An lr = 0 run stays at the start exactly (greedy
     decoding of unchanged weights on seeded workspaces; RESULTS.md runs one), so the start is the control here."""
     import warm_start
     from env_service import ServiceArgs, start_server, stop_server
@@ -114,6 +115,6 @@ def test_shell_tasks_through_the_server_raise_held_out_success(tmp_path):
     finally:
         stop_server(server)
     (_, start), (step, end) = history
-    assert step == 10 and end - start >= 0.30, history
+    assert step == 10 and end - start >= 0.20, history
     assert served >= 10 * 128 + 2 * 100 and all(r["rollout/env_error_frac"] == 0.0 for r in rows)  # all remote
     assert max(r["stats/rollout_vs_old_logp_diff"] for r in rows) < 1e-4

@@ -18,13 +18,15 @@ from rollout import inference_copy, lm_head, position_ids_from_mask, sequence_lo
 from tasks import make_tiny_model, make_tokenizer
 
 
-def padded_batch(B=6, P=5, R=9, seed=0, vocab=56):
-    """ids, attention mask [B, P+R]: left-padded prompts, right-padded responses of ragged lengths."""
+def padded_batch(B=6, P=5, R=9, seed=0, vocab=None):
+    """ids, attention mask [B, P+R]: left-padded prompts, right-padded responses of ragged lengths; ids drawn from
+    the embedded tokenizer's vocabulary (or `vocab`), specials left out."""
+    vocab = vocab or len(make_tokenizer())
     g = torch.Generator().manual_seed(seed)
     p_len = torch.randint(1, P + 1, (B,), generator=g)
     r_len = torch.randint(1, R + 1, (B,), generator=g)
     mask = torch.cat([torch.arange(P) >= P - p_len[:, None], torch.arange(R) < r_len[:, None]], 1).long()
-    return torch.randint(3, vocab, (B, P + R), generator=g) * mask, mask
+    return torch.randint(4, vocab, (B, P + R), generator=g) * mask, mask
 
 
 def stats_and_grads(model, ids, mask, R, chunk, entropy_grad=True):

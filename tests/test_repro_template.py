@@ -32,7 +32,7 @@ class GradRecorder(torch.optim.Optimizer):
         self.grads = [p.grad.detach().clone() for g in self.param_groups for p in g["params"]]
 
 
-def fixed_batch(B=8, P=5, R=6, V=56, seed=0):
+def fixed_batch(B=8, P=5, R=6, V=260, seed=0):  # V: the embedded vocabulary (4 specials, 256 bytes)
     """Ids [B, P+R] with left-padded prompts and responses stopping early, anchors off the current policy by up to
     e^1.5 (so clipping and the dual clip both bind on some tokens), advantages of both signs."""
     g = torch.Generator().manual_seed(seed)

@@ -81,33 +81,52 @@ def test_tokenizer_round_trip_through_save_pretrained(tok, tmp_path):
     assert isinstance(back, PreTrainedTokenizerFast)
     text = "123456>654321 a+b=(c)"
     assert back(text, add_special_tokens=False).input_ids == tok(text, add_special_tokens=False).input_ids
-    assert len(back(text, add_special_tokens=False).input_ids) == len(text)  # one token per character
+    assert len(back(text, add_special_tokens=False).input_ids) == len(text)  # one token per ASCII character
     assert back.decode(back(text, add_special_tokens=False).input_ids) == text
+    assert len(tok) == 260 and tok("a", add_special_tokens=False).input_ids == [4 + ord("a")]  # byte b: id 4 + b
     for name in ("pad_token_id", "bos_token_id", "eos_token_id", "unk_token_id"):
         assert getattr(back, name) == getattr(tok, name), name
     assert len({tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, tok.unk_token_id}) == 4
     assert back.get_vocab() == tok.get_vocab()
 
 
-def test_a_model_folder_keeps_its_char_tokenizer_spaces_and_newlines_included(tok, tmp_path):
-    """transformers 5 rebuilds a qwen2 folder's tokenizer as Qwen2Tokenizer (byte-level pre-tokenizer), which
-    drops the char tokenizer's spaces and newlines; load_policy must give back the tokenizer as saved."""
+def test_a_model_folder_keeps_its_own_tokenizer_as_saved(tok, tmp_path):
+    """transformers 5 rebuilds a qwen2 folder's tokenizer as Qwen2Tokenizer (NFC normalisation, Qwen's split rules),
+    which encodes the embedded tokenizer's text differently (an e and a combining accent become one character);
+    load_policy must give back the tokenizer as saved."""
     import tasks
     from tasks import load_policy
 
     tasks.make_tiny_model(tok).save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     _, back = load_policy(str(tmp_path), "cpu")
-    text = "ann has 37 pens.\nhow many?"
+    text = "ann has 37 pens.\nhow many? e\u0301 \u212b"
     assert back(text, add_special_tokens=False).input_ids == tok(text, add_special_tokens=False).input_ids
     assert back.decode(back(text, add_special_tokens=False).input_ids) == text
+    assert back(text, add_special_tokens=False).input_ids == [4 + b for b in text.encode()]
+
+
+def test_the_embedded_tokenizer_reads_any_text_byte_by_byte(tok):
+    """Capitals, punctuation, accents, other scripts, emoji, control bytes: one token per UTF-8 byte, no <unk>,
+    decoded back exactly; an incomplete UTF-8 sequence (a response cut mid-character) decodes to U+FFFD."""
+    text = "What is 2^10? Grüße, 漢字 😀 $|;_\"'{}[]&~#\t\x00"
+    ids = tok(text, add_special_tokens=False).input_ids
+    assert ids == [4 + b for b in text.encode("utf-8")] and tok.unk_token_id not in ids
+    assert tok.decode(ids) == text
+    assert tok.decode([4 + b for b in "é".encode()[:1]]) == "\ufffd"
+    with_specials = tok("<bos>ab<eos>", add_special_tokens=False).input_ids
+    assert with_specials == [tok.bos_token_id, 4 + ord("a"), 4 + ord("b"), tok.eos_token_id]
 
 
 def test_loading_the_embedded_tokenizer_says_nothing_unless_the_folder_disagrees_with_itself(tok, tmp_path, capsys):
     """The folder declares its own class (tokenizer_config.json) and transformers overrides it by model type:
     loading tokenizer.json as saved is what the folder asked for, so nothing is printed. A folder that itself
-    declares the class that encodes differently from its tokenizer.json gets one line."""
+    declares the class that encodes differently from its tokenizer.json (here a character-level WordLevel
+    tokenizer, whose spaces and newlines Qwen2Tokenizer's byte-level pre-tokenizer drops) gets one line."""
     import json
+
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
     from tasks import load_policy
 
@@ -115,14 +134,20 @@ def test_loading_the_embedded_tokenizer_says_nothing_unless_the_folder_disagrees
     tok.save_pretrained(tmp_path / "ours")
     load_policy(str(tmp_path / "ours"), "cpu")
     assert "encodes differently" not in capsys.readouterr().out
-    (tmp_path / "odd").mkdir()
-    for f in (tmp_path / "ours").iterdir():
-        (tmp_path / "odd" / f.name).write_bytes(f.read_bytes())
+    vocab = {
+        t: i for i, t in enumerate(["<pad>", "<bos>", "<eos>", "<unk>", *"0123456789abcdefghijklmnopqrstuvwxyz ,?\n"])
+    }
+    chars = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    chars.pre_tokenizer, chars.decoder = pre_tokenizers.Split(Regex("."), behavior="isolated"), decoders.Fuse()
+    specials = {f"{k}_token": f"<{k}>" for k in ("pad", "bos", "eos", "unk")}
+    char_tok = PreTrainedTokenizerFast(tokenizer_object=chars, **specials)
+    tasks.make_tiny_model(char_tok).save_pretrained(tmp_path / "odd")
+    char_tok.save_pretrained(tmp_path / "odd")
     cfg = json.loads((tmp_path / "odd" / "tokenizer_config.json").read_text())
     (tmp_path / "odd" / "tokenizer_config.json").write_text(json.dumps({**cfg, "tokenizer_class": "Qwen2Tokenizer"}))
     _, back = load_policy(str(tmp_path / "odd"), "cpu")
     assert "its Qwen2Tokenizer encodes differently from its tokenizer.json" in capsys.readouterr().out
-    assert back("a b\n", add_special_tokens=False).input_ids == tok("a b\n", add_special_tokens=False).input_ids
+    assert back("a b\n", add_special_tokens=False).input_ids == char_tok("a b\n", add_special_tokens=False).input_ids
 
 
 def test_tokenize_prompts_left_pads(tok):
@@ -528,7 +553,8 @@ def test_preallocated_decode_equals_the_growing_one(model, tok, arch, temperatur
     m = model if arch == "qwen2" else gpt2(tok)
     ids, attention_mask = prompts(tok, ["12>", "s9876543210>", "5+7=", "000111>", "3>"] * 4)
     settings = dict(max_new_tokens=20, temperature=temperature, top_p=top_p, top_k=top_k)
-    free = generate_growing(m, ids, attention_mask, **settings, eos=-1, pad=tok.pad_token_id, gen=torch.Generator())
+    gen = torch.Generator().manual_seed(3)  # the seed of the runs below: they draw the same tokens until a stop
+    free = generate_growing(m, ids, attention_mask, **settings, eos=-1, pad=tok.pad_token_id, gen=gen)
     stop = int(free[0][:, 3:].flatten().mode().values)  # a token many rows emit after their third
     for mask in (attention_mask, attention_mask.bool()):
         new = generate(m, ids, mask, **settings, eos_token_ids=[stop], pad_token_id=tok.pad_token_id,

@@ -236,18 +236,31 @@ def test_a_wrong_or_failing_command_is_not_rewarded_and_the_episode_goes_on():
     assert (reward, terminated, truncated) == (env.cfg.penalty, False, True)  # max_turns 2
 
 
-def test_the_shell_task_has_its_own_tokenizer_and_leaves_the_digit_tasks_ids_alone():
-    digits, ascii_ = tasks.make_tokenizer(), tasks.make_tokenizer(tasks.ASCII)
-    assert digits.get_vocab() == {t: i for i, t in enumerate(tasks.SPECIALS + list(tasks.CHARS))}
-    cmd = "grep -c fox notes.txt | sort -n > \"$HOME\"/{a,b} && echo 'A_B~#;[x]&'"
-    assert ascii_.decode(ascii_(cmd, add_special_tokens=False).input_ids) == cmd
-    assert ascii_.unk_token_id not in ascii_(cmd, add_special_tokens=False).input_ids
+def test_any_bytes_a_byte_level_model_types_are_a_command_or_a_malformed_action():
+    env, tok = envs.make_env("shell"), tasks.make_tokenizer()
+    env.reset(seed=1)
+    try:
+        obs, reward, _, truncated, info = env.step(tok.decode([4 + ord("l"), 4 + ord("s"), 4 + 0, 4 + 0xC3]))
+        assert (obs, reward, info["malformed"]) == ("error: the command holds a NUL byte\n", env.cfg.penalty, True)
+        esc_bad_utf8_x = tok.decode([4 + 0x1B, 4 + 0xFF, 4 + ord("x")])  # a control byte, a byte no UTF-8 text holds
+        obs, reward, _, truncated, info = env.step(esc_bad_utf8_x)  # run by the shell: not found
+        assert obs.endswith("[exit 127]\n") and reward == 0.0 and info["exit_code"] == 127 and truncated, obs
+    finally:
+        env.close()
+
+
+def test_the_byte_level_tokenizer_types_any_shell_command_and_the_experts_fit_the_action_budget():
+    tok = tasks.make_tokenizer()
+    assert tok.get_vocab() == {t: i for i, t in enumerate(tasks.SPECIALS + tasks.byte_symbols())}
+    cmd = "grep -c fox notes.txt | sort -n > \"$HOME\"/{a,b} && echo 'A_B~#;[x]&' \\ \u00e9"
+    ids = tok(cmd, add_special_tokens=False).input_ids
+    assert tok.decode(ids) == cmd and len(ids) == len(cmd.encode()) and tok.unk_token_id not in ids
     rng = np.random.default_rng(0)
     env = envs.make_env("shell")
     for seed in rng.integers(2**31, size=20):
         env.reset(seed=int(seed))
-        ids = ascii_(env.expert(), add_special_tokens=False).input_ids
-        assert len(ids) + 1 <= envs.ShellEnv.action_tokens and ascii_.unk_token_id not in ids
+        ids = tok(env.expert(), add_special_tokens=False).input_ids
+        assert len(ids) + 1 <= envs.ShellEnv.action_tokens and tok.unk_token_id not in ids
         env.close()
 
 

@@ -15,7 +15,8 @@ import torch
 import warm_start
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK = warm_start.SFTConfig(task="add", target_acc=0.01, batch_size=32, check_every=1)  # stops at the first check
+# a warm start that stops within seconds: no lr warm-up, a check every step, a target a few right answers reach
+QUICK = warm_start.SFTConfig(task="add", target_acc=0.01, batch_size=32, check_every=1, warmup=0)
 
 SCRIPT = """
 import sys, time
@@ -26,7 +27,7 @@ import warm_start
 dist.init_process_group("gloo")
 if dist.get_rank() == 0:
     time.sleep(3)  # rank 1 reaches the cache first: before the fix it built the warm start, and saved no model
-cfg = warm_start.SFTConfig(task="add", target_acc=0.01, batch_size=32, check_every=1)
+cfg = warm_start.SFTConfig(task="add", target_acc=0.01, batch_size=32, check_every=1, warmup=0)
 path = warm_start.sft_warm_start(cfg, cache_dir=Path(sys.argv[1]), verbose=False)
 transformers.AutoModelForCausalLM.from_pretrained(path)  # the cached folder loads on every rank
 print(f"rank {dist.get_rank()} loaded {path.name}", flush=True)
