@@ -304,11 +304,7 @@ class ShellEnv(_EmbeddedEnv):
         episode_dir = tempfile.mkdtemp(dir=base)
         os.chmod(episode_dir, 0o711)  # searchable by the sandbox's uid, listable by no one else
         self.workspace, self.uid = os.path.join(episode_dir, "work"), sandbox.take_uid()
-        for path, text in self.files.items():
-            os.makedirs(os.path.join(self.workspace, os.path.dirname(path)), exist_ok=True)
-            with open(os.path.join(self.workspace, path), "w") as fh:
-                fh.write(text)
-        sandbox.prepare_workspace(self.workspace, self.uid)
+        sandbox.prepare_workspace(self.workspace, self.uid, self.files)
         return obs, info
 
     def respond(self, action: str) -> tuple[str, float, bool, dict]:

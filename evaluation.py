@@ -131,6 +131,31 @@ def greedy_success(model, tokenizer, envs, seeds, eos_ids, *, batch: int = 256, 
     return hits
 
 
+def greedy_accuracy(model, tokenizer, envs, seeds, *, max_new_tokens: int = 16, max_turns: int = 1) -> float:
+    """Share of episodes solved greedily, bounded only by the model's own context (warm starts, experiments)."""
+    limits = dict(max_prompt_len=10_000, max_new_tokens=max_new_tokens, max_turns=max_turns)
+    limits["max_context"] = getattr(model.config, "max_position_embeddings", 1 << 30)
+    return greedy_success(model, tokenizer, envs, seeds, [tokenizer.eos_token_id], **limits) / len(envs)
+
+
+class Imitated:
+    """An env whose first action succeeds when it is one the scripted solver may type (env.demonstrations()),
+    nothing executed: the greedy check of a demonstrator that slips (warm_start.py detail 4)."""
+
+    def __init__(self, env):
+        self.env = env
+
+    def reset(self, seed=None):
+        return self.env.reset(seed)
+
+    def step(self, action: str):
+        hit = action.strip() in self.env.demonstrations()
+        return "", float(hit), True, False, {"success": hit}
+
+    def close(self):
+        self.env.close()
+
+
 def evaluate(model, tokenizer, episodes: list, eos_ids, rank: int = 0, world: int = 1, **limits) -> float:
     """Greedy success on held-out episodes [(env, seed)], sharded over the ranks and summed over them."""
     mine = episodes[rank::world]

@@ -163,10 +163,15 @@ def check_available() -> None:
         )
 
 
-def prepare_workspace(workspace: str, uid: int | None) -> str:
-    """Create the workspace and its new-root mount point beside it (both owned by uid); returns the mount point. Every
-    folder above them must be searchable by others (mode o+x), or the command's uid could not reach them."""
+def prepare_workspace(workspace: str, uid: int | None, files: dict[str, str] | None = None) -> str:
+    """Create the workspace with `files` ({relative path: text}) in it and its new-root mount point beside it (all
+    owned by uid); returns the mount point. Every folder above them must be searchable by others (mode o+x), or the
+    command's uid could not reach them."""
     os.makedirs(workspace, exist_ok=True)
+    for path, text in (files or {}).items():
+        os.makedirs(os.path.join(workspace, os.path.dirname(path)), exist_ok=True)
+        with open(os.path.join(workspace, path), "w") as fh:
+            fh.write(text)
     parent = os.path.dirname(os.path.abspath(workspace))
     while uid is not None and parent != "/":
         if not os.stat(parent).st_mode & 0o001:

@@ -28,7 +28,7 @@ Implementation details (our choices)
    The shell warm start imitates a demonstrator with habits (ENV_OPTIONS: envs.ShellEnv.expert, `slip` 0.6, one
    command per episode): 60 % of its commands are a plausible wrong one (`wc -c` for `wc -l`, `ls -a`, `head -n N`
    for line N, `head` for `tail`), as SFT data from a weaker model has errors the answer check can see. Its check
-   counts greedy first commands that are one of the demonstrator's (Imitated; nothing runs), 0.6 of them; the
+   counts greedy first commands that are one of the demonstrator's (evaluation.Imitated; nothing runs), 0.6 of them; the
    model then mostly types the habit, and RL against the answer check learns from the fifth of its samples at
    temperature 0.6 that are right. With the clean demonstrator the model's errors were copying errors (a file
    name, a word) that GRPO's samples rarely got right: 0.615 held-out went to 0.64-0.66 (RESULTS.md, "Environments
@@ -54,7 +54,7 @@ import transformers
 from tqdm.auto import tqdm
 
 from envs import ENVS, TaskEnv, is_env, make_env
-from evaluation import greedy_success
+from evaluation import Imitated, greedy_accuracy
 from tasks import TASKS, format_prompt, make_task, make_tiny_model, make_tokenizer, observation_ids
 
 CACHE_DIR = Path(__file__).resolve().parent / ".cache"
@@ -116,13 +116,6 @@ def sft_config_for(task: str, target_acc: float | None = None) -> SFTConfig:
     return SFTConfig(task=task, target_acc=target, check_every=2)
 
 
-def greedy_accuracy(model, tokenizer, envs, seeds, *, max_new_tokens: int = 16, max_turns: int = 1) -> float:
-    """Share of episodes solved greedily, bounded only by the model's own context (warm starts, experiments)."""
-    limits = dict(max_prompt_len=10_000, max_new_tokens=max_new_tokens, max_turns=max_turns)
-    limits["max_context"] = getattr(model.config, "max_position_embeddings", 1 << 30)
-    return greedy_success(model, tokenizer, envs, seeds, [tokenizer.eos_token_id], **limits) / len(envs)
-
-
 def _sft_pair(tokenizer, problem: dict) -> tuple[list[int], list[int]]:
     """Ids and labels of one single-turn demonstration: the prompt (label -100), then answer + EOS."""
     prompt = tokenizer(format_prompt(tokenizer, problem["prompt"]), add_special_tokens=False).input_ids
@@ -162,24 +155,6 @@ def _sft_batch(tokenizer, pairs: list[tuple[list[int], list[int]]]):
     for i, (s, la) in enumerate(pairs):
         ids[i, : len(s)], lab[i, : len(s)], mask[i, : len(s)] = torch.tensor(s), torch.tensor(la), 1
     return ids, mask, lab
-
-
-class Imitated:
-    """An env whose first action succeeds when it is one the scripted solver may type (env.demonstrations()),
-    nothing executed: the greedy check of a demonstrator that slips (detail 4)."""
-
-    def __init__(self, env):
-        self.env = env
-
-    def reset(self, seed=None):
-        return self.env.reset(seed)
-
-    def step(self, action: str):
-        hit = action.strip() in self.env.demonstrations()
-        return "", float(hit), True, False, {"success": hit}
-
-    def close(self):
-        self.env.close()
 
 
 def sft_cache_key(cfg: SFTConfig) -> str:

@@ -30,10 +30,11 @@ sys.path.insert(0, str(ROOT))
 from attention_credit import SFT, sample_and_plot  # noqa: E402
 from cli import check_choice, check_fields, check_range, parse_config  # noqa: E402
 from envs import TaskEnv  # noqa: E402
+from evaluation import greedy_accuracy  # noqa: E402
 from experiments.seeds import differences, final_best, mean_std, run_trainers, steps_to  # noqa: E402
 from runlog import format_table  # noqa: E402
 from tasks import load_policy, make_task  # noqa: E402
-from warm_start import SFTConfig, greedy_accuracy, sft_warm_start  # noqa: E402
+from warm_start import SFTConfig, sft_warm_start  # noqa: E402
 
 METHODS = ("grpo", "local", "global", "coupled")
 
