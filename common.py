@@ -271,8 +271,8 @@ def masked_var(x, mask, unbiased: bool = True, global_: bool = False):
     if n < 2:
         raise ValueError(f"masked_var needs at least 2 valid entries, got {int(n)} (batch too small or all masked)")
     mean = total / (n + 1e-8)
-    # veRL: masked_mean((x - mean)^2), expanded so that one pass (one all-reduce) suffices; golden-tested
-    var = (sq - 2 * mean * total + n * mean * mean) / (n + 1e-8)
+    # veRL's masked_mean((x - mean)^2) in one pass (one all-reduce), golden-tested; >= 0: constant x can round below
+    var = ((sq - 2 * mean * total + n * mean * mean) / (n + 1e-8)).clamp_min(0.0)
     return (var * n / (n - 1) if unbiased else var).to(x.dtype)
 
 

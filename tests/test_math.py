@@ -432,6 +432,14 @@ def test_masked_var_known_answers():
     assert common.masked_var(x, m, unbiased=False).item() == pytest.approx(1.25, abs=1e-7)
 
 
+def test_masked_var_of_a_constant_is_zero_never_below():
+    # x = 1/3 everywhere: the one-pass expansion rounds to -2.2e-17 in fp64, whose square root (stats/return_std
+    # when every return is equal) was NaN; the variance is 0, and its root 0
+    x, m = torch.full((5, 16), 1 / 3), torch.ones(5, 16)
+    var = common.masked_var(x, m)
+    assert var.item() == 0.0 and var.sqrt().item() == 0.0
+
+
 def test_masked_var_fp32_large_offset():
     # fp32, x = 1000 + 0.01 * [0..7]: the variance is that of 0.01 * [0..7], unbiased 1e-4 * 6 = 6e-4,
     # whatever the offset. A one-pass E[x^2] - E[x]^2 loses it to cancellation (1e6 vs 6e-4 in fp32).
