@@ -5,7 +5,8 @@
 
 What lives here
 1. Built-in rewards by name (`REWARDS`): `exact` (stripped strings equal), `math_exact` (the last number of the
-   response equals the ground truth exactly, as fractions), `digits` (partial credit, the procedural tasks').
+   response, as `NUMBER` reads one, equals the ground truth exactly, as fractions), `digits` (partial credit, the
+   procedural tasks').
 2. The user's reward functions, `--reward path/to/file.py[:fn]` (fn defaults to `compute_score`, veRL's
    `custom_reward_function.name`). Their style is told by their parameters:
    - a `solution_str` parameter: veRL's per-sample `compute_score(data_source, solution_str, ground_truth,
@@ -96,7 +97,10 @@ class RewardArgs:
 # ----------------------------------------------------------------------------------------------
 # Built-in rewards (safe parsing only)
 
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+# What a number is, for math_exact's responses and its ground truths alike: an optional sign, digits (thousands may
+# be grouped by commas, three digits a group: "1,000"), an optional decimal part, an optional exponent ("1e-12",
+# "2.5E3"). A number never starts right after a digit or a point: "3-5" reads 3 and 5, "1,2,3" three numbers.
+NUMBER = re.compile(r"(?<![\d.])[-+]?(?:(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?")
 
 
 def digits_score(solution_str: str, ground_truth: str) -> float:
@@ -114,15 +118,17 @@ def exact_score(solution_str: str, ground_truth: str) -> float:
 
 
 def exact_number(text: str) -> Fraction:
-    """An integer or decimal (an exponent allowed: "1e-12") as an exact Fraction: no float rounding, no size limit.
-    ValueError for anything else ("nan", "inf", "1,000")."""
-    return Fraction(text.strip())
+    """One NUMBER ("42", "-0.5", "1,000", "1e-12") as an exact Fraction: no float rounding, no size limit. ValueError
+    for anything else ("nan", "inf", "1/2", "1,00")."""
+    if not NUMBER.fullmatch(text.strip()):
+        raise ValueError(f"{text[:40]!r} is not a number (rewards.NUMBER)")
+    return Fraction(text.strip().replace(",", ""))
 
 
 def math_exact_score(solution_str: str, ground_truth: str) -> float:
     """1.0 iff the last number in the solution equals the ground-truth number exactly ("0.50" equals "0.5"; "0" is
     not "1e-12"; 20-digit integers compare digit for digit)."""
-    found = _NUMBER.findall(solution_str)
+    found = NUMBER.findall(solution_str)
     return float(bool(found) and exact_number(found[-1]) == exact_number(ground_truth))
 
 
@@ -154,7 +160,7 @@ def check_ground_truth(reward: str, ground_truth, where: str) -> None:
         try:
             exact_number(ground_truth)
         except (ValueError, ZeroDivisionError):
-            what = "is not a number math_exact can compare (an integer or decimal such as 42 or -0.5): fix it"
+            what = "is not a number math_exact reads (rewards.NUMBER: 42, -0.5, 1,000, 1e-12): fix it"
             raise ValueError(f"{where}: ground_truth {ground_truth[:40]!r} {what} or use --reward exact") from None
     elif reward == "digits" and not ground_truth.strip():
         raise ValueError(f"{where}: empty ground_truth: digits scores characters against it")

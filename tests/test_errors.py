@@ -22,7 +22,7 @@ import replay
 import tasks
 import trainer
 from experiments import asyppo, credit
-from rewards import RewardArgs, math_exact_score
+from rewards import NUMBER, RewardArgs, exact_number, math_exact_score
 from rollout import generate
 from tasks import tokenize_prompts
 
@@ -503,7 +503,24 @@ def test_math_exact_compares_numbers_exactly():
     assert score("1" + "0" * 309, "1e309") == 1.0 and score("no number here", "3") == 0.0
 
 
-@pytest.mark.parametrize("reward,truth", [("math_exact", "nan"), ("math_exact", "1,000"), ("digits", " ")])
+def test_math_exact_reads_thousands_exponents_signs_and_decimals_as_one_number():
+    """rewards.NUMBER, one grammar for the responses and the load check: "1,000" was read as 1 and 000 (equal to 0),
+    "1e-12" as 1 and -12, and a ground truth 1e3 passed the load check but no response could match it."""
+    score = math_exact_score
+    assert score("1,000", "0") == 0.0 and score("1e-12", "-12") == 0.0
+    assert score("answer: 1,000", "1000") == 1.0 and score("1000", "1,000") == 1.0
+    assert score("so 1e3", "1e3") == 1.0 and score("1000", "1e3") == 1.0 and score("2.5E3", "2500") == 1.0
+    assert score("3-5", "5") == 1.0 and score("3-5", "-5") == 0.0 and score("x = -5", "-5") == 1.0
+    assert score("half is .5", "0.5") == 1.0 and score("1,2,3", "3") == 1.0 and score("1,0000", "0") == 1.0
+    assert NUMBER.findall("12,345,67 and +7") == ["12,345", "67", "+7"]
+    for text in ("nan", "inf", "1/2", "1,00", "5.", "1 000"):
+        with pytest.raises(ValueError, match="is not a number"):
+            exact_number(text)
+
+
+@pytest.mark.parametrize(
+    "reward,truth", [("math_exact", "nan"), ("math_exact", "1,00"), ("math_exact", "1/2"), ("digits", " ")]
+)
 def test_a_ground_truth_the_reward_cannot_score_is_an_error_at_load(tmp_path, reward, truth):
     rows = [{"prompt": f"{a}+{a}=", "ground_truth": 2 * a} for a in range(5)]
     rows.insert(2, {"prompt": "x=", "ground_truth": truth})  # line 3
