@@ -16,14 +16,14 @@ Implementation details (our choices)
    sharp, so checks are frequent, and every 2 steps once one sees a third of the target. The lr warms up over 50
    steps: without it, the byte-level model's reverse warm start at seed 0 sat at 0.09-0.14 from step 90 to 350
    and reached 0.30 at step 560, with nearly all characters right (RL then started at reward 0.85, no headroom);
-   with it, 0.34 at step 102 (seeds 1 and 2 reached 0.30 in 76-94 steps either way).
+   with it, 0.34 at step 102 (seeds 1 and 2, without it: 0.30 at steps 94 and 76).
 3. Environments (envs.py): the demonstrations are episodes played by the env's scripted solver (`expert()`),
    with labels on action tokens (+ EOS) only and observations tokenised exactly as rollout_env does; the check
    is greedy success on 256 episodes. An episode is ~4.6x a single-turn pair's tokens (calc: 73 on average, 76
    padded, vs 16), so the trainer's warm start takes 64 of them per step, about the tokens of 256 pairs; a check
    plays whole episodes (2.6 s on 2 cores, more than a step of 256), so it runs every 10 steps until one sees a
-   third of the target: calc goes from 0.19 to 0.99 greedy within 18 steps (186-204), so a check every 10 steps
-   could stop at 0.96. calc: 192 steps, 0.375; shell: 114 steps, 0.61.
+   third of the target: calc goes from 0.19 to 0.99 greedy within 18 steps (186-204), and without the warm-up a
+   check every 10 steps stopped at 0.96. calc: 192 steps, 0.375; shell: 114 steps, 0.61.
 4. Targets per task (SFT_TARGETS): `sort` stops at 0.15, `shell` at 0.6, the others at 0.30 (RESULTS.md: sort).
    The shell warm start imitates a demonstrator with habits (ENV_OPTIONS: envs.ShellEnv.expert, `slip` 0.6, one
    command per episode): 60 % of its commands are a plausible wrong one (`wc -c` for `wc -l`, `ls -a`, `head -n N`
