@@ -338,12 +338,13 @@ def find_checkpoint(path: str) -> str:
     raise ValueError(f"config field 'resume' = {path!r}: no complete checkpoint in it: {'; '.join(skipped)}")
 
 
-def check_resume(ckpt: str, cfg, fingerprint: dict) -> int:
+def check_resume(ckpt: str, cfg, fingerprint: dict | None = None) -> int:
     """Refuse to resume `ckpt` into the run of `fingerprint` (of `cfg`) where they differ, naming each field
     (cfg.resume_allow: the config fields and "world_size" that may change, printed), or where the checkpoint is at
-    cfg.steps already. A field newer than the checkpoint counts as its default there. Returns the step."""
+    cfg.steps already. A field newer than the checkpoint counts as its default there. Returns the step. Without a
+    fingerprint: the config alone, quietly (first, before a warm start for another --task costs a minute)."""
     marker = json.loads((Path(ckpt) / MARKER).read_text())
-    saved, now = marker["fingerprint"], fingerprint
+    saved, now = marker["fingerprint"], fingerprint or {"config": json.loads(json.dumps(asdict(cfg)))}
     defaults = {f.name: f.default if f.default_factory is MISSING else f.default_factory() for f in fields(cfg)}
     defaults = json.loads(json.dumps(defaults, default=str))  # as a checkpoint holds them (tuples as lists)
     diffs = {k: (saved.get(k), now[k]) for k in now if k != "config" and saved.get(k) != now[k]}
@@ -353,6 +354,8 @@ def check_resume(ckpt: str, cfg, fingerprint: dict) -> int:
         if (same_reward(old) != same_reward(new)) if k == "reward" else old != new:
             diffs[k] = (old, new)
     refused = {k: v for k, v in diffs.items() if k in IDENTITY or k not in cfg.resume_allow}
+    if fingerprint is None:  # the config alone: what can never change (the rest is named with the whole fingerprint)
+        refused = {k: v for k, v in refused.items() if k in IDENTITY}
     show = lambda d: "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, (a, b) in sorted(d.items()))
     if refused:
         fix = " ".join(sorted(k for k in refused if k not in IDENTITY))
@@ -361,7 +364,7 @@ def check_resume(ckpt: str, cfg, fingerprint: dict) -> int:
             hint += " The model's config, tokenizer, data, task, reward, estimator, critics, sharding (--fsdp) and LoRA"
             hint += " layout cannot change."
         raise ValueError(f"--resume {ckpt}: the checkpoint is of another run: {show(refused)}.{hint}")
-    if diffs:
+    if diffs and fingerprint:
         print(f"[minrl] resume: {show(diffs)} (--resume-allow): the run continues with the new values", flush=True)
     if marker["step"] >= cfg.steps:
         raise ValueError(f"--resume {ckpt}: the run is finished (checkpoint at step {marker['step']}, --steps "

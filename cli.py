@@ -6,6 +6,7 @@
 - `check_fields`, `check_range`, `check_choice`: raise ValueError naming the field, its value and what is allowed.
 - `choose_threads()`, run by parse_config: torch's CPU threads, as many as the cores other processes leave free,
   unless OMP_NUM_THREADS says how many.
+- `sigterm_as_ctrl_c()`: SIGTERM raises KeyboardInterrupt, so that an entry point cleans up on `kill` as on Ctrl-C.
 
     python cli.py --steps 3 --name run_a --tags x y   # a small dataclass parsed and validated, then printed
 """
@@ -20,8 +21,10 @@ import math
 import os
 import re
 import shutil
+import signal
 import sys
 import textwrap
+import threading
 import time
 import types
 import typing
@@ -117,6 +120,18 @@ def parse_config(cls, argv: list[str] | None = None, description: str | None = N
     return cfg
 
 
+def flags_help(cls, flags: dict[str, str], lead: str, example: str, shown: dict | None = None, width: int = 78) -> str:
+    """An epilog for parse_config: `lead`, then some of `cls`'s fields as flags (name -> its value's metavar) with
+    their help and default (`shown` replaces a default's text), then an `example` command. For a mode of an entry
+    point whose own flags are not the ones parse_config lists (model_proxy.py --agent)."""
+    docs, lines = field_docs(cls), [*textwrap.wrap(lead, width, break_on_hyphens=False), ""]
+    for name, var in flags.items():
+        text = f"{docs[name]} (default: {(shown or {}).get(name, getattr(cls, name))})"
+        flag = f"  --{name.replace('_', '-')} {var}".ljust(28)
+        lines += textwrap.wrap(text, width, initial_indent=flag, subsequent_indent=" " * 28, break_on_hyphens=False)
+    return "\n".join([*lines, "", "    " + example])
+
+
 def busy_cores(seconds: float = 0.2) -> float:
     """Cores that other processes keep busy now: the machine's busy CPU time over `seconds` (/proc/stat) less this
     process's own, in cores. 0.0 where /proc/stat is not there (not Linux)."""
@@ -152,7 +167,7 @@ def choose_threads() -> int | None:
         torch.set_num_threads(n)
         if os.environ.get("RANK", "0") == "0":
             why = f"other processes keep {busy:.1f} of the {cores} cores busy; OMP_NUM_THREADS=N sets it"
-            print(f"[minrl] torch threads: {n} ({why})", flush=True)
+            print(f"[minrl] torch threads: {n} ({why})", file=sys.stderr, flush=True)  # a note: stdout is results
     return n
 
 
@@ -167,6 +182,13 @@ def keep_threads(saved: int | None, what: str) -> None:
         print(f"[minrl] {what} ran with {saved} torch threads, {now}", flush=True)
     else:
         torch.set_num_threads(saved)
+
+
+def sigterm_as_ctrl_c() -> None:
+    """SIGTERM (kill, systemd, docker stop) raises KeyboardInterrupt in the main thread, as Ctrl-C does: the entry
+    point's `finally` blocks run (a server closes its sessions and their workspaces, a run writes its files)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def check_range(name: str, value, lo=None, hi=None, *, lo_open: bool = False, hi_open: bool = False) -> None:

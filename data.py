@@ -94,6 +94,9 @@ def _read_jsonl(p: Path) -> list[tuple[dict, str]]:
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(f"{p}:{i}: not valid JSON ({e.msg}): {line[:80]!r}") from None
+        except (ValueError, RecursionError) as e:  # an integer of over 4300 digits; brackets nested ~100k deep
+            why = "nested too deep" if isinstance(e, RecursionError) else str(e).split(";")[0]
+            raise ValueError(f"{p}:{i}: JSON that Python will not read ({why}): {line[:80]!r}") from None
         if not isinstance(row, dict):
             raise ValueError(f"{p}:{i}: expected a JSON object per line, got {line[:80]!r}")
         out.append((row, f"{p}:{i}"))
@@ -215,8 +218,11 @@ def check_lengths(rows: list[dict], tokenizer, max_prompt_len: int, source: str)
 
 
 def load_rows(path: str, split: str = "train") -> list[dict]:
-    """Normalized rows of a file or folder (read_rows, normalize_row)."""
-    return [normalize_row(row, where, Path(path).stem) for row, where in read_rows(path, split)]
+    """Normalized rows of a file or folder (read_rows, normalize_row); none at all is an error."""
+    if not (rows := read_rows(path, split)):
+        where = f"data file {path!r}" + (f" (split {split!r})" if Path(path).is_dir() else "")
+        raise ValueError(f"{where} has no rows: a run needs at least one prompt")
+    return [normalize_row(row, where, Path(path).stem) for row, where in rows]
 
 
 # ----------------------------------------------------------------------------------------------

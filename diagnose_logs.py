@@ -98,6 +98,8 @@ def _json(p: Path, text: str, where: str):
         raise InputError(f"{p}, {where}: not valid JSON ({e.msg}, column {e.colno}): truncated or corrupt?") from None
     except RecursionError:  # json's C decoder recurses: 100k nested brackets exhaust the stack
         raise InputError(f"{p}, {where}: JSON nested too deep to be a metrics row; expected flat objects") from None
+    except ValueError as e:  # an integer of over 4300 digits (Python's int_max_str_digits)
+        raise InputError(f"{p}, {where}: a number Python will not read ({str(e).split(';')[0]})") from None
 
 
 def _entries(p: Path, f):

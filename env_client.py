@@ -57,6 +57,23 @@ class Servers:
             self.open[url] += delta
 
 
+ANSWERS = {  # the fields of each answer RemoteEnv reads, and their types (env_service's docstring)
+    "sessions": {"session": str},
+    "reset": {"observation": str, "info": dict},
+    "step": {"observation": str, "reward": (int, float), "terminated": bool, "truncated": bool, "info": dict},
+}
+
+
+def shaped(url: str, path: str, out: dict) -> dict:
+    """The server's answer to `path`, checked against ANSWERS: a field missing or of another type (a server of
+    another version, or not an env_service) is an error that shows the answer."""
+    fields = ANSWERS[path.rsplit("/", 1)[-1]]
+    if bad := [k for k, kind in fields.items() if not isinstance(out.get(k), kind)]:
+        want = ", ".join(f"{k}: {getattr(t, '__name__', 'number')}" for k, t in fields.items())
+        raise ValueError(f"env server {url}: {path} answered {str(out)[:300]}, without {bad} (expected {{{want}}})")
+    return out
+
+
 class RemoteEnv:
     """An Env whose episodes run on env_service servers (the module docstring says what a failure does)."""
 
@@ -77,9 +94,11 @@ class RemoteEnv:
             for url in self.servers.order():
                 try:
                     body = {"env": self.env, "split": self.split, "options": self.options}
-                    self.url, self.sid = url, request(url, "POST", "/sessions", body, self.timeout)["session"]
+                    opened = shaped(url, "POST /sessions", request(url, "POST", "/sessions", body, self.timeout))
+                    self.url, self.sid = url, opened["session"]
                     self.servers.count(url, +1)
-                    out = request(url, "POST", f"/sessions/{self.sid}/reset", {"seed": seed}, self.timeout)
+                    path = f"/sessions/{self.sid}/reset"
+                    out = shaped(url, path, request(url, "POST", path, {"seed": seed}, self.timeout))
                     return out["observation"], out["info"]
                 except ServerDown as e:  # (a session it opened: closed by the server when this client left)
                     self.servers.mark_down(url, str(e))
@@ -110,7 +129,7 @@ class RemoteEnv:
             if e.status != 410:  # 410: expired on the server, this episode only; anything else is a bug
                 raise
             return self.failed(str(e))
-        if out["terminated"] or out["truncated"]:
+        if shaped(self.url, f"/sessions/{self.sid}/step", out)["terminated"] or out["truncated"]:
             self.close()
         info = {**out["info"], "env_error": None}
         return out["observation"], out["reward"], out["terminated"], out["truncated"], info

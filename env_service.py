@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import sandbox
-from cli import check_fields, parse_config
+from cli import check_fields, parse_config, sigterm_as_ctrl_c
 from envs import ENVS, make_env
 
 
@@ -157,8 +157,8 @@ class EnvService:
     def reset(self, sid: str, body: dict) -> dict:
         """Start (or restart) the session's episode."""
         seed = body.get("seed")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            raise HTTPError(400, f"'seed' must be an integer or null, got {seed!r}")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63):
+            raise HTTPError(400, f"'seed' must be an integer in [0, 2**63) or null, got {seed!r}")
         with self.held(sid) as s:
             obs, info = run_env(s, "reset", seed=seed)
             s.state = "running"
@@ -224,6 +224,11 @@ def required(body: dict, name: str, kind: type):
     if not isinstance(body.get(name), kind):
         raise HTTPError(400, f"field {name!r} must be a {kind.__name__}, got {body.get(name)!r}")
     return body[name]
+
+
+def not_json(constant: str):
+    """json.loads's parse_constant: NaN, Infinity and -Infinity, which Python reads and strict JSON has not."""
+    raise ValueError(f"{constant} is not a JSON number")
 
 
 def run_env(s: Session, method: str, **kw):
@@ -294,16 +299,33 @@ class Handler(BaseHTTPRequestHandler):
     def read_body(self) -> dict:
         """The JSON object of the request body, within max_body_bytes."""
         if not (n := self.headers.get("Content-Length", "")).isdigit():
-            raise HTTPError(411, "a POST needs a Content-Length header")
+            raise HTTPError(411, f"a POST needs a Content-Length header, a number of bytes (got {n!r})")
         if int(n) > self.server.service.args.max_body_bytes:
             raise HTTPError(413, f"body of {n} bytes > max_body_bytes {self.server.service.args.max_body_bytes}")
         try:
-            body = json.loads(self.rfile.read(int(n)) or b"{}")
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise HTTPError(400, f"malformed JSON body: {e}") from e
+            raw = self.rfile.read(int(n))
+        except TimeoutError:  # a client that stalls mid-body: a line here, not a traceback
+            print(f"[minrl] env_service: the body of {self.command} {self.path} stalled", file=sys.stderr)
+            raise HTTPError(408, f"the body did not arrive within {self.timeout} s") from None
+        try:  # NaN and Infinity are not JSON: refused, so that no answer echoes one
+            body = json.loads(raw or b"{}", parse_constant=not_json)
+        except (ValueError, RecursionError) as e:  # also a number of over 4300 digits, brackets nested too deep
+            why = "nested too deep" if isinstance(e, RecursionError) else str(e).split(";")[0]
+            raise HTTPError(400, f"malformed JSON body: {why}") from None
         if not isinstance(body, dict):
             raise HTTPError(400, "the JSON body must be an object")
         return body
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (501: an unknown method; 400: a malformed request line; 414, 431: too long) in
+        JSON, as every other answer, not its HTML page; the connection is closed after."""
+        self.close_connection = True
+        what = message or self.responses.get(code, ("refused",))[0]
+        asked = f"{self.command} {getattr(self, 'path', '')}" if self.command else "the request"
+        self.answer(code, self.error_body(code, f"{asked}: {what}"), {"Connection": "close"})
+
+    def error_body(self, status: int, message: str) -> dict:
+        return {"error": message}
 
     def answer(self, status: int, payload: dict, headers: dict | None = None) -> None:
         """Send the JSON payload with its status (and headers); ClientLeft if the client has closed its end (a
@@ -328,6 +350,15 @@ class ClientLeft(Exception):
 
 class Server(ThreadingHTTPServer):
     request_queue_size, daemon_threads = 1024, True  # a backlog of 5 drops connections when 64 episodes step at once
+
+    def handle_error(self, request, client_address) -> None:
+        """A request that failed past the handler's answers (its client reset the connection mid-request): one line
+        in the log, not socketserver's traceback."""
+        why = repr(sys.exc_info()[1])
+        print(
+            f"[minrl] server {getattr(self, 'url', '')}: a request from {client_address[0]} failed: {why}",
+            file=sys.stderr,
+        )
 
 
 def start_server(args: ServiceArgs) -> Server:
@@ -383,6 +414,7 @@ def request(url: str, method: str, path: str, body: dict | None, timeout: float)
 def main(argv=None) -> None:
     """Serve (--serve), or the demo: a server, each embedded env played through its API by its scripted solver."""
     args = parse_config(ServiceArgs, argv)
+    sigterm_as_ctrl_c()  # kill, systemd, docker: the sessions and their workspaces are closed as on Ctrl-C
     server = start_server(args)
     try:
         if args.serve:
@@ -403,7 +435,7 @@ def main(argv=None) -> None:
                 print(f"action {action!r} -> reward {out['reward']}, obs {out['observation']!r}, info {out['info']}")
             request(url, "DELETE", f"/sessions/{sid}", None, 30.0)
             print(f"{(time.perf_counter() - t0) * 1e3:.0f} ms for the episode; server: {server.service.health()}")
-    except KeyboardInterrupt:  # --serve's way to stop
+    except KeyboardInterrupt:  # --serve's way to stop (Ctrl-C, SIGTERM)
         pass
     finally:
         stop_server(server)

@@ -10,7 +10,7 @@ ids, their logprobs and the policy version, under the caller's session (header `
 A session becomes samples token in token out (`session_samples`), sessions a Rollout (`sessions_rollout`), rewarded
 by what the agent posts (POST /v1/sessions/ID/reward); `--agent` trains on them (AgentSampler, train()'s sampler;
 the agent processes: agent_pool.py). The HTTP API, chat completions (streamed too), models and sessions, is
-openai_api.py's.
+openai_api.py's (start_proxy serves a ModelProxy). `--serve` holds at most max_sessions, dropping the idle ones.
 Sampling (docs/design.md section 3): the behaviour policy must be the trained one, so the client's temperature and top_p
 are recorded and replaced by the trainer's; the answer's `minrl` field says what was asked and what was used.
 
@@ -45,8 +45,8 @@ import hashlib
 import math
 import queue
 import sys
-import textwrap
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,12 +54,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import openai_api
 import rollout
 from agent_pool import AgentPool
-from cli import check_fields, field_docs, parse_config
+from cli import check_fields, flags_help, parse_config, sigterm_as_ctrl_c
 from common import make_autocast
-from env_service import HTTPError, Server, ServiceArgs, request, start_server, stop_server
+from env_service import HTTPError, ServiceArgs, request, start_server, stop_server
+from openai_api import start_proxy, stop_proxy
 from rollout import Rollout, generate, left_pad, pack_tracks
 from runlog import stopping_cleanly
 from tasks import load_policy, load_tokenizer, make_tiny_model, make_tokenizer, stop_token_ids
@@ -96,10 +96,14 @@ class ProxyArgs:
     """Largest request body (413 beyond)."""
     request_timeout: float = 120.0
     """Seconds a request may wait for its answer (batch queue included) before a 503."""
+    max_sessions: int = 1024
+    """Sessions held at most: a request that would open one more gets a 503 (after the idle ones are dropped)."""
+    idle_timeout: float = 600.0
+    """Seconds without a request after which a session may be dropped (0 = never: --agent's trainer takes them)."""
 
     def __post_init__(self):
-        ints = ("max_batch", "max_tokens", "max_context", "max_body_bytes")
-        ranges = {"[0, 65535]": ("port",), "[1, inf)": ints, "[0.0, inf)": ("gather_ms",)}
+        ints = ("max_batch", "max_tokens", "max_context", "max_body_bytes", "max_sessions")
+        ranges = {"[0, 65535]": ("port",), "[1, inf)": ints, "[0.0, inf)": ("gather_ms", "idle_timeout")}
         check_fields(self, {**ranges, "(0.0, inf)": ("request_timeout",)})
 
 
@@ -144,9 +148,10 @@ class ModelProxy:
         self.seed = seed  # with the session and the request's index in it, the seed of a request's samples
         self.queue, self.batch_lock, self.lock = queue.Queue(), threading.Lock(), threading.Lock()
         self.sessions = {}  # id -> {"records": [...], "reward": None | float}
-        self.stop = threading.Event()
+        self.stop, self.threads = threading.Event(), []  # stop_proxy sets the one, joins the others
         if batch_thread:  # otherwise the owner generates on its own thread: serve_while (detail 1)
-            threading.Thread(target=self.batcher, daemon=True).start()
+            self.threads.append(threading.Thread(target=self.batcher, daemon=True))
+            self.threads[0].start()
 
     def render(self, messages: list[dict]) -> str:  # the chat as the model sees it, ready for the answer
         template = {"chat_template": self.template, "tokenize": False, "add_generation_prompt": True}
@@ -170,12 +175,14 @@ class ModelProxy:
             text = self.render(messages)
         except Exception as e:  # the chat template refused the conversation (e.g. roles must alternate)
             raise HTTPError(400, f"the chat template cannot render these messages: {e}") from e
-        with self.lock:
-            s = self.sessions.setdefault(session, {"records": [], "reward": None, "requests": 0})
+        with self.lock:  # (a refused request opens no session)
+            s = self.sessions.get(session) or {"records": [], "reward": None, "requests": 0}
             ids, extends = self.prompt_ids(s["records"], text)
-            k, s["requests"] = s["requests"], s["requests"] + 1  # this request's index in its session
-        if len(ids) > self.args.max_context:
-            raise HTTPError(400, f"the prompt has {len(ids)} tokens > max_context {self.args.max_context}")
+            if len(ids) > self.args.max_context:
+                raise HTTPError(400, f"the prompt has {len(ids)} tokens > max_context {self.args.max_context}")
+            if session not in self.sessions:
+                self.open_session(session, s)
+            k, s["requests"], s["used"] = s["requests"], s["requests"] + 1, time.monotonic()  # k: its index in s
         p = Pending(ids, max_tokens, request_seed(self.seed, session, k))
         self.queue.put(p)
         if not p.done.wait(self.args.request_timeout) or p.error is not None:
@@ -185,7 +192,17 @@ class ModelProxy:
         record = {"prompt_ids": ids, "prompt_text": text, **answer, "finish_reason": finish, "asked": asked}
         with self.lock:
             s["records"].append(record)
+            s["used"] = time.monotonic()
         return record
+
+    def open_session(self, session: str, s: dict) -> None:
+        """Hold a new session (under the lock), first dropping those idle for idle_timeout s; 503 when full."""
+        now, idle = time.monotonic(), self.args.idle_timeout
+        for k in [k for k, v in self.sessions.items() if idle and now - v["used"] > idle]:
+            del self.sessions[k]  # (--serve: nobody takes its sessions; the memory they hold stays bounded)
+        if len(self.sessions) >= self.args.max_sessions:
+            raise HTTPError(503, f"{len(self.sessions)} sessions are held (max_sessions); retry later")
+        self.sessions[session] = s
 
     def content(self, record: dict, n: int | None = None) -> str:
         """The answer's text: its first n sampled ids decoded, special ones included but a final stop token, so
@@ -311,20 +328,6 @@ def sessions_rollout(sessions: list[dict], pad_id: int, device) -> tuple[Rollout
     return rollout, [k for k, _ in samples], stats
 
 
-def start_proxy(proxy: ModelProxy, host: str = "127.0.0.1", port: int = 0) -> Server:
-    """Serve `proxy` on host:port in its own threads (`server.url` is the base_url's root; stop with stop_proxy)."""
-    server = Server((host, port), openai_api.Handler)
-    server.service, server.url = proxy, f"http://{host}:{server.server_address[1]}"
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
-def stop_proxy(server: Server) -> None:
-    server.shutdown()
-    server.server_close()
-    server.service.stop.set()
-
-
 # ----------------------------------------------------------------------------------------------
 # Training an agent program through the proxy
 
@@ -401,7 +404,8 @@ def train_agent(cfg: AgentConfig, hooks=()) -> dict:
     def sampler(step, policy):
         if "s" not in box:  # the proxy serves a copy of the policy, loaded with its weights every iteration
             source = cfg.model or str(sft_warm_start(sft_config_for(cfg.task, cfg.sft_target)))
-            args = ProxyArgs(max_tokens=cfg.max_new_tokens, max_context=cfg.max_context, gather_ms=cfg.gather_ms)
+            args = ProxyArgs(max_tokens=cfg.max_new_tokens, max_context=cfg.max_context, gather_ms=cfg.gather_ms,
+                             max_sessions=at_once, idle_timeout=0)  # fmt: skip
             sampling = {k: getattr(cfg, k) for k in ("temperature", "top_p", "top_k")}  # the trainer's, always
             engine = rollout.inference_copy(policy, cfg.rollout_dtype)  # float32: the policy itself, so copied
             engine, dev = copy.deepcopy(policy) if engine is policy else engine, next(policy.parameters()).device
@@ -433,25 +437,18 @@ def train_agent(cfg: AgentConfig, hooks=()) -> dict:
         stop_server(env_server)
 
 
-def agent_help(width: int = 78) -> str:
+def agent_help() -> str:
     """The end of `--help`: the flags of the `--agent PROGRAM` mode (AgentConfig's own; the trainer's are listed by
     `--agent PROGRAM --help`)."""
-    docs = field_docs(AgentConfig)
-    meta = {"agent": "PROGRAM", "agents": "N", "agent_timeout": "SECONDS", "gather_ms": "MS"}  # flag -> its value
     lead = (
         "Training an agent program (--agent PROGRAM): the proxy serves the policy, the agent's processes play the "
         "episodes through it, and the trainer learns from what they sampled. That mode takes the flags below and "
         "every flag of `python3 trainer.py --help` (its default task here: calc); `python3 model_proxy.py --agent "
         "PROGRAM --help` lists them all."
     )
-    lines = [*textwrap.wrap(lead, width, break_on_hyphens=False), ""]
-    for name, var in meta.items():
-        default = "examples/calc_agent.py" if name == "agent" else getattr(AgentConfig, name)
-        text = f"{docs[name]} (default: {default})"
-        flag = f"  --{name.replace('_', '-')} {var}".ljust(28)
-        lines += textwrap.wrap(text, width, initial_indent=flag, subsequent_indent=" " * 28, break_on_hyphens=False)
+    flags = {"agent": "PROGRAM", "agents": "N", "agent_timeout": "SECONDS", "gather_ms": "MS"}  # flag -> its value
     example = "python3 model_proxy.py --agent examples/calc_agent.py --agents 16 --adv-estimator grpo"
-    return "\n".join([*lines, "", "    " + example])
+    return flags_help(AgentConfig, flags, lead, example, shown={"agent": "examples/calc_agent.py"})
 
 
 def main(argv=None) -> None:
@@ -465,6 +462,7 @@ def main(argv=None) -> None:
         print(f"[minrl] greedy success of the agent on {cfg.eval_n} held-out episodes: {before:.3f} -> {after:.3f}")
         return
     args = parse_config(ProxyArgs, argv, epilog=agent_help())
+    sigterm_as_ctrl_c()  # kill, systemd, docker: stopped as on Ctrl-C
     torch.manual_seed(0)
     if args.model:
         model, tokenizer = load_policy(args.model, "cpu")

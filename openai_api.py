@@ -1,7 +1,8 @@
 """The OpenAI chat-completions API over HTTP for model_proxy.py: its routes, request validation, error bodies, streams.
 
 model_proxy.ModelProxy does the work (`complete`, `content`, `set_reward`, `session`); this file is its face on the
-wire, env_service.Handler's body parsing and JSON answers on OpenAI's schema (where it has one). Every error is
+wire (`start_proxy`, `stop_proxy`), env_service.Handler's body parsing and JSON answers on OpenAI's schema (where it
+has one). Every error is
 {"error": {"message", "type", "code"}} with its status:
     GET  /v1/models                -> {"object": "list", "data": [{"id", "object": "model", "owned_by"}]}
     POST /v1/chat/completions      {"messages", "max_tokens" | "max_completion_tokens", "temperature", "top_p",
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import secrets
 import sys
+import threading
 import time
 import traceback
 import urllib.parse
@@ -148,7 +150,28 @@ class Handler(env_service.Handler):
             self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         self.wfile.write(b"data: [DONE]\n\n")
 
+    def error_body(self, status: int, message: str) -> dict:  # http.server's own refusals (send_error) too
+        return openai_error(status, message)
+
     do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = handle_any  # noqa: N815 (http.server's names: do_<METHOD>)
+
+
+def start_proxy(proxy, host: str = "127.0.0.1", port: int = 0) -> env_service.Server:
+    """Serve `proxy` on host:port in its own threads (`server.url` is the base_url's root; stop with stop_proxy)."""
+    server = env_service.Server((host, port), Handler)
+    server.service, server.url = proxy, f"http://{host}:{server.server_address[1]}"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def stop_proxy(server: env_service.Server) -> None:
+    """Stop answering and batching; returns once the batcher's thread has left (one left inside torch at the
+    interpreter's exit can abort it)."""
+    server.shutdown()
+    server.server_close()
+    server.service.stop.set()
+    for t in server.service.threads:
+        t.join(server.service.args.request_timeout)
 
 
 def main() -> None:

@@ -23,13 +23,12 @@ What lives here
    the shaping terms (length, format, a reward model) after it.
 
 Implementation details (our choices)
-1. The user's functions run in `--reward-workers` processes (a forkserver pool: fresh processes, not forks of a
-   trainer holding threads and CUDA), each call under a per-call timeout (`--reward-timeout`, SIGALRM in the
-   worker) and a hard deadline in the trainer that kills the pool. 0 workers runs them in the trainer's process,
-   without a timeout. A per-sample function's samples are spread over the workers; a batch function gets the
-   whole batch in one call, as in TRL.
-2. Never a silent 0: a reward that raises, times out, returns a non-number, the wrong number of values or a
-   non-finite one stops the run, naming the function, the sample, its prompt and its response. TRL's None
+1. The user's functions run in `--reward-workers` processes (reward_workers.py: fresh processes, each call under
+   `--reward-timeout`; the first failure stops the batch at once, a dead worker is named by its exit code or signal).
+   0 workers runs them in the trainer's process, without a timeout. A per-sample function's samples are spread over
+   the workers; a batch function gets the whole batch in one call, as in TRL.
+2. Never a silent 0: a reward that raises, times out, exits, kills its worker, returns a non-number, the wrong number
+   of values or a non-finite one stops the run, naming the function, the sample, its prompt and its response. TRL's None
    ("does not apply to this sample") is skipped in the weighted sum, as in TRL; a sample that no term scores is
    an error (TRL would give it 0 with a warning).
 3. Nothing from a model reaches eval/exec: the built-in rewards compare strings and exact numbers.
@@ -41,9 +40,7 @@ import argparse
 import importlib.util
 import inspect
 import math
-import multiprocessing
 import re
-import signal
 import time
 import traceback
 from dataclasses import dataclass
@@ -51,6 +48,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from cli import check_fields
+from reward_workers import CallFailed, Workers, call
 
 # ----------------------------------------------------------------------------------------------
 # The knobs; the trainer's Config inherits them
@@ -178,7 +176,12 @@ def load_reward_fn(spec: str):
         raise FileNotFoundError(f"--reward {spec!r}: file {path!r} does not exist")
     module_spec = importlib.util.spec_from_file_location(f"reward_{Path(path).stem}", path)
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)  # the user's own file, as veRL's custom_reward_function loads it
+    try:
+        module_spec.loader.exec_module(module)  # the user's own file, as veRL's custom_reward_function loads it
+    except SystemExit as e:  # otherwise the trainer would just end, the file unnamed
+        at = traceback.extract_tb(e.__traceback__)[-1]
+        why = f"called sys.exit({e.code!r}) at line {at.lineno} ({at.line}) when imported"
+        raise RuntimeError(f"--reward {spec!r}: {path} {why}: a reward file may only define things at import") from None
     fn = getattr(module, name, None)
     if not callable(fn):
         found = [k for k, v in vars(module).items() if inspect.isfunction(v) and v.__module__ == module.__name__]
@@ -192,53 +195,6 @@ def load_reward_fn(spec: str):
         f"--reward {spec!r}: {name}{inspect.signature(fn)} has neither a 'solution_str' parameter "
         f"(veRL's compute_score) nor a 'completions' one (a TRL reward function)"
     )
-
-
-class _Timeout(BaseException):
-    """The per-call alarm: not an Exception, so a reward's own `except Exception: return 0.0` cannot swallow it."""
-
-
-def _on_alarm(signum, frame):
-    raise _Timeout
-
-
-_WORKER_FNS: dict = {}  # in a worker process: spec -> (fn, style), loaded once by _init_worker
-
-
-def _init_worker(specs: list[str]) -> None:
-    for spec in specs:
-        _WORKER_FNS[spec] = load_reward_fn(spec)
-    signal.signal(signal.SIGALRM, _on_alarm)
-
-
-def _call(spec: str, args: tuple, kwargs: dict, timeout: float | None):
-    """One call of a user's function: ("ok", value) or ("error", text). In a worker, under a SIGALRM timeout (an
-    alarm between the return and the disarm is caught too: the call took the whole timeout)."""
-    fn = _WORKER_FNS[spec][0]
-    try:
-        if timeout is not None:
-            signal.setitimer(signal.ITIMER_REAL, timeout)
-        try:
-            return "ok", fn(*args, **kwargs)
-        finally:
-            if timeout is not None:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-    except _Timeout:
-        return "error", f"timed out after {timeout} s (--reward-timeout)"
-    except Exception as e:  # reported by the trainer, naming the sample and the line of the user's file that raised
-        frame = traceback.extract_tb(e.__traceback__)[-1]
-        return "error", f"raised {e!r} at {frame.filename}:{frame.lineno} ({frame.line})"
-
-
-START_TIMEOUT_S = 120  # a worker imports the main script (torch, transformers: ~10 s on 2 busy cores)
-
-
-def _ping() -> bool:
-    return True
-
-
-def _call_star(job):
-    return _call(*job)
 
 
 def verl_calls(spec: str, rows: list[dict], texts: list[str]) -> list[tuple]:
@@ -347,7 +303,6 @@ class RewardSet:
 
     def __init__(self, args: RewardArgs, device="cpu", batch: int = 16):
         self.specs, self.weights = args.reward_terms(), args.reward_weights or [1.0] * len(args.reward_terms())
-        self.timeout = args.reward_timeout
         self.fns = {s: load_reward_fn(s) for s in self.specs if s.split(":")[0].endswith(".py")}  # in the trainer too:
         self.model = RewardModel(args.reward_model, device, batch) if args.reward_model else None  # errors at load
         self.names = names = [term_name(s) for s in self.specs]
@@ -356,33 +311,22 @@ class RewardSet:
                 f"--reward terms {self.specs} would log under the same name reward/<name> ({names}): "
                 f"give their functions different names"
             )
-        self.pool, self.workers = None, args.reward_workers
+        self.workers = None  # detail 1: the user's functions run in these processes
         if self.fns and args.reward_workers > 0:
-            ctx = multiprocessing.get_context("forkserver")
-            self.pool = ctx.Pool(args.reward_workers, _init_worker, (list(self.fns),))
-            try:  # the workers answer: a forkserver imports the main script first, and an unguarded one never ends
-                self.pool.apply_async(_ping).get(timeout=START_TIMEOUT_S)
-            except multiprocessing.TimeoutError:
-                self.close()
-                why = "a script that builds a RewardSet must run its work under `if __name__ == '__main__':`"
-                raise RuntimeError(
-                    f"the reward workers did not start within {START_TIMEOUT_S} s: {why} (worker "
-                    f"processes import it), or pass --reward-workers 0"
-                ) from None
-        _WORKER_FNS.update(self.fns)  # 0 workers: the calls run here
+            self.workers = Workers(list(self.fns), args.reward_workers, args.reward_timeout, load_reward_fn)
 
-    def _run(self, jobs: list[tuple]) -> list[tuple]:
-        """(status, value) of each call, in order: in the pool (with a hard deadline that kills it) or here."""
-        if self.pool is None:
-            return [_call(spec, args, kwargs, None) for spec, args, kwargs in jobs]
-        pending = self.pool.map_async(_call_star, [(*job, self.timeout) for job in jobs], chunksize=1)
-        limit = self.timeout * math.ceil(len(jobs) / self.workers) + 30  # every call its timeout, `workers` at a time
-        try:  # the per-call alarm fires first; this catches a worker that died, or a call no signal interrupts
-            return pending.get(timeout=limit)
-        except multiprocessing.TimeoutError:
-            self.close()
-            why = "a worker died (killed, out of memory) or a call ignored its alarm (stuck in C code): pool killed"
-            raise TimeoutError(f"{len(jobs)} reward calls did not return within {limit:.0f} s: {why}") from None
+    def _run(self, jobs: list[tuple], rows: list[dict], texts: list[str]) -> list:
+        """Each call's value, in order: on the workers, or here without a timeout. The first failure stops the run,
+        naming the function, the cause and the sample (the batch, for a TRL function's one call)."""
+        try:
+            if self.workers is not None:
+                return self.workers.run(jobs)
+            return [here(i, self.fns[spec][0], args, kwargs) for i, (spec, args, kwargs) in enumerate(jobs)]
+        except CallFailed as e:
+            i, row = e.index, rows[e.index]
+            what = f"sample {i} ({row['where']}, prompt {str(row['prompt'])[:60]!r}, response {texts[i]!r})"
+            what = f"a batch of {len(rows)} (first: {row['where']})" if len(jobs) < len(rows) else what
+            raise RuntimeError(f"reward {jobs[i][0]!r} {e.why} on {what}") from None
 
     def score(self, rows: list[dict], texts: list[str], ids: list[list[int]]) -> tuple[list, list, list]:
         """[B] weighted rewards of B responses (texts: decoded without special tokens; ids: their token ids), [B]
@@ -399,7 +343,7 @@ class RewardSet:
             else:
                 style = self.fns[spec][1]
                 jobs = verl_calls(spec, rows, texts) if style == "verl" else [trl_call(spec, rows, texts, ids)]
-                values = self._checked(spec, style, self._run(jobs), rows, texts)
+                values = self._checked(spec, style, self._run(jobs, rows, texts), rows, texts)
             per_term.append(values)
         out, infos = [], []
         for i, row in enumerate(rows):
@@ -416,29 +360,28 @@ class RewardSet:
         return out, [v is not None and v >= 1.0 for v, _ in per_term[0]], [{**d, "time/reward": dt} for d in infos]
 
     def _checked(self, spec, style, results, rows, texts) -> list[tuple]:
-        """Each sample's (reward or None, extra numbers) from the calls' results; an error names the sample."""
+        """Each sample's (reward or None, extra numbers) from the calls' values; an error names the sample."""
         if style == "trl":
-            status, value = results[0]
-            if status == "error":
-                raise RuntimeError(f"reward {spec!r} {value} on a batch of {len(rows)} (first: {rows[0]['where']})")
+            value = results[0]
             if not isinstance(value, (list, tuple)) or len(value) != len(rows):
                 got = f"{len(value)} values" if isinstance(value, (list, tuple)) else repr(value)[:80]
                 raise ValueError(f"reward {spec!r} returned {got} for {len(rows)} completions: one per completion")
-            results = [("ok", v) for v in value]
-        out = []
-        for i, ((status, value), row, text) in enumerate(zip(results, rows, texts)):
-            if status == "error":
-                what = f"sample {i} ({row['where']}, prompt {str(row['prompt'])[:60]!r}, response {text!r})"
-                raise RuntimeError(f"reward {spec!r} {value} on {what}")
-            out.append(check_value(value, spec, i, row, text, style))
-        return out
+            results = value
+        return [check_value(v, spec, i, row, text, style) for i, (v, row, text) in enumerate(zip(results, rows, texts))]
 
     def close(self) -> None:
         """Stop the worker processes (killed: a hung reward function must not keep the run alive)."""
-        if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
-            self.pool = None
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
+
+
+def here(i: int, fn, args: tuple, kwargs: dict):
+    """Call i of a batch in this process (0 workers): its value, or CallFailed as a worker's would say it."""
+    status, value = call(fn, args, kwargs, None)
+    if status == "error":
+        raise CallFailed(i, value)
+    return value
 
 
 def term_name(spec: str) -> str:

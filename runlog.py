@@ -21,14 +21,13 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import sys
-import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from checkpoint import run_dir
+from cli import sigterm_as_ctrl_c
 
 
 def entry_name(obj) -> str:
@@ -41,8 +40,7 @@ def entry_name(obj) -> str:
 def stopping_cleanly(cfg):
     """Around an entry point's train(cfg): SIGTERM (kill, systemd, docker) stops the run as Ctrl-C does, and a
     stopped run still leaves result.json and curves.png from the rows it logged (rank 0); exit status 130."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt: finally blocks run
+    sigterm_as_ctrl_c()
     try:
         yield
     except KeyboardInterrupt:

@@ -185,6 +185,8 @@ class Config(TaskArgs, DataArgs, RewardArgs, SampleArgs, EvalArgs, CriticArgs, C
         if self.data is not None and self.model is None and os.environ.get("RANK", "0") == "0":
             print("[minrl] WARNING --data without --model trains the 0.53M-parameter embedded model: a dry run")
         checks.check_config(self)  # the checks across fields (checks.py)
+        if self.resume:  # the checkpoint's config against this one, at load: before a warm start for its task is built
+            check_resume(self.resume, self)
 
 
 def sample_here(

@@ -237,20 +237,8 @@ def test_a_dead_server_fails_its_episodes_and_new_ones_go_to_the_others(capsys):
 
 
 def test_a_killed_server_process_fails_its_episode_within_the_timeout(tmp_path):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, str(ROOT / "env_service.py"), "--serve", "--port", str(port)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    proc, url = serve_in_a_process("env_service.py")
     try:
-        url, t0 = f"http://127.0.0.1:{port}", time.monotonic()
-        while True:
-            try:
-                request(url, "GET", "/health", None, 2)
-                break
-            except Exception:
-                assert time.monotonic() - t0 < 60 and proc.poll() is None, proc.stdout.read1().decode()
-                time.sleep(0.2)
         env = RemoteEnv(url, "calc", timeout=3)
         env.reset(seed=0)
         os.killpg(proc.pid, signal.SIGKILL)
@@ -315,3 +303,44 @@ def test_the_trainer_runs_shell_tasks_through_the_server(tmp_path):
     ps = subprocess.run(["ps", "-eo", "uid="], capture_output=True, text=True, check=True).stdout.split()
     mine = range(sandbox.uid_for(0), sandbox.uid_for(1023) + 1)  # this process's sandbox uids
     assert not [u for u in ps if int(u) in mine] and workspaces() <= before
+
+
+def serve_in_a_process(script: str, *args: str) -> tuple[subprocess.Popen, str]:
+    """`python SCRIPT --serve --port P ARGS` in a session of its own, once it answers (GET /health or /v1/models)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, str(ROOT / script), "--serve", "--port", str(port), *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    url, t0 = f"http://127.0.0.1:{port}", time.monotonic()
+    while True:
+        try:
+            request(url, "GET", "/health" if script == "env_service.py" else "/v1/models", None, 2)
+            return proc, url
+        except Exception:
+            assert time.monotonic() - t0 < 90 and proc.poll() is None, proc.stdout.read1().decode()
+            time.sleep(0.2)
+
+
+@pytest.mark.parametrize("script", ["env_service.py", "model_proxy.py"])
+def test_sigterm_stops_a_server_as_ctrl_c_does_and_its_shell_workspaces_go(script):
+    """kill, systemd and docker stop a server with SIGTERM: it must clean up as on Ctrl-C (exit 0), and the shell
+    workspaces of the sessions it held are removed."""
+    workspaces = lambda: set(os.listdir("/tmp/minrl-shell")) if os.path.isdir("/tmp/minrl-shell") else set()
+    before = workspaces()
+    proc, url = serve_in_a_process(script)
+    try:
+        if script == "env_service.py":
+            sids = [request(url, "POST", "/sessions", {"env": "shell"}, 30)["session"] for _ in range(2)]
+            for sid in sids:
+                request(url, "POST", f"/sessions/{sid}/reset", {"seed": 0}, 30)
+            assert len(workspaces() - before) == 2  # each session's workspace, open
+        else:
+            request(url, "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "1"}]}, 30)
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=60)[0].decode()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0 and "Traceback" not in out, out
+    assert workspaces() <= before

@@ -424,7 +424,7 @@ def test_data_missing_keys_names_the_line(tmp_path, row, what):
 @pytest.mark.parametrize("text", ["", "\n\n  \n"])
 def test_data_empty_file(tmp_path, text):
     path = write(tmp_path, text)
-    with pytest.raises(ValueError, match="no training rows"):
+    with pytest.raises(ValueError, match=r"data file '.*data.jsonl' has no rows: a run needs at least one prompt"):
         data_task(path)
 
 

@@ -514,3 +514,24 @@ def test_the_mains_of_agent_pool_and_openai_api_run():
     assert pool.returncode == 0 and "'s3': 0.3" in pool.stdout, pool.stderr
     api = subprocess.run([sys.executable, "openai_api.py"], cwd=root, capture_output=True, text=True, timeout=120)
     assert api.returncode == 0 and "'12+3='" in api.stdout and "invalid_request_error" in api.stdout, api.stderr
+
+
+def test_sessions_are_capped_idle_ones_dropped_and_a_refused_request_opens_none():
+    """--serve holds at most max_sessions (one more: 503, OpenAI's server_error), drops those idle for idle_timeout
+    when a new one comes, and a request refused for its length leaves no session behind."""
+    proxy, server = make_proxy(max_tokens=2, max_context=64, max_sessions=2, idle_timeout=1.0)
+
+    def chat(user: str, text: str = "1"):
+        body = {"messages": [{"role": "user", "content": text}], "user": user}
+        return post(server.url + "/v1/chat/completions", json.dumps(body).encode())
+
+    try:
+        assert chat("too-long", "1" * 500)[0] == 400 and proxy.sessions == {}
+        assert chat("a")[0] == 200 and chat("b")[0] == 200 and chat("a")[0] == 200  # "a" again: no new session
+        status, payload = chat("c")
+        assert status == 503 and "2 sessions are held (max_sessions)" in payload["error"]["message"], payload
+        time.sleep(1.2)  # a and b idle past idle_timeout: the next new session drops them
+        assert chat("c")[0] == 200 and sorted(proxy.sessions) == ["c"]
+    finally:
+        mp.stop_proxy(server)
+    assert not any(t.is_alive() for t in proxy.threads)  # stop_proxy returns once its batcher has left

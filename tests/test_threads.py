@@ -30,10 +30,10 @@ def test_threads_follow_the_free_cores_and_an_explicit_setting_wins(monkeypatch,
         monkeypatch.delenv("OMP_NUM_THREADS")
         monkeypatch.setattr(cli, "busy_cores", lambda: 2.6)  # 1.4 cores free
         assert cli.choose_threads() == 1 and torch.get_num_threads() == 1
-        assert "[minrl] torch threads: 1 (other processes keep 2.6 of the 4 cores busy" in capsys.readouterr().out
+        assert "[minrl] torch threads: 1 (other processes keep 2.6 of the 4 cores busy" in capsys.readouterr().err
         torch.set_num_threads(4)
         monkeypatch.setattr(cli, "busy_cores", lambda: 0.2)  # an idle machine: torch's own number
-        assert cli.choose_threads() == 4 and torch.get_num_threads() == 4 and capsys.readouterr().out == ""
+        assert cli.choose_threads() == 4 and torch.get_num_threads() == 4 and capsys.readouterr().err == ""
         monkeypatch.setattr(cli, "busy_cores", lambda: 5.0)  # every core busy: still one thread
         assert cli.choose_threads() == 1
     finally:
