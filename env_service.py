@@ -13,9 +13,18 @@ The API: JSON in, JSON out; every error is {"error": message} with its status.
     POST   /sessions/ID/reset    {"seed": int | null}  -> {"observation", "info"}
     POST   /sessions/ID/step     {"action": str}       -> {"observation", "reward", "terminated", "truncated", "info"}
     DELETE /sessions/ID                                -> {"closed": id}
-400: malformed JSON, a bad or missing field, an unknown env or option, limits over the server's ceiling. 404 / 405:
-an unknown path or session / a known path's wrong method. 409: a step before reset or after the end. 410: closed by a
-timeout (which: in the message). 411 / 413: no Content-Length / over max_body_bytes or max_action_chars. 503: full.
+400: malformed JSON (NaN, nesting too deep too), a bad or missing field, an unknown env or option, limits over the
+server's ceiling. 401: no or a wrong token. 404 / 405: an unknown path or session / a known path's wrong method. 408:
+a body that stalled. 409: a step before reset or after the end. 410: closed by a timeout (which: in the message). 411
+/ 413: no Content-Length / over max_body_bytes or max_action_chars. 501: an unknown method. 503: full.
+
+Who may reach it, and what a client may change. The server binds 127.0.0.1 unless told otherwise (--host): only this
+machine's processes reach it. A server others can reach should require a token: set MINRL_ENV_TOKEN to a shared
+secret in the server's environment and its clients' (`request` sends it); every request must then carry
+`Authorization: Bearer TOKEN` (401 otherwise). A client chooses an env, its split and its options: for the shell env,
+the sandbox's limits (sandbox.Limits: wall and CPU seconds, memory, the workspace's bytes and files, ...) up to
+limit_ceiling times their defaults, never where its workspace lies. It holds at most max_sessions sessions with the
+other clients, each closed after idle_timeout or session_timeout. Every command runs in sandbox.py's sandbox.
 
 Why the standard library's ThreadingHTTPServer, not an ASGI stack: no dependency; a thread per request fits steps that
 wait (a sandboxed process, a sleep); async helps only async steps (64 sessions at once: bench/env_service_bench.py). A
@@ -37,8 +46,10 @@ Implementation details (our choices)
 from __future__ import annotations
 
 import contextlib
+import hmac
 import http.client
 import json
+import os
 import re
 import secrets
 import select
@@ -62,7 +73,7 @@ class ServiceArgs:
     """`python env_service.py`: the server's address and limits."""
 
     host: str = "127.0.0.1"
-    """Address to bind (127.0.0.1: this machine only; there is no authentication: bind wider on a trusted net only)."""
+    """Address to bind (127.0.0.1: this machine only; 0.0.0.0: every interface, then set MINRL_ENV_TOKEN)."""
     port: int = 8100
     """Port to bind (0 = any free port)."""
     serve: bool = False
@@ -83,6 +94,9 @@ class ServiceArgs:
     def __post_init__(self):
         ranges = {"[0, 65535]": ("port",), "[1, inf)": ("max_sessions", "max_body_bytes", "max_action_chars")}
         check_fields(self, {**ranges, "(0.0, inf)": ("idle_timeout", "session_timeout", "limit_ceiling")})
+
+
+TOKEN_VAR = "MINRL_ENV_TOKEN"  # a shared secret: the server requires it, `request` sends it (module docstring)
 
 
 class HTTPError(Exception):
@@ -265,6 +279,7 @@ class Handler(BaseHTTPRequestHandler):
         payload = {}
         try:
             try:
+                self.check_token()
                 routes = [(verb, m, fn) for verb, pattern, fn in ROUTES if (m := re.fullmatch(pattern, path))]
                 for verb, m, fn in routes:
                     if verb == method:
@@ -295,6 +310,12 @@ class Handler(BaseHTTPRequestHandler):
                 self.server.service.close(sid, why)
         closed = f"; session {sid} closed" if sid else ""
         print(f"[minrl] env_service: the client of {method} {path} left before its answer{closed}", file=sys.stderr)
+
+    def check_token(self) -> None:
+        """401 unless the request carries the server's token (when it has one: MINRL_ENV_TOKEN at its start)."""
+        token, given = self.server.token, self.headers.get("Authorization", "")
+        if token and not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise HTTPError(401, f"this server requires a token: the header Authorization: Bearer ${TOKEN_VAR}")
 
     def read_body(self) -> dict:
         """The JSON object of the request body, within max_body_bytes."""
@@ -350,6 +371,7 @@ class ClientLeft(Exception):
 
 class Server(ThreadingHTTPServer):
     request_queue_size, daemon_threads = 1024, True  # a backlog of 5 drops connections when 64 episodes step at once
+    token = None  # start_server's MINRL_ENV_TOKEN (None: no check)
 
     def handle_error(self, request, client_address) -> None:
         """A request that failed past the handler's answers (its client reset the connection mid-request): one line
@@ -364,7 +386,7 @@ class Server(ThreadingHTTPServer):
 def start_server(args: ServiceArgs) -> Server:
     """A server on args.host:args.port answering in its own threads (`server.url`; stop it with stop_server)."""
     server = Server((args.host, args.port), Handler)
-    server.service, server.stop = EnvService(args), threading.Event()
+    server.service, server.stop, server.token = EnvService(args), threading.Event(), os.environ.get(TOKEN_VAR)
     server.url = f"http://{args.host}:{server.server_address[1]}"
     threading.Thread(target=server.serve_forever, daemon=True).start()
     threading.Thread(target=server.service.reap, args=(server.stop,), daemon=True).start()
@@ -395,7 +417,10 @@ def request(url: str, method: str, path: str, body: dict | None, timeout: float)
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         data = None if body is None else json.dumps(body).encode()
-        conn.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
+        headers = {"Content-Type": "application/json"} if data else {}
+        if token := os.environ.get(TOKEN_VAR):  # a server that requires one (module docstring)
+            headers["Authorization"] = f"Bearer {token}"
+        conn.request(method, path, body=data, headers=headers)
         resp = conn.getresponse()
         status, raw = resp.status, resp.read()
     except (OSError, http.client.HTTPException) as e:  # refused, reset, timed out, a half answer
@@ -418,6 +443,8 @@ def main(argv=None) -> None:
     server = start_server(args)
     try:
         if args.serve:
+            if args.host not in ("127.0.0.1", "localhost", "::1") and not server.token:
+                print(f"[minrl] WARNING: {args.host} without {TOKEN_VAR}: anyone who reaches the port runs commands")
             print(f"[minrl] env_service at {server.url} (envs: {sorted(ENVS)}); Ctrl-C stops it")
             server.stop.wait()
         for name in [] if args.serve else ENVS:  # shell: needs user namespaces (sandbox.check_available says why)

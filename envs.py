@@ -228,18 +228,15 @@ class ShellConfig(EnvConfig):
     max_turns: int = 2  # a second command after seeing the first one's output
     limits: sandbox.Limits = field(default_factory=sandbox.Limits)
     obs_chars: int = 96  # characters of a command's output the model sees (non-printable ones as ?)
-    max_workspace_bytes: int = 4 << 20  # past this after a command the episode ends with the penalty
     workspace_dir: str = ""  # where the workspaces go ("" = <tmp>/minrl-shell)
     slip: float = 0.0  # share of the scripted solver's first commands that are its habit instead (ShellEnv.expert)
 
     def __post_init__(self):
-        check_fields(self, {"[0.0, 1.0]": ("slip",), "[1, inf)": ("max_workspace_bytes",)}, ShellConfig)
+        check_fields(self, {"[0.0, 1.0]": ("slip",)}, ShellConfig)
 
     def capped(self, ceiling: float) -> None:  # env_service.ServiceArgs.limit_ceiling: what a client may ask
-        """A ValueError when the sandbox's limits or the workspace's size pass `ceiling` times the defaults."""
+        """A ValueError when the sandbox's limits (the workspace's size among them) pass `ceiling` x the defaults."""
         self.limits.capped(ceiling)
-        if self.max_workspace_bytes > ceiling * ShellConfig.max_workspace_bytes:
-            raise ValueError(f"max_workspace_bytes {self.max_workspace_bytes} over {ceiling}x the default")
 
 
 class ShellEnv(_EmbeddedEnv):
@@ -317,9 +314,6 @@ class ShellEnv(_EmbeddedEnv):
         right = r.exit_code == 0 and r.output.strip() == self.state[0]
         shown = "".join(c if c.isprintable() or c == "\n" else "?" for c in r.output[: self.cfg.obs_chars])
         info = {"success": right, "exit_code": r.exit_code, "timed_out": r.timed_out, "capped": r.capped}
-        if sandbox.workspace_bytes(self.workspace) > self.cfg.max_workspace_bytes:
-            self.turn = self.cfg.max_turns  # the episode ends here (truncated)
-            return "error: workspace full\n", self.cfg.penalty, False, {**info, "workspace_full": True}
         return shown + f"[exit {r.exit_code}]\n", float(right), right, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:

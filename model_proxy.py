@@ -77,7 +77,7 @@ class ProxyArgs:
     """`python model_proxy.py`: the proxy's address, batching and limits."""
 
     host: str = "127.0.0.1"
-    """Address to bind (127.0.0.1: this machine only; there is no authentication)."""
+    """Address to bind (127.0.0.1: this machine only; there is no authentication: bind wider on a trusted net only)."""
     port: int = 8200
     """Port to bind (0 = any free port)."""
     serve: bool = False

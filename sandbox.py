@@ -10,32 +10,40 @@ How a command runs (every step a plain util-linux tool, so a reader can replay i
 1. `setpriv --reuid=U --regid=U --clear-groups`: as root (developers, CI) the command drops to an unprivileged uid
    of its own, one per episode (`uid_for`), so RLIMIT_NPROC, which the kernel ignores for root, bounds its processes;
    run as a normal user, it keeps that user's uid (RLIMIT_NPROC then counts the user's other processes too).
-2. `prlimit`: RLIMIT_CPU (seconds of CPU), RLIMIT_AS (bytes of address space), RLIMIT_FSIZE (bytes per written
-   file), RLIMIT_NOFILE (open files), RLIMIT_NPROC (processes of that uid), inherited by everything it starts.
-3. `unshare --user --map-root-user --net --pid --fork --mount --kill-child`: new user, network, pid and mount
+2. `unshare --user --map-root-user --net --pid --fork --mount --kill-child`: new user, network, pid and mount
    namespaces. The network namespace has only a loopback interface that is down: no socket reaches any host
-   address (127.0.0.1 included). When the namespace's pid 1 (step 4's shell) exits or is killed, the kernel kills
+   address (127.0.0.1 included). When the namespace's pid 1 (step 3's shell) exits or is killed, the kernel kills
    everything the command started; --kill-child kills pid 1 when unshare dies.
-4. `SETUP` (a sh script inside the namespaces) builds a new root on a 1 MiB tmpfs: /usr bind-mounted read-only (and
+3. `SETUP` (a sh script inside the namespaces) builds a new root on a 1 MiB tmpfs: /usr bind-mounted read-only (and
    the /bin, /lib, /lib64, /sbin symlinks of a merged-/usr system), /dev/null, /dev/zero, /dev/urandom, a fresh
-   /proc of the pid namespace, an empty /etc, a private 16 MiB /tmp, and the workspace at /work (read-write). It
-   `pivot_root`s into it, detaches the old root, remounts / read-only, and `setpriv` drops every capability and sets
-   no_new_privs before it runs `sh -c COMMAND` in /work, as a child: the setup shell stays pid 1 (the kernel spares
-   a namespace's init the signals it has no handler for) and exits with the command's status, 128 + N for signal N.
-5. The caller reads stdout and stderr (merged) up to `output_cap` bytes and waits at most `wall_s` seconds; past
-   either it kills the process group (the namespace goes with it). The command never sees the caller's stdin. A
+   /proc of the pid namespace, an empty /etc, a private 16 MiB /tmp, and at /work a copy of the workspace on a tmpfs
+   of `workspace_bytes` and `workspace_files` inodes: a command that writes more gets "No space left on device"
+   while it runs (the host's disk never holds more than that per episode). It `pivot_root`s into the new root,
+   detaches the old one and remounts / read-only. The setup shell stays pid 1 (the kernel spares a namespace's init
+   the signals it has no handler for) and keeps the host's workspace mounted for step 5.
+4. The command runs as pid 1's child, in a mount namespace of its own where only the copy is left (the host's
+   workspace unmounted), under `prlimit`: RLIMIT_CPU (seconds of CPU), RLIMIT_AS (bytes of address space),
+   RLIMIT_FSIZE (bytes per written file), RLIMIT_NOFILE (open files), RLIMIT_NPROC (processes of that uid),
+   inherited by everything it starts (not by the setup's own copying). `setpriv` drops every capability and sets
+   no_new_privs before `sh -c COMMAND` runs in /work.
+5. When the command exits, pid 1 kills what it left running, copies /work back over the workspace (so files carry
+   over to the episode's next command) and exits with the command's status, 128 + N for signal N. The caller reads
+   stdout and stderr (merged) up to `output_cap` bytes and waits at most `wall_s` seconds (the copy back included);
+   past either it kills the process group (the namespace goes with it, and the command's changes to the workspace
+   with it: a killed command leaves the workspace as it found it). The command never sees the caller's stdin. A
    setup that failed (its output lacks the random line SETUP prints just before the command) raises SandboxError
-   with what the failing step printed: a broken sandbox never looks like a command's wrong answer.
+   with what the failing step printed: a broken sandbox never looks like a command's wrong answer. A copy back that
+   failed exits 70 (EX_SOFTWARE) if the command had succeeded.
 
-What it isolates: the host's files (only /usr, read-only, and the workspace are visible; /root, /home, /tmp and
-the project are not there); writes outside the workspace; the network; other processes (pid namespace); runaway
-CPU, memory, file size, open files, process count, wall time and output.
+What it isolates: the host's files (only /usr, read-only, and a copy of the workspace are visible; /root, /home,
+/tmp and the project are not there); writes outside the workspace; the network; other processes (pid namespace);
+runaway CPU, memory, file size, disk bytes and inodes, open files, process count, wall time and output.
 What it does NOT isolate (say so before you trust it with more): the kernel itself (a kernel exploit escapes; use a
 VM or gVisor for that); /usr is readable (any installed program can run); /proc shows host-wide kernel facts
-(cpuinfo, meminfo, uptime); disk use of the workspace is bounded per file (RLIMIT_FSIZE) and checked by the caller
-after each command (envs.ShellEnv), not by a quota; no cgroup bounds memory across its processes (RLIMIT_AS is per
-process, RLIMIT_NPROC bounds their number); timing side channels. Needs unprivileged user namespaces
-(`unshare -Ur true` must work); `check_available()` says why when it does not, and nothing runs unsandboxed.
+(cpuinfo, meminfo, uptime); the tmpfs pages of /work and /tmp are memory that no cgroup bounds, nor memory across
+its processes (RLIMIT_AS is per process, RLIMIT_NPROC bounds their number); timing side channels. Needs
+unprivileged user namespaces (`unshare -Ur true` must work); `check_available()` says why when it does not, and
+nothing runs unsandboxed.
 """
 
 from __future__ import annotations
@@ -56,26 +64,36 @@ from dataclasses import dataclass
 from cli import check_fields
 
 # Step 4 inside the namespaces: $1 = the (empty, host-side) directory the new root is mounted on, $2 = the workspace,
-# $3 = the command, $4 = a fresh random line, printed by the restricted shell just before it runs the command. `set -e`:
-# a failing step (setpriv's included) stops before it is printed, and run() raises SandboxError, never a wrong answer.
+# $3 = the command, $4 = a fresh random line, printed by the restricted shell just before it runs the command, $5 and
+# $6 = the bytes and inodes of the workspace's tmpfs, $7 = prlimit's options. `set -e`: a failing step (setpriv's
+# included) stops before the line is printed, and run() raises SandboxError, never a wrong answer. Then step 5.
 SETUP = r"""
 set -e
 R=$1 W=$2
 mount -t tmpfs -o size=1m,mode=755 tmpfs "$R"
 cd "$R"
-mkdir usr etc dev proc work tmp .old
+mkdir usr etc dev proc work tmp .old .host
 for d in bin lib lib64 sbin; do if [ -L /$d ]; then ln -s usr/$d $d; fi; done
 mount --rbind -o ro /usr usr
 touch dev/null dev/zero dev/urandom
 for f in null zero urandom; do mount --bind /dev/$f dev/$f; done
 mount -t proc proc proc
-mount --bind "$W" work
-mount -t tmpfs -o size=16m tmpfs tmp
+mount --bind "$W" .host
+mount -t tmpfs -o "size=$5,nr_inodes=$6" tmpfs work
+cp -a .host/. work/
+mount -t tmpfs -o size=16m,nr_inodes=4096 tmpfs tmp
 /usr/sbin/pivot_root . .old
 umount -l /.old
 mount -o remount,bind,ro /
 cd /work
-setpriv --inh-caps=-all --bounding-set=-all --no-new-privs sh -c 'echo "$0"; exec sh -c "$1"' "$4" "$3" </dev/null
+set +e
+unshare --mount sh -c 'umount -l /.host && exec "$@"' sh prlimit $7 -- \
+    setpriv --inh-caps=-all --bounding-set=-all --no-new-privs sh -c 'echo "$0"; exec sh -c "$1"' "$4" "$3" </dev/null
+code=$?
+kill -9 -1 2>/dev/null
+cd /
+find /.host -mindepth 1 -maxdepth 1 -exec rm -rf {} + && cp -a /work/. /.host/ || code=$((code ? code : 70))
+exit $code
 """
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "LANG": "C", "LC_ALL": "C"}
 SETUP_S = 30.0  # seconds the namespaces and the new root may take to stand (a loaded host); wall_s starts after
@@ -93,9 +111,12 @@ class Limits:
     open_files: int = 64  # RLIMIT_NOFILE
     processes: int = 32  # RLIMIT_NPROC of its uid (as root: the episode's own uid)
     output_cap: int = 4096  # bytes of stdout + stderr kept; past it the command is killed
+    workspace_bytes: int = 4 << 20  # the workspace's tmpfs while the command runs: bytes (in 4 KiB pages) ...
+    workspace_files: int = 4096  # ... and inodes (files, folders, links; the workspace's own folder is one)
 
     def __post_init__(self):
         rlimits = ("cpu_s", "memory_bytes", "file_bytes", "open_files", "processes", "output_cap")
+        rlimits += ("workspace_bytes", "workspace_files")
         check_fields(self, {"(0.0, inf)": ("wall_s",), "[1, inf)": rlimits})
 
     def capped(self, ceiling: float) -> Limits:
@@ -205,14 +226,6 @@ def remove_workspace(workspace: str) -> None:
                 raise RuntimeError(f"sandbox: could not remove {path}: {done.stderr.strip()}")
 
 
-def workspace_bytes(workspace: str) -> int:
-    """Apparent bytes of everything under the workspace (du, iterative; symlinks counted as links, never followed)."""
-    done = subprocess.run(["du", "-s", "-b", "-P", workspace], capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"sandbox: du of {workspace} failed: {done.stderr.strip()}")
-    return int(done.stdout.split()[0])
-
-
 def run(command: str, workspace: str, limits: Limits, uid: int | None = None) -> Result:
     """Run `command` with `sh -c` in `workspace` (seen as /work) under steps 1-5 of the module docstring."""
     root = workspace.rstrip("/") + ".root"
@@ -228,8 +241,9 @@ def run(command: str, workspace: str, limits: Limits, uid: int | None = None) ->
         "nproc": L.processes,
     }
     namespaces = ["--user", "--map-root-user", "--net", "--pid", "--fork", "--mount", "--kill-child"]
-    setup = [SETUP, "sandbox", root, os.path.abspath(workspace), command, ready.decode()[:-1]]  # SETUP's $0 .. $4
-    argv = ["prlimit", *(f"--{k}={v}" for k, v in rlimits.items()), "--", "unshare", *namespaces, "sh", "-c", *setup]
+    tmpfs = [str(L.workspace_bytes), str(L.workspace_files), " ".join(f"--{k}={v}" for k, v in rlimits.items())]
+    setup = [SETUP, "sandbox", root, os.path.abspath(workspace), command, ready.decode()[:-1], *tmpfs]  # $0 .. $7
+    argv = ["unshare", *namespaces, "sh", "-c", *setup]
     if uid is not None:  # step 1 by setpriv, not Popen(user=): Popen can then vfork (a fork of a process holding
         argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *argv]  # torch costs ~20 ms)
     t0 = time.monotonic()
@@ -375,6 +389,7 @@ def main() -> None:
         prepare_workspace(ws, uid)
         reach = ["echo hello > a.txt; cat a.txt; id -u", "cat /etc/passwd; ls /root /tmp", "touch /usr/x"]
         hogs = ["f(){ f|f & }; f", "while :; do :; done", "yes", "head -c 2000000 /dev/zero > big"]
+        hogs += ["for i in 1 2 3 4 5; do head -c 1000000 /dev/zero > $i; done", "seq 5000 | xargs touch"]  # disk
         for cmd in reach + hogs:
             r = run(cmd, ws, Limits(wall_s=1.0), uid)  # (the loop: wall_s before its 2 s of RLIMIT_CPU)
             flags = f"exit {r.exit_code:4} timed_out {r.timed_out!s:5} capped {r.capped!s:5}"

@@ -132,3 +132,18 @@ def test_loaders_name_the_file_of_no_rows_and_the_line_of_a_number_python_will_n
     )
     with pytest.raises(InputError, match=r"metrics.jsonl, line 2: a number Python will not read"):
         load_metrics(metrics)
+
+
+def test_a_server_with_a_token_refuses_requests_without_it(monkeypatch):
+    monkeypatch.setenv(env_service.TOKEN_VAR, "s3cret")
+    server = start_server(ServiceArgs(port=0))  # it takes the token at its start
+    try:
+        assert request(server.url, "GET", "/health", None, 30)["status"] == "ok"  # `request` sends it
+        monkeypatch.setenv(env_service.TOKEN_VAR, "wrong")
+        with pytest.raises(env_service.HTTPError, match="HTTP 401: this server requires a token"):
+            request(server.url, "POST", "/sessions", {"env": "guess"}, 30)
+        monkeypatch.delenv(env_service.TOKEN_VAR)
+        assert raw(server.url, "GET /health HTTP/1.1")[0] == 401
+        assert server.service.health()["sessions"] == 0
+    finally:
+        stop_server(server)

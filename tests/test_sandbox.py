@@ -7,6 +7,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -264,11 +265,41 @@ def test_the_byte_level_tokenizer_types_any_shell_command_and_the_experts_fit_th
         env.close()
 
 
-def test_a_deep_or_locked_tree_in_the_workspace_is_measured_and_removed(server):
+def test_a_deep_or_locked_tree_in_the_workspace_is_copied_back_and_removed(server):
     (obs, _, _, truncated, info), env = hostile(server, "mkdir -p $(printf 'd/%.0s' $(seq 1100)) && chmod 000 d",
                                                 wall_s=60)  # fmt: skip
-    # 1100 folders of 4 KiB: over max_workspace_bytes (4 MiB) by du's count, so the episode ends with the penalty;
-    # measuring and removing that tree on the host (du, chmod -R, rm -rf) hits no recursion limit
-    assert (obs, truncated, info.get("workspace_full")) == ("error: workspace full\n", True, True), obs
+    # 1100 nested folders: copied back to the host's workspace after the command, then removed with the episode
+    # (chmod -R, rm -rf: no recursion limit); the next command sees them (files carry over between commands)
+    assert (obs, truncated) == ("[exit 0]\n", False), obs
+    assert env.step("chmod 700 d && find d | wc -l")[0] == "1100\n[exit 0]\n"
     assert env.sid is None and server.service.health()["sessions"] == 0  # the episode's session closed with it
+    check_unharmed(server)
+
+
+def test_the_workspace_bounds_bytes_and_inodes_while_a_command_runs(server):
+    """3,000 files of 1 MB and 60,000 empty ones stop at the workspace's tmpfs (4 MiB, 4096 inodes) with "No space
+    left on device", inside the command; the host's copy never holds more; the episode goes on."""
+    env = RemoteEnv(server.url, "shell", limits={"wall_s": 60.0}, max_turns=3, obs_chars=2000)
+    env.reset(seed=0)
+    host = server.service.sessions[env.sid].env.workspace
+    big = "for i in $(seq 3000); do head -c 1000000 /dev/zero > f$i || break; done; ls f* | wc -l"
+    obs, *_ = env.step(big)
+    assert "No space left on device" in obs and obs.split("\n")[-3] in ("4", "5"), obs  # the 5th: cut short
+    assert sum(p.stat().st_size for p in Path(host).rglob("*")) <= 4 << 20  # the host's copy, after the command
+    many = "rm -f f*; i=0; while [ $i -lt 60000 ]; do true > e$i || break; i=$((i+1)); done; echo $i"
+    obs, _, _, truncated, _ = env.step(f"sh -c '{many}' 2>&1 | tail -2")
+    assert "No space left on device" in obs and not truncated, obs  # then how many it made
+    assert 4000 < int(obs.split("\n")[-3]) < 4096 and len(os.listdir(host)) < 4096, obs
+    env.close()
+    check_unharmed(server)
+
+
+def test_a_killed_command_leaves_the_workspace_as_it_found_it(server):
+    (obs, _, _, _, info), env = hostile(server, "echo new > new.txt; rm -rf ./*; sleep 60")  # killed at wall_s (3 s)
+    assert info["timed_out"], obs
+    obs = env.step("ls -A | wc -l; ls -A /.host | wc -l; echo x > /.host/x")[0]
+    lines = obs.split("\n")
+    assert lines[0] != "0" and "new.txt" not in obs and lines[1] == "0", obs  # the files as before; no host path
+    assert "Read-only file system" in obs, obs
+    env.close()
     check_unharmed(server)
