@@ -149,6 +149,13 @@ def resume_cfg(sft_path, ckpt, out, **overrides) -> trainer.Config:
     return trainer.Config(**{**kw, "resume": str(ckpt), **overrides})  # the 3-step run's checkpoint, one more step
 
 
+def test_resume_with_another_task_is_refused_at_load_before_a_warm_start_is_built(run, sft_path, tmp_path, monkeypatch):
+    ckpt = copy_ckpt(run, tmp_path)
+    monkeypatch.setattr(trainer, "sft_warm_start", lambda *a, **k: pytest.fail("a warm start was built first"))
+    with pytest.raises(ValueError, match=r"task: 'reverse' in the checkpoint, 'calc' now\. .*cannot change"):
+        resume_cfg(sft_path, ckpt, tmp_path / "out", task="calc", model=None)  # the embedded model: calc's warm start
+
+
 def test_resume_refuses_another_run_naming_each_field(run, sft_path, tmp_path):
     ckpt = copy_ckpt(run, tmp_path)
     for overrides, fields_named in [
