@@ -191,6 +191,12 @@ def sigterm_as_ctrl_c() -> None:
         signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
+def json_refusal(e: Exception) -> str:
+    """Why json.loads refused a text, in a few words: a JSONDecodeError's message and place, "nested too deep" (its C
+    decoder recursing), or int()'s "Exceeds the limit (4300 digits) ..." for a longer integer literal."""
+    return "nested too deep" if isinstance(e, RecursionError) else str(e).split(";")[0]
+
+
 def check_range(name: str, value, lo=None, hi=None, *, lo_open: bool = False, hi_open: bool = False) -> None:
     """Raise ValueError naming the field unless lo <= value <= hi (bounds optional, open if asked)."""
     bad = value is None or (isinstance(value, float) and not math.isfinite(value))

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cli import parse_config
+from cli import json_refusal, parse_config
 from rewards import REWARDS, RewardArgs, RewardSet, as_text, check_ground_truth
 from tasks import format_prompt, is_eval_problem, make_task, make_tokenizer
 
@@ -95,8 +95,7 @@ def _read_jsonl(p: Path) -> list[tuple[dict, str]]:
         except json.JSONDecodeError as e:
             raise ValueError(f"{p}:{i}: not valid JSON ({e.msg}): {line[:80]!r}") from None
         except (ValueError, RecursionError) as e:  # an integer of over 4300 digits; brackets nested ~100k deep
-            why = "nested too deep" if isinstance(e, RecursionError) else str(e).split(";")[0]
-            raise ValueError(f"{p}:{i}: JSON that Python will not read ({why}): {line[:80]!r}") from None
+            raise ValueError(f"{p}:{i}: JSON that Python will not read ({json_refusal(e)}): {line[:80]!r}") from None
         if not isinstance(row, dict):
             raise ValueError(f"{p}:{i}: expected a JSON object per line, got {line[:80]!r}")
         out.append((row, f"{p}:{i}"))

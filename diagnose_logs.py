@@ -24,6 +24,7 @@ import json
 import math
 from pathlib import Path
 
+from cli import json_refusal
 from runlog import format_table
 
 # (their name, our name), the first present wins (ours first). veRL: critic/rewards/mean = score - in-reward KL,
@@ -99,7 +100,7 @@ def _json(p: Path, text: str, where: str):
     except RecursionError:  # json's C decoder recurses: 100k nested brackets exhaust the stack
         raise InputError(f"{p}, {where}: JSON nested too deep to be a metrics row; expected flat objects") from None
     except ValueError as e:  # an integer of over 4300 digits (Python's int_max_str_digits)
-        raise InputError(f"{p}, {where}: a number Python will not read ({str(e).split(';')[0]})") from None
+        raise InputError(f"{p}, {where}: a number Python will not read ({json_refusal(e)})") from None
 
 
 def _entries(p: Path, f):

@@ -19,12 +19,14 @@ a body that stalled. 409: a step before reset or after the end. 410: closed by a
 / 413: no Content-Length / over max_body_bytes or max_action_chars. 501: an unknown method. 503: full.
 
 Who may reach it, and what a client may change. The server binds 127.0.0.1 unless told otherwise (--host): only this
-machine's processes reach it. A server others can reach should require a token: set MINRL_ENV_TOKEN to a shared
-secret in the server's environment and its clients' (`request` sends it); every request must then carry
-`Authorization: Bearer TOKEN` (401 otherwise). A client chooses an env, its split and its options: for the shell env,
-the sandbox's limits (sandbox.Limits: wall and CPU seconds, memory, the workspace's bytes and files, ...) up to
-limit_ceiling times their defaults, never where its workspace lies. It holds at most max_sessions sessions with the
-other clients, each closed after idle_timeout or session_timeout. Every command runs in sandbox.py's sandbox.
+machine's processes reach it. A server others can reach should require a token: set MINRL_ENV_TOKEN to a shared secret
+in the server's environment and its clients' (`request` sends it); every request must then carry `Authorization:
+Bearer TOKEN` (401 otherwise). Plain HTTP carries it unencrypted: a private network, or a tunnel. A client chooses an
+env, its split and its options: for the shell env, the sandbox's limits (sandbox.Limits: wall and CPU seconds, memory,
+the workspace's bytes and files, ...) up to limit_ceiling times their defaults, never where its workspace lies (at the
+default ceiling 16 and 256 sessions, the host may hold 256 x 64 MiB of workspaces). It holds at most max_sessions
+sessions with the other clients, each closed after idle_timeout or session_timeout. Every command runs in
+sandbox.py's sandbox.
 
 Why the standard library's ThreadingHTTPServer, not an ASGI stack: no dependency; a thread per request fits steps that
 wait (a sandboxed process, a sleep); async helps only async steps (64 sessions at once: bench/env_service_bench.py). A
@@ -64,7 +66,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import sandbox
-from cli import check_fields, parse_config, sigterm_as_ctrl_c
+from cli import check_fields, json_refusal, parse_config, sigterm_as_ctrl_c
 from envs import ENVS, make_env
 
 
@@ -331,8 +333,7 @@ class Handler(BaseHTTPRequestHandler):
         try:  # NaN and Infinity are not JSON: refused, so that no answer echoes one
             body = json.loads(raw or b"{}", parse_constant=not_json)
         except (ValueError, RecursionError) as e:  # also a number of over 4300 digits, brackets nested too deep
-            why = "nested too deep" if isinstance(e, RecursionError) else str(e).split(";")[0]
-            raise HTTPError(400, f"malformed JSON body: {why}") from None
+            raise HTTPError(400, f"malformed JSON body: {json_refusal(e)}") from None
         if not isinstance(body, dict):
             raise HTTPError(400, "the JSON body must be an object")
         return body
@@ -444,7 +445,8 @@ def main(argv=None) -> None:
     try:
         if args.serve:
             if args.host not in ("127.0.0.1", "localhost", "::1") and not server.token:
-                print(f"[minrl] WARNING: {args.host} without {TOKEN_VAR}: anyone who reaches the port runs commands")
+                warn = f"[minrl] WARNING: {args.host} without {TOKEN_VAR}: anyone who reaches the port runs commands"
+                print(warn, file=sys.stderr)
             print(f"[minrl] env_service at {server.url} (envs: {sorted(ENVS)}); Ctrl-C stops it")
             server.stop.wait()
         for name in [] if args.serve else ENVS:  # shell: needs user namespaces (sandbox.check_available says why)

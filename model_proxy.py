@@ -99,12 +99,14 @@ class ProxyArgs:
     max_sessions: int = 1024
     """Sessions held at most: a request that would open one more gets a 503 (after the idle ones are dropped)."""
     idle_timeout: float = 600.0
-    """Seconds without a request after which a session may be dropped (0 = never: --agent's trainer takes them)."""
+    """Seconds without a request before a session may be dropped (0 = never: --agent's; else >= request_timeout)."""
 
     def __post_init__(self):
         ints = ("max_batch", "max_tokens", "max_context", "max_body_bytes", "max_sessions")
         ranges = {"[0, 65535]": ("port",), "[1, inf)": ints, "[0.0, inf)": ("gather_ms", "idle_timeout")}
         check_fields(self, {**ranges, "(0.0, inf)": ("request_timeout",)})
+        if 0 < self.idle_timeout < self.request_timeout:  # a session waiting for its answer would look idle
+            raise ValueError(f"config field 'idle_timeout' = {self.idle_timeout}: 0 or >= request_timeout")
 
 
 def request_seed(seed: int, session: str, k: int) -> int:
@@ -147,7 +149,7 @@ class ModelProxy:
         self.template = getattr(tokenizer, "chat_template", None) or TEMPLATE
         self.seed = seed  # with the session and the request's index in it, the seed of a request's samples
         self.queue, self.batch_lock, self.lock = queue.Queue(), threading.Lock(), threading.Lock()
-        self.sessions = {}  # id -> {"records": [...], "reward": None | float}
+        self.sessions = {}  # id -> {"records": [...], "reward": None | float, "requests": n, "used": monotonic s}
         self.stop, self.threads = threading.Event(), []  # stop_proxy sets the one, joins the others
         if batch_thread:  # otherwise the owner generates on its own thread: serve_while (detail 1)
             self.threads.append(threading.Thread(target=self.batcher, daemon=True))

@@ -24,12 +24,18 @@ Implementation details (our choices)
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import inspect
 import multiprocessing
+import os
 import signal
 import sys
+import sysconfig
 import time
 import traceback
 from multiprocessing.connection import wait
+from pathlib import Path
 
 GRACE_S = 5.0  # past its timeout, how long the trainer waits for a call's answer before killing its worker
 START_TIMEOUT_S = 120  # a worker imports the main script (torch, transformers: ~10 s on 2 busy cores)
@@ -47,38 +53,71 @@ class Timeout(BaseException):
     """The per-call alarm (detail 2): not an Exception, so `except Exception: return 0.0` cannot swallow it."""
 
 
+LIBRARIES = tuple({os.path.join(sysconfig.get_paths()[k], "") for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+_alarm = {"at": None}  # where the last alarm struck: a call that swallowed its Timeout (a bare except) still timed out
+
+
 def on_alarm(signum, frame):
     """Raise Timeout naming the innermost line of the user's code it interrupts (not a library's line it called)."""
     stack = traceback.extract_stack(frame)
-    theirs = [f for f in stack if not f.filename.startswith((sys.prefix, sys.base_prefix))] or stack
-    raise Timeout(f"{theirs[-1].filename}:{theirs[-1].lineno} ({theirs[-1].line})")
+    theirs = [f for f in stack if not f.filename.startswith(LIBRARIES)] or stack
+    _alarm["at"] = f"{theirs[-1].filename}:{theirs[-1].lineno} ({theirs[-1].line})"
+    raise Timeout(_alarm["at"])
 
 
 def call(fn, args: tuple, kwargs: dict, timeout: float | None) -> tuple[str, object]:
     """One call of a user's function: ("ok", value) or ("error", why). With a timeout, under SIGALRM (in a worker: the
-    main thread of its process); an alarm between the return and the disarm counts as a timeout too."""
+    main thread of its process); an alarm between the return and the disarm counts as a timeout too, and so does one
+    the function caught (`except:` or `except BaseException:`) before it returned."""
+    _alarm["at"] = None
     try:
         if timeout is not None:
             signal.setitimer(signal.ITIMER_REAL, timeout)
         try:
-            return "ok", fn(*args, **kwargs)
+            value = fn(*args, **kwargs)
         finally:
             if timeout is not None:
                 signal.setitimer(signal.ITIMER_REAL, 0)
-    except Timeout as e:
-        return "error", f"timed out after {timeout} s (--reward-timeout), in {e}"
+    except Timeout:
+        pass
     except (Exception, SystemExit) as e:  # the line of the user's file that raised, or called sys.exit
         frame = traceback.extract_tb(e.__traceback__)[-1]
         what = f"called sys.exit({e.code!r})" if isinstance(e, SystemExit) else f"raised {e!r}"
         return "error", f"{what} at {frame.filename}:{frame.lineno} ({frame.line})"
+    if _alarm["at"] is not None:
+        return "error", f"timed out after {timeout} s (--reward-timeout), in {_alarm['at']}"
+    return "ok", value
 
 
-def serve(conn, specs: list[str], load) -> None:
-    """A worker's life: load each spec's function with `load` (rewards.load_reward_fn), then answer calls until the
-    pipe closes. A call arrives as (spec, args, kwargs, timeout) and is answered with call()'s pair."""
+def load_function(spec: str, default: str = "compute_score"):
+    """The function FN of FILE.py[:FN] (FN defaults to `default`), its file executed as a module of its own, as veRL's
+    custom_reward_function loads it. A file that calls sys.exit when imported is named, with its line."""
+    path, _, name = spec.partition(":")
+    name = name or default
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"--reward {spec!r}: file {path!r} does not exist")
+    module_spec = importlib.util.spec_from_file_location(f"reward_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except SystemExit as e:  # otherwise the trainer would just end, the file unnamed
+        at = traceback.extract_tb(e.__traceback__)[-1]
+        why = f"called sys.exit({e.code!r}) at line {at.lineno} ({at.line}) when imported"
+        raise RuntimeError(f"--reward {spec!r}: {path} {why}: a reward file may only define things at import") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        found = [k for k, v in vars(module).items() if inspect.isfunction(v) and v.__module__ == module.__name__]
+        raise AttributeError(f"--reward {spec!r}: {path} has no function {name!r} (functions there: {found})")
+    return fn
+
+
+def serve(conn, specs: list[str]) -> None:
+    """A worker's life: load each spec's function, then answer calls until the pipe closes. A call arrives as (spec,
+    args, kwargs, timeout) and is answered with call()'s pair. Its own session: a kill takes what it started too."""
+    os.setsid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # detail 4
     signal.signal(signal.SIGALRM, on_alarm)
-    fns = {spec: load(spec)[0] for spec in specs}
+    fns = {spec: load_function(spec) for spec in specs}
     conn.send(("ready", None))
     while True:
         try:
@@ -95,15 +134,16 @@ def serve(conn, specs: list[str], load) -> None:
 def death(code: int | None) -> str:
     """How a process ended, from its exit code (negative: the signal that killed it)."""
     if code is not None and code < 0:
-        return f"was killed by signal {signal.Signals(-code).name}" + (" (the OOM killer?)" if code == -9 else "")
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else f"{-code}"  # (a real-time one)
+        return f"was killed by signal {name}" + (" (the OOM killer?)" if code == -9 else "")
     return f"exited with code {code}"
 
 
 class Workers:
-    """`n` worker processes for the functions of `specs` (loaded by `load`); `run` a batch of calls on them."""
+    """`n` worker processes for the functions of `specs` (FILE.py[:FN]); `run` a batch of calls on them."""
 
-    def __init__(self, specs: list[str], n: int, timeout: float, load):
-        self.specs, self.timeout, self.load = specs, timeout, load
+    def __init__(self, specs: list[str], n: int, timeout: float):
+        self.specs, self.timeout = specs, timeout
         self.ctx = multiprocessing.get_context("forkserver")
         self.procs = [None] * n  # (process, the trainer's end of its pipe), None: to be (re)started
         self.start_missing()
@@ -118,7 +158,7 @@ class Workers:
                 self.kill(k)
             if self.procs[k] is None:
                 here, there = self.ctx.Pipe()
-                proc = self.ctx.Process(target=serve, args=(there, self.specs, self.load), daemon=True)
+                proc = self.ctx.Process(target=serve, args=(there, self.specs), daemon=True)
                 proc.start()
                 there.close()
                 self.procs[k], new = (proc, here), [*new, k]
@@ -157,11 +197,13 @@ class Workers:
                 for ready in wait([*pipes, *ends], timeout=max(0.0, first - time.monotonic())):
                     if (k := pipes.get(ready, ends.get(ready))) not in busy:
                         continue  # its answer and its end were both ready: answered
-                    i = busy.pop(k)[0]
-                    try:
-                        status, value = self.procs[k][1].recv()
+                    i, pipe = busy.pop(k)[0], self.procs[k][1]
+                    try:  # (an ended worker with nothing sent: lost, even if a child of it holds the pipe open)
+                        status, value = pipe.recv() if pipe.poll(0) else (None, None)
                     except (EOFError, OSError):  # ended without an answer
-                        raise self.lost(k, i) from None
+                        status = None
+                    if status is None:
+                        raise self.lost(k, i)
                     if status == "error":
                         raise CallFailed(i, value)
                     results[i] = value
@@ -186,10 +228,13 @@ class Workers:
         return CallFailed(i, f"lost its worker process, which {death(proc.exitcode)}")
 
     def kill(self, k: int) -> None:
+        """Kill worker k and what it started (its session's process group)."""
         if self.procs[k] is not None:
             proc, conn = self.procs[k]
-            proc.kill()
-            proc.join()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.kill()  # (if it died before its setsid)
+            proc.join(5)
             conn.close()
             self.procs[k] = None
 
@@ -202,9 +247,6 @@ class Workers:
 def main() -> None:
     """Two workers run a batch that succeeds, then one batch per way a reward function can fail."""
     import tempfile
-    from pathlib import Path
-
-    from rewards import load_reward_fn
 
     source = """import os, sys, time
 def ok(solution_str): return float(len(solution_str))
@@ -217,7 +259,7 @@ def dies(solution_str): os.kill(os.getpid(), 9)
         path = Path(tmp, "rewards_demo.py")
         path.write_text(source)
         specs = [f"{path}:{fn}" for fn in ("ok", "raises", "hangs", "exits", "dies")]
-        workers = Workers(specs, n=2, timeout=2.0, load=load_reward_fn)
+        workers = Workers(specs, n=2, timeout=2.0)
         try:
             print("ok:", workers.run([(specs[0], (), {"solution_str": "x" * n}) for n in range(6)]))
             for spec in specs[1:]:

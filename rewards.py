@@ -37,18 +37,16 @@ Implementation details (our choices)
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import inspect
 import math
 import re
 import time
-import traceback
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
 from cli import check_fields
-from reward_workers import CallFailed, Workers, call
+from reward_workers import CallFailed, Workers, call, load_function
 
 # ----------------------------------------------------------------------------------------------
 # The knobs; the trainer's Config inherits them
@@ -170,22 +168,7 @@ def check_ground_truth(reward: str, ground_truth, where: str) -> None:
 
 def load_reward_fn(spec: str):
     """(function, style "verl" | "trl") of FILE.py[:FN]; the style from its parameters (module docstring, 2)."""
-    path, _, name = spec.partition(":")
-    name = name or "compute_score"
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"--reward {spec!r}: file {path!r} does not exist")
-    module_spec = importlib.util.spec_from_file_location(f"reward_{Path(path).stem}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    try:
-        module_spec.loader.exec_module(module)  # the user's own file, as veRL's custom_reward_function loads it
-    except SystemExit as e:  # otherwise the trainer would just end, the file unnamed
-        at = traceback.extract_tb(e.__traceback__)[-1]
-        why = f"called sys.exit({e.code!r}) at line {at.lineno} ({at.line}) when imported"
-        raise RuntimeError(f"--reward {spec!r}: {path} {why}: a reward file may only define things at import") from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        found = [k for k, v in vars(module).items() if inspect.isfunction(v) and v.__module__ == module.__name__]
-        raise AttributeError(f"--reward {spec!r}: {path} has no function {name!r} (functions there: {found})")
+    fn, name = load_function(spec), spec.partition(":")[2] or "compute_score"
     params = inspect.signature(fn).parameters
     if "solution_str" in params:
         return fn, "verl"
@@ -313,7 +296,7 @@ class RewardSet:
             )
         self.workers = None  # detail 1: the user's functions run in these processes
         if self.fns and args.reward_workers > 0:
-            self.workers = Workers(list(self.fns), args.reward_workers, args.reward_timeout, load_reward_fn)
+            self.workers = Workers(list(self.fns), args.reward_workers, args.reward_timeout)
 
     def _run(self, jobs: list[tuple], rows: list[dict], texts: list[str]) -> list:
         """Each call's value, in order: on the workers, or here without a timeout. The first failure stops the run,

@@ -63,10 +63,11 @@ from dataclasses import dataclass
 
 from cli import check_fields
 
-# Step 4 inside the namespaces: $1 = the (empty, host-side) directory the new root is mounted on, $2 = the workspace,
-# $3 = the command, $4 = a fresh random line, printed by the restricted shell just before it runs the command, $5 and
-# $6 = the bytes and inodes of the workspace's tmpfs, $7 = prlimit's options. `set -e`: a failing step (setpriv's
-# included) stops before the line is printed, and run() raises SandboxError, never a wrong answer. Then step 5.
+# Steps 3-5 inside the namespaces: $1 = the (empty, host-side) directory the new root is mounted on, $2 = the
+# workspace, $3 = the command, $4 = a fresh random line, printed by the restricted shell just before it runs the
+# command, $5 and $6 = the bytes and inodes of the workspace's tmpfs, $7 = prlimit's options. `set -e`: a failing step
+# (setpriv's included) stops before the line is printed, and run() raises SandboxError, never a wrong answer. Its
+# stdin is the pipe of its report to run() (the command's is /dev/null): the command's status, then "copied".
 SETUP = r"""
 set -e
 R=$1 W=$2
@@ -79,7 +80,7 @@ touch dev/null dev/zero dev/urandom
 for f in null zero urandom; do mount --bind /dev/$f dev/$f; done
 mount -t proc proc proc
 mount --bind "$W" .host
-mount -t tmpfs -o "size=$5,nr_inodes=$6" tmpfs work
+mount -t tmpfs -o "size=$5,nr_inodes=$6,mode=700" tmpfs work
 cp -a .host/. work/
 mount -t tmpfs -o size=16m,nr_inodes=4096 tmpfs tmp
 /usr/sbin/pivot_root . .old
@@ -90,9 +91,11 @@ set +e
 unshare --mount sh -c 'umount -l /.host && exec "$@"' sh prlimit $7 -- \
     setpriv --inh-caps=-all --bounding-set=-all --no-new-privs sh -c 'echo "$0"; exec sh -c "$1"' "$4" "$3" </dev/null
 code=$?
+echo "$code" >&0
 kill -9 -1 2>/dev/null
 cd /
-find /.host -mindepth 1 -maxdepth 1 -exec rm -rf {} + && cp -a /work/. /.host/ || code=$((code ? code : 70))
+{ find /.host -mindepth 1 -maxdepth 1 -exec rm -rf {} + && cp -a /work/. /.host/ && chmod -R go-w /.host; } >&0 2>&0
+echo copied >&0
 exit $code
 """
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "LANG": "C", "LC_ALL": "C"}
@@ -247,35 +250,58 @@ def run(command: str, workspace: str, limits: Limits, uid: int | None = None) ->
     if uid is not None:  # step 1 by setpriv, not Popen(user=): Popen can then vfork (a fork of a process holding
         argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *argv]  # torch costs ~20 ms)
     t0 = time.monotonic()
-    pipes = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
-    p = subprocess.Popen(argv, **pipes, env=ENV, start_new_session=True, cwd="/")
-    out, timed_out, capped, fd, started = bytearray(), False, False, p.stdout.fileno(), None
-    poll = select.poll()  # not select(): a server holding many sockets has fds past its 1024 limit
-    poll.register(fd, select.POLLIN)
+    report_r, report_w = os.pipe()  # SETUP's report (its stdin: the command never holds it)
     try:
-        while True:
-            started = started or (time.monotonic() if out.startswith(ready) else None)  # wall_s counts from here
-            left = (started + L.wall_s if started else t0 + SETUP_S) - time.monotonic()
-            if left <= 0:
-                timed_out = True
+        pipes = {"stdin": report_w, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
+        p = subprocess.Popen(argv, **pipes, env=ENV, start_new_session=True, cwd="/")
+    finally:
+        os.close(report_w)
+    out, report, timed_out, capped, started, ended = bytearray(), bytearray(), False, False, None, None
+    poll, live = select.poll(), {p.stdout.fileno(), report_r}  # live: not at their end yet
+    for f in live:  # (poll, not select(): a server holding many sockets has fds past select's 1024)
+        poll.register(f, select.POLLIN)
+    try:
+        while p.stdout.fileno() in live:  # until the end of the output: pid 1 has exited
+            now = time.monotonic()
+            started = started or (now if out.startswith(ready) else None)  # wall_s counts from here to the
+            ended = ended or (now if b"\n" in report else None)  # command's end; then SETUP_S for the copy back
+            deadline = ended + SETUP_S if ended else started + L.wall_s if started else t0 + SETUP_S
+            events = poll.poll(max(0.0, deadline - now) * 1000)
+            if not events and time.monotonic() >= deadline:
+                timed_out = not ended
                 break
-            if not poll.poll(left * 1000):
-                continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            out += chunk
-            if len(out) > L.output_cap + len(ready):
+            for f, _ in events:
+                chunk = os.read(f, 65536)
+                (out if f == p.stdout.fileno() else report).extend(chunk)
+                if not chunk:
+                    poll.unregister(f)
+                    live.discard(f)
+            if not ended and b"\n" not in report and len(out) > L.output_cap + len(ready):
                 capped = True
                 break
     finally:  # the command's group dies here in every case (exited already: nothing left to kill)
         with_group_killed(p)
+        report += read_to_end(report_r)
     if not out.startswith(ready):  # the setup failed, or did not finish, before the command started
         why = f"did not finish in {SETUP_S} s" if timed_out else f"failed (exit {p.returncode})"
         raise SandboxError(f"sandbox setup {why}: {out.decode('utf-8', 'replace')[:2000]!r}")
     out = out[len(ready) : len(ready) + L.output_cap]
-    code = -9 if timed_out or capped else p.returncode
+    if timed_out or capped:  # killed before it ended: nothing was copied back
+        return Result(out.decode("utf-8", "replace"), -9, timed_out, capped, time.monotonic() - t0)
+    if not report.endswith(b"copied\n") or report.count(b"\n") != 2:  # it ended; its files did not all come back
+        why = f"over {SETUP_S} s" if ended and time.monotonic() - ended >= SETUP_S else "failed"
+        raise SandboxError(f"sandbox: copying the workspace back {why}: {report.decode('utf-8', 'replace')[:2000]!r}")
+    code = int(report.split(b"\n")[0])
     return Result(out.decode("utf-8", "replace"), code, timed_out, capped, time.monotonic() - t0)
+
+
+def read_to_end(fd: int) -> bytes:
+    """What is left in a pipe once every writer is gone, and the pipe closed."""
+    data = bytearray()
+    while chunk := os.read(fd, 65536):
+        data += chunk
+    os.close(fd)
+    return bytes(data)
 
 
 class SandboxError(RuntimeError):

@@ -519,7 +519,7 @@ def test_the_mains_of_agent_pool_and_openai_api_run():
 def test_sessions_are_capped_idle_ones_dropped_and_a_refused_request_opens_none():
     """--serve holds at most max_sessions (one more: 503, OpenAI's server_error), drops those idle for idle_timeout
     when a new one comes, and a request refused for its length leaves no session behind."""
-    proxy, server = make_proxy(max_tokens=2, max_context=64, max_sessions=2, idle_timeout=1.0)
+    proxy, server = make_proxy(max_tokens=2, max_context=64, max_sessions=2, idle_timeout=600.0)
 
     def chat(user: str, text: str = "1"):
         body = {"messages": [{"role": "user", "content": text}], "user": user}
@@ -530,8 +530,11 @@ def test_sessions_are_capped_idle_ones_dropped_and_a_refused_request_opens_none(
         assert chat("a")[0] == 200 and chat("b")[0] == 200 and chat("a")[0] == 200  # "a" again: no new session
         status, payload = chat("c")
         assert status == 503 and "2 sessions are held (max_sessions)" in payload["error"]["message"], payload
-        time.sleep(1.2)  # a and b idle past idle_timeout: the next new session drops them
+        for s in proxy.sessions.values():  # a and b, as if their last request were 601 s ago
+            s["used"] -= 601.0
         assert chat("c")[0] == 200 and sorted(proxy.sessions) == ["c"]
     finally:
         mp.stop_proxy(server)
     assert not any(t.is_alive() for t in proxy.threads)  # stop_proxy returns once its batcher has left
+    with pytest.raises(ValueError, match="'idle_timeout' = 60.0: 0 or >= request_timeout"):
+        mp.ProxyArgs(idle_timeout=60.0, request_timeout=120.0)

@@ -4,6 +4,7 @@ server alive, the next episode unaffected; and the shell task family (splits, th
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -301,5 +302,23 @@ def test_a_killed_command_leaves_the_workspace_as_it_found_it(server):
     lines = obs.split("\n")
     assert lines[0] != "0" and "new.txt" not in obs and lines[1] == "0", obs  # the files as before; no host path
     assert "Read-only file system" in obs, obs
+    env.close()
+    check_unharmed(server)
+
+
+def test_the_copy_back_keeps_links_as_links_and_the_host_folder_private(server):
+    """What the command leaves is copied to the host as it is (a symlink stays a link, never followed; a FIFO stays
+    a FIFO), the host's folder is not opened to others by a chmod of the copy, and the host's workspace is out of
+    the command's reach through pid 1's /proc entries."""
+    env = RemoteEnv(server.url, "shell", max_turns=3, obs_chars=2000)
+    env.reset(seed=0)
+    host = Path(server.service.sessions[env.sid].env.workspace)
+    cmd = "ln -s /etc/passwd link; ln -s .. up; mkfifo fifo; chmod 777 .; ls /proc/1/root/.host /proc/1/cwd; echo ok"
+    obs = env.step(cmd + " 2>&1")[0]
+    assert obs.count("Permission denied") == 2 and obs.endswith("ok\n[exit 0]\n"), obs
+    assert os.readlink(host / "link") == "/etc/passwd" and os.readlink(host / "up") == ".."
+    assert stat.S_ISFIFO((host / "fifo").lstat().st_mode) and not host.stat().st_mode & 0o022
+    obs = env.step("cat link up/x 2>&1 | wc -l; ls -F")[0]
+    assert obs.startswith("2\n") and "fifo|\nlink@\n" in obs, obs  # two errors: nothing of the host's was read
     env.close()
     check_unharmed(server)
