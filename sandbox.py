@@ -81,7 +81,7 @@ for f in null zero urandom; do mount --bind /dev/$f dev/$f; done
 mount -t proc proc proc
 mount --bind "$W" .host
 mount -t tmpfs -o "size=$5,nr_inodes=$6,mode=700" tmpfs work
-cp -a .host/. work/
+cp -dR --preserve=mode,timestamps,links .host/. work/
 mount -t tmpfs -o size=16m,nr_inodes=4096 tmpfs tmp
 /usr/sbin/pivot_root . .old
 umount -l /.old
@@ -94,7 +94,7 @@ code=$?
 echo "$code" >&0
 kill -9 -1 2>/dev/null
 cd /
-{ find /.host -mindepth 1 -maxdepth 1 -exec rm -rf {} + && cp -a /work/. /.host/ && chmod -R go-w /.host; } >&0 2>&0
+{ find /.host -mindepth 1 -maxdepth 1 -exec rm -rf {} + && cp -dR --preserve=mode,timestamps,links /work/. /.host/ && chmod -R go-w /.host; } >&0 2>&0
 echo copied >&0
 exit $code
 """
