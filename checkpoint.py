@@ -342,7 +342,8 @@ def check_resume(ckpt: str, cfg, fingerprint: dict | None = None) -> int:
     """Refuse to resume `ckpt` into the run of `fingerprint` (of `cfg`) where they differ, naming each field
     (cfg.resume_allow: the config fields and "world_size" that may change, printed), or where the checkpoint is at
     cfg.steps already. A field newer than the checkpoint counts as its default there. Returns the step. Without a
-    fingerprint: the config alone, quietly (first, before a warm start for another --task costs a minute)."""
+    fingerprint: the config fields that can never change alone, quietly (first, before a warm start for another
+    --task costs a minute)."""
     marker = json.loads((Path(ckpt) / MARKER).read_text())
     saved, now = marker["fingerprint"], fingerprint or {"config": json.loads(json.dumps(asdict(cfg)))}
     defaults = {f.name: f.default if f.default_factory is MISSING else f.default_factory() for f in fields(cfg)}
@@ -366,7 +367,7 @@ def check_resume(ckpt: str, cfg, fingerprint: dict | None = None) -> int:
         raise ValueError(f"--resume {ckpt}: the checkpoint is of another run: {show(refused)}.{hint}")
     if diffs and fingerprint:
         print(f"[minrl] resume: {show(diffs)} (--resume-allow): the run continues with the new values", flush=True)
-    if marker["step"] >= cfg.steps:
+    if marker["step"] >= cfg.steps and fingerprint:  # (after the whole fingerprint's check: it names more)
         raise ValueError(f"--resume {ckpt}: the run is finished (checkpoint at step {marker['step']}, --steps "
                          f"{cfg.steps}); to train further raise --steps and add --resume-allow steps")  # fmt: skip
     return marker["step"]
