@@ -96,8 +96,9 @@ def test_env_client_main_plays_each_environment_through_remote_envs(capsys):
 
 def test_sandbox_main_contains_each_hostile_command(capsys):
     lines = main_output(capsys, sandbox).splitlines()
-    assert len(lines) == 7 and "'hello\\n" in lines[0] and "No such file" in lines[1], lines
+    assert len(lines) == 9 and "'hello\\n" in lines[0] and "No such file" in lines[1], lines
     assert "Read-only" in lines[2] and "timed_out True" in lines[4] and "capped True" in lines[5], lines
+    assert all("No space left on device" in line for line in lines[7:]), lines  # the workspace's bytes, its inodes
 
 
 def test_warm_start_main_loads_the_cached_warm_start(sft_path, capsys):
