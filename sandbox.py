@@ -94,7 +94,8 @@ code=$?
 echo "$code" >&0
 kill -9 -1 2>/dev/null
 cd /
-{ find /.host -mindepth 1 -maxdepth 1 -exec rm -rf {} + && cp -dR --preserve=mode,timestamps,links /work/. /.host/ && chmod -R go-w /.host; } >&0 2>&0
+{ find /.host -mindepth 1 -maxdepth 1 -exec rm -rf {} + && cp -dR --preserve=mode,timestamps,links /work/. /.host/ &&
+  chmod -R go-w /.host; } >&0 2>&0
 echo copied >&0
 exit $code
 """
