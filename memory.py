@@ -300,6 +300,12 @@ def trainer_estimate(cfg, n_local: int, world: int) -> dict[str, float]:
     return estimate(policy, critics, cfg, **sizes, **layout)
 
 
+def forward_rows(input_ids, rows: int, tokens: int) -> int:
+    """Rows per forward of a no-grad pass: a planned micro-batch whole under a token budget (micro_batch_tokens: one
+    forward each, as in the update, so every rank runs as many: under FSDP2 each is a collective), else `rows`."""
+    return input_ids.shape[0] if tokens else rows
+
+
 def by_micro_batches(fn, input_ids, attention_mask, response_len: int, *, rows: int, tokens: int, response_mask=None):
     """A no-grad pass under a token budget: fn(ids [b, T'], mask [b, T'], r) -> [..., b, r] on each micro-batch of
     the plan (micro_batches, cut columns), scattered back into [..., B, R] (0 in the cut, all-padding, columns);

@@ -320,15 +320,16 @@ def rollout_env(
     top_p: float = 1.0,
     top_k: int = 0,
     generator=None,
+    sample=generate,
 ) -> tuple[Rollout, list[dict]]:
     """Run one episode per env to its end, all in lockstep turns. A single-turn task is one turn (TaskEnv).
 
-    Turn k: each live episode's context (first observation + every earlier turn, as ids) is left-padded and sampled
-    with `generate` (KV cache within a turn; the context is re-encoded each turn). The action's sampled ids, up to and
-    including its stop token, join the sequence with mask 1 and their behaviour logprobs; its decoded text goes to
-    env.step; the observation is tokenised once and joins with mask 0. The turn's reward sits at its last action
-    token (`token_scores`). An episode ends when the env says terminated or truncated, after max_turns actions, or
-    when its next turn would not fit max_context. Every env is closed at the end, whatever happened.
+    Turn k: each live episode's context (first observation + every earlier turn, as ids) is left-padded and sampled by
+    `sample` (`generate`, or an engine's with its signature; the context is re-encoded each turn). The action's sampled
+    ids, up to and including its stop token, join the sequence with mask 1 and their behaviour logprobs; its decoded
+    text goes to env.step; the observation is tokenised once and joins with mask 0. The turn's reward sits at its last
+    action token (`token_scores`). An episode ends when the env says terminated or truncated, after max_turns actions,
+    or when its next turn would not fit max_context. Every env is closed at the end, whatever happened.
 
     envs: B objects with GEM's reset(seed) / step(action); seeds: B seeds (GRPO groups share one). max_new_tokens
     bounds each action; generator None = greedy (the sampling settings are then unused). Returns the Rollout
@@ -363,7 +364,7 @@ def rollout_env(
                 break
             ctx_ids, ctx_mask = left_pad([prompts[i] + tracks[i]["ids"] for i in live], tokenizer.pad_token_id)
             t_gen = time.perf_counter()
-            samples = generate(model, ctx_ids.to(dev), ctx_mask.to(dev), max_new_tokens=max(budget.values()), **gen_kw)
+            samples = sample(model, ctx_ids.to(dev), ctx_mask.to(dev), max_new_tokens=max(budget.values()), **gen_kw)
             r_ids, r_mask = samples.response_ids.cpu(), samples.response_mask.cpu()  # [b, r] each
             r_logp = samples.rollout_logprobs.cpu()  # [b, r]
             t_gen = time.perf_counter() - t_gen  # this turn's batched generation

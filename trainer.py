@@ -69,6 +69,7 @@ import ppo_math
 import repro
 import rollout
 import tasks
+import vllm_engine
 from attention_credit import CreditArgs, credit_weights
 from checkpoint import RunArgs, check_resume, resume_checkpoint, run_fingerprint, save_checkpoint, save_policy
 from checks import sequences_per_rank
@@ -198,10 +199,18 @@ def sample_here(
     n, G = n_local // cfg.group_size, cfg.group_size
     envs, seeds = zip(*sample_episodes(task, cfg.task, "train", n, rng, G, cfg.env_latency, make_env))
     group_ids = torch.arange(n_local, device=gen.device) // G + rank * n_local  # [B]
-    rollout.sync_weights(engine, policy)  # --rollout-dtype bfloat16: the trained weights, rounded
+    model, sample = vllm_engine.before_rollout(engine, policy, step)  # the policy's weights into the engine
     with autocast(), common.gathered(policy):  # FSDP2: whole weights, ranks' forwards may differ in number
-        samples, episodes = rollout.rollout_env(engine, tokenizer, envs, seeds, eos_ids, **sampling, generator=gen)
+        samples, episodes = rollout.rollout_env(model, tokenizer, envs, seeds, eos_ids, **sampling, generator=gen,
+                                                sample=sample)  # fmt: skip
     return samples, episodes, group_ids, {}
+
+
+def release(task, engine) -> None:
+    """The end of a run: what it started outside its loop stops (--data's reward workers, a vLLM engine)."""
+    if isinstance(task, DataTask):
+        task.close()
+    vllm_engine.release(engine)
 
 
 def episode_rewards(cfg: Config, samples):
@@ -421,7 +430,7 @@ def anchor_logprobs(cfg: Config, anchor, ref, input_ids, attention_mask, respons
         per micro-batch, so every rank runs as many: under FSDP2 each is a collective)."""
 
         def logprobs(ids, mask, r):
-            return trainer_logprobs(cfg, model, ids, mask, r, micro_batch=forward_rows(ids, **plan))[0]
+            return trainer_logprobs(cfg, model, ids, mask, r, micro_batch=memory.forward_rows(ids, **plan))[0]
 
         return memory.by_micro_batches(logprobs, input_ids, attention_mask, R, **plan, response_mask=response_mask)
 
@@ -441,15 +450,9 @@ def anchor_logprobs(cfg: Config, anchor, ref, input_ids, attention_mask, respons
 def critic_values(cfg: Config, critics: Critics, input_ids, attention_mask, response_mask):
     """[M, B, R] every critic's values, no gradient, micro-batched as the update is (micro_batch_tokens too)."""
     plan = {"rows": cfg.micro_batch, "tokens": cfg.micro_batch_tokens}
-    values = lambda ids, mask, r: critics.values(ids, mask, r, forward_rows(ids, **plan))  # noqa: E731
+    values = lambda ids, mask, r: critics.values(ids, mask, r, memory.forward_rows(ids, **plan))  # noqa: E731
     R = response_mask.shape[1]
     return memory.by_micro_batches(values, input_ids, attention_mask, R, **plan, response_mask=response_mask)
-
-
-def forward_rows(input_ids, rows: int, tokens: int) -> int:
-    """Rows per forward of a no-grad pass: a planned micro-batch whole under a token budget (micro_batch_tokens: one
-    forward each, as in the update, so every rank runs as many: under FSDP2 each is a collective), else `rows`."""
-    return input_ids.shape[0] if tokens else rows
 
 
 def needs_reference(cfg: Config, step: int) -> bool:
@@ -591,7 +594,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
                 history["eval"].append((0, evaluate(policy, tokenizer, eval_sets[0], eos_ids, rank, world, **sampling)))
             if rank == 0:
                 print(f"[minrl] eval/acc before training: {history['eval'][0][1]:.3f}")
-        local = dict(engine=rollout.inference_copy(policy, cfg.rollout_dtype), tokenizer=tokenizer, task=task)
+        local = dict(engine=vllm_engine.sampling_engine(cfg, policy, model), tokenizer=tokenizer, task=task)
         local.update(eos_ids=eos_ids, make_env=make_env, rng=rng, gen=sample_gen, autocast=autocast, rank=rank)
         sampler = sampler or partial(sample_here, cfg, **local, n_local=n_local, sampling=sampling)  # None: here
         for step in range(start, cfg.steps):
@@ -668,8 +671,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
                 save_checkpoint(ckpt, rank, fingerprint, state, policy, tokenizer, opt, critics, rng, gens)
         result = {**metrics, "eval_history": history["eval"]}
         logger.close()  # W&B's offline run folder complete
-        if isinstance(task, DataTask):  # the reward workers stop
-            task.close()
+        release(task, local["engine"])  # the reward workers, a vLLM engine stop
         if cfg.save_final:  # the policy as a save_pretrained folder (every rank: FSDP2 gathers it), LoRA's adapters
             save_policy(policy, tokenizer, out_dir / "policy", rank, asdict(cfg), cfg.lora_merge)
         if rank == 0:  # result.json, curves.png

@@ -546,3 +546,13 @@ def test_bad_reward_name(tmp_path):
     assert "'reward'" in msg and "'fuzzy'" in msg and "math_exact" in msg and "FILE.py[:FN]" in msg, msg
     with pytest.raises(ValueError, match=r"'reward' = 'fuzzy'"):
         trainer.Config(data=path, reward="fuzzy")
+
+
+def test_the_vllm_engine_says_what_to_install_and_refuses_a_second_weight_copy(monkeypatch):
+    import vllm_engine
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as in the project's own venv: vLLM has one of its own
+    with pytest.raises(ImportError, match=r"--rollout-engine vllm needs vLLM: pip install -r requirements-vllm.txt"):
+        vllm_engine.Engine("/nowhere")
+    with pytest.raises(ValueError, match="'rollout_dtype' = 'bfloat16' with --rollout-engine vllm"):
+        trainer.Config(rollout_engine="vllm", rollout_dtype="bfloat16")

@@ -137,16 +137,21 @@ def test_common_main_under_torchrun_reduces_over_two_ranks():
 
 def test_ci_installs_with_the_readme_install_command_and_runs_its_test_command():
     """One install command, the README's, for everything the tests need: CI (.ci/run) installs exactly the
-    README's requirement files, every requirements*.txt of the repository among them, and runs its test command."""
+    README's requirement files, every requirements*.txt of the repository among them but the vLLM venv's, and runs
+    its test command; then the vLLM venv (scripts/install_vllm.sh, from requirements-vllm.txt) runs tests_vllm."""
     import re
 
     readme, ci = (ROOT / "README.md").read_text(), (ROOT / ".ci" / "run").read_text()
     install = next(line for line in readme.splitlines() if line.startswith("pip install"))
     ci_install = next(line for line in ci.splitlines() if "pip install" in line and not line.startswith("#"))
-    files = set(re.findall(r"-r (\S+)", install))
-    assert files == set(re.findall(r"-r (\S+)", ci_install)) == {p.name for p in ROOT.glob("requirements*.txt")}
+    files, vllm = set(re.findall(r"-r (\S+)", install)), "requirements-vllm.txt"
+    every = {p.name for p in ROOT.glob("requirements*.txt")}
+    assert files == set(re.findall(r"-r (\S+)", ci_install)) == every - {vllm}
     test_cmd = next(line for line in readme.splitlines() if "-m pytest" in line).split("#")[0].strip()
-    assert test_cmd in ci.splitlines()
+    lines = ci.splitlines()
+    assert test_cmd in lines and f"-r {vllm}" in (ROOT / "scripts" / "install_vllm.sh").read_text()
+    venv = next(line.split()[-1] for line in lines if line.startswith("bash scripts/install_vllm.sh"))
+    assert lines.index(test_cmd) < lines.index(f"OMP_NUM_THREADS=2 {venv}/bin/python -m pytest -q tests_vllm")
 
 
 def test_curves_plot_the_eval_history_from_step_0(tmp_path, monkeypatch):

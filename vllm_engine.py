@@ -1,0 +1,228 @@
+"""vLLM as the sampler: a colocated engine on the policy's weights, synced before every rollout, returning a Rollout.
+
+    python vllm_engine.py        # in the vLLM environment (requirements-vllm.txt): the embedded model's engine, a
+                                 # sync, then its samples and logprobs beside rollout.generate's and the trainer's
+
+`python trainer.py --rollout-engine vllm` samples with this engine instead of `rollout.generate` (the readable HF
+decode loop, the default). What a reader learns here: what an RL trainer must do to sample from an inference engine
+and still train on-policy. Three things, each a few lines below:
+1. The engine is built from the policy's model folder (`LLM(model=DIR)`), in this process
+   (VLLM_ENABLE_V1_MULTIPROCESSING=0, colocated: the trainer and the engine share the CPU or the GPU), with
+   `logprobs_mode="processed_logprobs"`: vLLM's logprob of a sampled token is then log softmax(logits / T) after
+   top-k / top-p, the behaviour policy's as docs/design.md section 3 defines it and as `rollout.generate` records
+   it. Its default, "raw_logprobs", gives the logprobs of the raw logits (T = 1) whatever T it samples at: a run
+   trained on those would see a sampler-trainer gap of the temperature's making.
+2. The weights are synced before each rollout (`sync`): the policy's current tensors (FSDP2's gathered whole, a
+   LoRA policy's merged) go to the engine's model through `collective_rpc("reload_weights", ...)`, vLLM's public
+   call to a worker method (written for vLLM 0.32; the worker's `model.load_weights` is not used: on CPU its
+   parameters lack the `weight_loader` it needs), then the prefix cache is reset (cached KV of the old weights
+   would answer a repeated prompt). Without the sync the engine samples from the weights it was built with: a
+   stale sampler, which `stats/rollout_vs_old_logp_diff` shows at once (tests_vllm/).
+3. Sampling takes the trainer's parameters (temperature, top-p, top-k, max tokens, stop ids) and one seed per
+   request drawn from the trainer's generator (a run repeats for a seed), and returns the Rollout of
+   `rollout.generate`: prompts left-padded, responses right-padded, the mask up to and including the first stop
+   token, the engine's logprobs, `truncated` where it ran out of tokens.
+What does not fit: an engine holds one copy of the weights in its own layout, so `--rollout-dtype` (the project's
+own bf16 copy) is not used with it (its dtype is the engine's); `model_proxy.py` batches its own requests through
+`rollout.generate`; several ranks under torchrun need one engine each (vLLM's external_launcher backend: not checked
+here, it refuses). A `--dump-batch` replay recomputes the update from the dumped batch, which does not depend on the
+engine; whether a resumed vLLM run repeats an uninterrupted one bit for bit is not checked yet.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+
+import rollout
+import tasks
+from lora import adapter_state
+from rollout import Rollout, generate, left_pad, sequence_logprobs
+
+INSTALL = "pip install -r requirements-vllm.txt (in a venv of its own: it pins transformers 5.19)"
+
+
+@dataclass
+class EngineArgs:
+    """The engine's own settings (the sampling ones are the trainer's)."""
+
+    max_model_len: int | None = None  # prompt + response tokens per sequence (None: the model config's limit)
+    kv_cache_bytes: int = 256 << 20  # CPU: the KV cache's size (vLLM's default takes most of the host's memory)
+    dtype: str = "float32"  # the engine's weights and compute (bfloat16 on GPU)
+    gpu_memory_utilization: float = 0.3  # GPU only: the engine's share of the device, the trainer keeps the rest
+    seed: int = 0
+
+
+class Engine:
+    """A vLLM engine on the model in `folder` (its config and tokenizer; the weights are synced from the policy).
+    `lora`: a LoRA run's LoraArgs (its adapters are merged for the sync), else None."""
+
+    def __init__(self, folder: str, args: EngineArgs | None = None, lora=None):
+        args, self.lora = args or EngineArgs(), lora
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # detail 1: in this process, beside the trainer
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            why = "one engine per rank needs vLLM's external_launcher backend, written for GPUs and not checked yet"
+            raise NotImplementedError(f"--rollout-engine vllm under torchrun with several ranks: {why}")
+        try:
+            import vllm
+        except ImportError as e:
+            raise ImportError(f"--rollout-engine vllm needs vLLM: {INSTALL}") from e
+        self.vllm, t0 = vllm, time.perf_counter()
+        gpu = torch.cuda.is_available()
+        kw = {"gpu_memory_utilization": args.gpu_memory_utilization, "enable_sleep_mode": True} if gpu else {}
+        kw = kw or {"kv_cache_memory_bytes": args.kv_cache_bytes}
+        self.llm = vllm.LLM(
+            model=str(folder),
+            dtype=args.dtype,
+            enforce_eager=True,
+            max_model_len=args.max_model_len,
+            seed=args.seed,
+            logprobs_mode="processed_logprobs",
+            **kw,
+        )
+        self.start_s, self.version = time.perf_counter() - t0, -1
+
+    def close(self) -> None:
+        """Stop the engine's core and tear down the process groups vLLM made in this process (before the trainer's
+        own teardown: vLLM's exit handler would otherwise find them destroyed)."""
+        self.llm.llm_engine.engine_core.shutdown()
+
+    @torch.no_grad()
+    def sync(self, policy, version: int = 0) -> float:
+        """Detail 2: load the policy's current weights into the engine; returns the seconds it took."""
+        t0 = time.perf_counter()
+        weights = [(name, t.detach()) for name, t in full_state(policy, self.lora).items()]  # copied into its own
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        self.llm.reset_prefix_cache()
+        self.version = version
+        return time.perf_counter() - t0
+
+    def generate(
+        self,
+        model,
+        prompt_ids,
+        attention_mask,
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        eos_token_ids: list[int],
+        pad_token_id: int,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
+        """rollout.generate's signature and Rollout (detail 3); generator None or temperature 0: greedy. `model`: the
+        policy whose weights were synced (unused: it keeps rollout.generate's signature, for rollout_env)."""
+        rows = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids.cpu(), attention_mask.cpu())]  # unpadded
+        greedy = generator is None or temperature == 0
+        seeds = [None] * len(rows) if greedy else torch.randint(2**62, (len(rows),), generator=generator).tolist()
+        params = [
+            self.vllm.SamplingParams(
+                n=1,
+                temperature=0.0 if greedy else temperature,
+                top_p=1.0 if greedy else top_p,
+                top_k=0 if greedy else top_k,
+                max_tokens=max_new_tokens,
+                stop_token_ids=list(eos_token_ids),
+                seed=seed,
+                logprobs=0,
+                detokenize=False,
+            )
+            for seed in seeds
+        ]
+        prompts = [self.vllm.TokensPrompt(prompt_token_ids=r) for r in rows]
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        return to_rollout(prompt_ids, attention_mask, outs, max_new_tokens, eos_token_ids, pad_token_id)
+
+
+def sampling_engine(cfg, policy, source: str):
+    """The trainer's sampler: the policy itself, its --rollout-dtype copy (rollout.inference_copy), or with
+    --rollout-engine vllm an Engine on the model folder `source`, with the run's seed."""
+    if cfg.rollout_engine == "vllm":
+        return Engine(source, EngineArgs(seed=cfg.seed), lora=cfg if cfg.lora_rank else None)
+    return rollout.inference_copy(policy, cfg.rollout_dtype)
+
+
+def release(engine) -> None:
+    """The end of a run: an Engine's close (the policy or its copy hold nothing to release)."""
+    if isinstance(engine, Engine):
+        engine.close()
+
+
+def before_rollout(engine, policy, step: int):
+    """The policy's current weights into `engine` (an Engine's sync; for a copy, rollout.sync_weights); returns the
+    (model, sample) that rollout.rollout_env takes: the policy and the Engine's generate, or the copy and generate."""
+    if isinstance(engine, Engine):
+        engine.sync(policy, step)
+        return policy, engine.generate
+    rollout.sync_weights(engine, policy)  # --rollout-dtype bfloat16: the trained weights, rounded
+    return engine, rollout.generate
+
+
+def full_state(policy, lora=None) -> dict[str, torch.Tensor]:
+    """The policy's weights as its checkpoint names them, whole: an FSDP2 policy's DTensors gathered, a LoRA policy's
+    adapters merged (W0 + (alpha / r) B A under the base model's names: lora.adapter_state, as --lora-merge saves)."""
+    state = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in policy.state_dict().items()}
+    return adapter_state(policy, state, merge=True, args=lora) if lora is not None else state
+
+
+def to_rollout(prompt_ids, attention_mask, outs, max_new_tokens, eos_token_ids, pad_token_id) -> Rollout:
+    """vLLM's RequestOutputs as rollout.generate's Rollout: each response cut after its first stop token."""
+    dev, stops = prompt_ids.device, set(eos_token_ids)
+    ids, logps, done = [], [], []
+    for out in outs:
+        o = out.outputs[0]
+        toks = list(o.token_ids)
+        n = next((i + 1 for i, t in enumerate(toks) if t in stops), len(toks))  # up to and including the stop token
+        ids.append(toks[:n])
+        logps.append([lp[t].logprob for t, lp in zip(toks[:n], o.logprobs)])
+        done.append(n > 0 and toks[n - 1] in stops)
+    R = max(1, max(len(x) for x in ids))
+    response = torch.full((len(ids), R), pad_token_id, dtype=prompt_ids.dtype)
+    mask, logp = torch.zeros(len(ids), R, dtype=attention_mask.dtype), torch.zeros(len(ids), R)
+    for j, (x, lp) in enumerate(zip(ids, logps)):
+        response[j, : len(x)], mask[j, : len(x)], logp[j, : len(x)] = torch.tensor(x), 1, torch.tensor(lp)
+    return Rollout(
+        prompt_ids=prompt_ids,
+        response_ids=response.to(dev),
+        attention_mask=torch.cat([attention_mask, mask.to(dev)], dim=1),
+        response_mask=mask.to(dev),
+        rollout_logprobs=logp.to(dev),
+        truncated=torch.tensor([not d for d in done], device=dev),
+    )
+
+
+def main() -> None:
+    """The embedded model's engine: its greedy tokens and sampled logprobs against rollout.generate and the trainer."""
+    tok = tasks.make_tokenizer()
+    torch.manual_seed(0)
+    policy = tasks.make_tiny_model(tok).eval()
+    with tempfile.TemporaryDirectory() as folder:
+        policy.save_pretrained(folder)
+        tok.save_pretrained(folder)
+        engine = Engine(folder, EngineArgs(max_model_len=128))
+        print(f"engine built in {engine.start_s:.1f} s")
+        torch.manual_seed(1)
+        for p in policy.parameters():  # new weights: the engine must follow them after a sync
+            p.data += 0.02 * torch.randn_like(p)
+        print(f"weights synced in {engine.sync(policy):.2f} s")
+        prompts = [tok(tok.bos_token + f"{i}+{2 * i}=", add_special_tokens=False).input_ids for i in range(4)]
+        ids, mask = left_pad(prompts, tok.pad_token_id)
+        stops = {"eos_token_ids": [tok.eos_token_id], "pad_token_id": tok.pad_token_id, "max_new_tokens": 8}
+        ours = generate(policy, ids, mask, temperature=0.0, **stops)
+        theirs = engine.generate(policy, ids, mask, **stops)
+        print("greedy tokens equal rollout.generate's:", torch.equal(ours.response_ids, theirs.response_ids))
+        out = engine.generate(policy, ids, mask, temperature=0.6, generator=torch.Generator().manual_seed(0), **stops)
+        recompute, _ = sequence_logprobs(
+            policy, out.input_ids, out.attention_mask, out.response_ids.shape[1], temperature=0.6
+        )
+        gap = ((out.rollout_logprobs - recompute).abs() * out.response_mask).max().item()
+        print(f"T 0.6: the engine's logprobs against the trainer's recompute: max |diff| {gap:.2e}")
+
+
+if __name__ == "__main__":
+    main()
