@@ -130,6 +130,10 @@ CHECKS = (  # (bad(cfg), why(cfg)), in the order they are checked
         lambda c: c.fsdp and c.rollout_dtype != "float32",
         lambda c: f"'rollout_dtype' = {c.rollout_dtype!r} needs whole weights to copy: not with --fsdp yet",
     ),
+    (
+        lambda c: c.rollout_engine == "vllm" and (c.fsdp or c.inject == "stale_sampler"),
+        lambda c: "'rollout_engine' = 'vllm' with --fsdp or --inject stale_sampler: not written yet (vllm_engine.py)",
+    ),
 )
 
 

@@ -97,7 +97,7 @@ class OffPolicyArgs:
     stay fp32: a sampler-trainer gap to correct; evaluation uses the policy); float32 samples with the policy."""
     rollout_engine: Literal["hf", "vllm"] = "hf"
     """What samples: hf = rollout.generate (the readable decode loop); vllm = a vLLM engine in this process, synced
-    every iteration (vllm_engine.py; pip install -r requirements-vllm.txt). Evaluation uses the policy."""
+    every iteration (vllm_engine.py; bash scripts/install_vllm.sh). Evaluation uses the policy."""
 
     def __post_init__(self):
         self.off_policy = self.off_policy or "none"  # derived once here, printed with the config, and:
@@ -119,7 +119,7 @@ class OffPolicyArgs:
             (self.rollout_is is None and self.rollout_is_threshold is not None,
              f"'rollout_is_threshold' = {self.rollout_is_threshold!r} without --rollout-is: it weights nothing"),
             (self.rollout_engine == "vllm" and self.rollout_dtype != "float32", f"'rollout_dtype' = "
-             f"{self.rollout_dtype!r} with --rollout-engine vllm: the engine holds its own copy (EngineArgs.dtype)"),
+             f"{self.rollout_dtype!r} with --rollout-engine vllm: the engine holds its own copy; drop --rollout-dtype"),
             (self.loss_mode != "sapo" and (self.sapo_tau_pos, self.sapo_tau_neg) != (1.0, 1.05),
              f"'sapo_tau_pos' / 'sapo_tau_neg' set with loss_mode = {self.loss_mode!r}: only sapo has a gate"),
         ):  # fmt: skip

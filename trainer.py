@@ -594,7 +594,7 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
                 history["eval"].append((0, evaluate(policy, tokenizer, eval_sets[0], eos_ids, rank, world, **sampling)))
             if rank == 0:
                 print(f"[minrl] eval/acc before training: {history['eval'][0][1]:.3f}")
-        local = dict(engine=vllm_engine.sampling_engine(cfg, policy, model), tokenizer=tokenizer, task=task)
+        local = dict(engine=vllm_engine.sampling_engine(cfg, policy, model, sampler), tokenizer=tokenizer, task=task)
         local.update(eos_ids=eos_ids, make_env=make_env, rng=rng, gen=sample_gen, autocast=autocast, rank=rank)
         sampler = sampler or partial(sample_here, cfg, **local, n_local=n_local, sampling=sampling)  # None: here
         for step in range(start, cfg.steps):

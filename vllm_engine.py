@@ -12,8 +12,8 @@ and still train on-policy. Three things, each a few lines below:
    top-k / top-p, the behaviour policy's as docs/design.md section 3 defines it and as `rollout.generate` records
    it. Its default, "raw_logprobs", gives the logprobs of the raw logits (T = 1) whatever T it samples at: a run
    trained on those would see a sampler-trainer gap of the temperature's making.
-2. The weights are synced before each rollout (`sync`): the policy's current tensors (FSDP2's gathered whole, a
-   LoRA policy's merged) go to the engine's model through `collective_rpc("reload_weights", ...)`, vLLM's public
+2. The weights are synced before each rollout (`sync`): the policy's current tensors (a LoRA policy's merged; FSDP2's
+   would be gathered whole, but --fsdp is refused with it for now) go to the engine's model through `collective_rpc("reload_weights", ...)`, vLLM's public
    call to a worker method (written for vLLM 0.32; the worker's `model.load_weights` is not used: on CPU its
    parameters lack the `weight_loader` it needs), then the prefix cache is reset (cached KV of the old weights
    would answer a repeated prompt). Without the sync the engine samples from the weights it was built with: a
@@ -26,7 +26,9 @@ What does not fit: an engine holds one copy of the weights in its own layout, so
 own bf16 copy) is not used with it (its dtype is the engine's); `model_proxy.py` batches its own requests through
 `rollout.generate`; several ranks under torchrun need one engine each (vLLM's external_launcher backend: not checked
 here, it refuses). A `--dump-batch` replay recomputes the update from the dumped batch, which does not depend on the
-engine; whether a resumed vLLM run repeats an uninterrupted one bit for bit is not checked yet.
+engine; whether a resumed vLLM run repeats an uninterrupted one bit for bit is not checked yet. In the trainer's
+process, vLLM's CPU worker takes over torch's thread count, the engine's build reseeds torch's global RNG (the run's
+seed: the same every run), and it makes a default process group (gone with the engine: `release`).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import tasks
 from lora import adapter_state
 from rollout import Rollout, generate, left_pad, sequence_logprobs
 
-INSTALL = "pip install -r requirements-vllm.txt (in a venv of its own: it pins transformers 5.19)"
+INSTALL = "bash scripts/install_vllm.sh makes a venv with it (requirements-vllm.txt: it pins transformers 5.19)"
 
 
 @dataclass
@@ -63,18 +65,17 @@ class Engine:
 
     def __init__(self, folder: str, args: EngineArgs | None = None, lora=None):
         args, self.lora = args or EngineArgs(), lora
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # detail 1: in this process, beside the trainer
         if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            why = "one engine per rank needs vLLM's external_launcher backend, written for GPUs and not checked yet"
+            why = "one engine per rank needs vLLM's external_launcher backend, not written yet"
             raise NotImplementedError(f"--rollout-engine vllm under torchrun with several ranks: {why}")
         try:
             import vllm
         except ImportError as e:
             raise ImportError(f"--rollout-engine vllm needs vLLM: {INSTALL}") from e
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # detail 1: in this process, beside the trainer
         self.vllm, t0 = vllm, time.perf_counter()
-        gpu = torch.cuda.is_available()
-        kw = {"gpu_memory_utilization": args.gpu_memory_utilization, "enable_sleep_mode": True} if gpu else {}
-        kw = kw or {"kv_cache_memory_bytes": args.kv_cache_bytes}
+        cpu = {"kv_cache_memory_bytes": args.kv_cache_bytes}  # (the GPU setting is written, not yet run here)
+        kw = {"gpu_memory_utilization": args.gpu_memory_utilization} if torch.cuda.is_available() else cpu
         self.llm = vllm.LLM(
             model=str(folder),
             dtype=args.dtype,
@@ -84,7 +85,7 @@ class Engine:
             logprobs_mode="processed_logprobs",
             **kw,
         )
-        self.start_s, self.version = time.perf_counter() - t0, -1
+        self.start_s = time.perf_counter() - t0  # build, profile and warm-up
 
     def close(self) -> None:
         """Stop the engine's core and tear down the process groups vLLM made in this process (before the trainer's
@@ -92,13 +93,13 @@ class Engine:
         self.llm.llm_engine.engine_core.shutdown()
 
     @torch.no_grad()
-    def sync(self, policy, version: int = 0) -> float:
+    def sync(self, policy) -> float:
         """Detail 2: load the policy's current weights into the engine; returns the seconds it took."""
         t0 = time.perf_counter()
         weights = [(name, t.detach()) for name, t in full_state(policy, self.lora).items()]  # copied into its own
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
-        self.llm.reset_prefix_cache()
-        self.version = version
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM did not reset its prefix cache after the sync: the old weights' KV would answer")
         return time.perf_counter() - t0
 
     def generate(
@@ -119,7 +120,8 @@ class Engine:
         policy whose weights were synced (unused: it keeps rollout.generate's signature, for rollout_env)."""
         rows = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids.cpu(), attention_mask.cpu())]  # unpadded
         greedy = generator is None or temperature == 0
-        seeds = [None] * len(rows) if greedy else torch.randint(2**62, (len(rows),), generator=generator).tolist()
+        draw = lambda n: torch.randint(2**62, (n,), generator=generator, device=generator.device).tolist()  # noqa: E731
+        seeds = [None] * len(rows) if greedy else draw(len(rows))
         params = [
             self.vllm.SamplingParams(
                 n=1,
@@ -131,6 +133,7 @@ class Engine:
                 seed=seed,
                 logprobs=0,
                 detokenize=False,
+                ignore_eos=True,  # the stop ids are eos_token_ids alone, as for rollout.generate
             )
             for seed in seeds
         ]
@@ -139,9 +142,14 @@ class Engine:
         return to_rollout(prompt_ids, attention_mask, outs, max_new_tokens, eos_token_ids, pad_token_id)
 
 
-def sampling_engine(cfg, policy, source: str):
+def sampling_engine(cfg, policy, source: str, sampler=None):
     """The trainer's sampler: the policy itself, its --rollout-dtype copy (rollout.inference_copy), or with
-    --rollout-engine vllm an Engine on the model folder `source`, with the run's seed."""
+    --rollout-engine vllm an Engine on the model folder `source`, with the run's seed. With a `sampler` of its own
+    (async_loop's rollout ranks, model_proxy's agents) none: the flag is refused there, not ignored."""
+    if sampler is not None:
+        if cfg.rollout_engine != "hf":
+            raise ValueError(f"'rollout_engine' = {cfg.rollout_engine!r}: this entry point samples on its own (hf)")
+        return policy
     if cfg.rollout_engine == "vllm":
         return Engine(source, EngineArgs(seed=cfg.seed), lora=cfg if cfg.lora_rank else None)
     return rollout.inference_copy(policy, cfg.rollout_dtype)
@@ -157,7 +165,7 @@ def before_rollout(engine, policy, step: int):
     """The policy's current weights into `engine` (an Engine's sync; for a copy, rollout.sync_weights); returns the
     (model, sample) that rollout.rollout_env takes: the policy and the Engine's generate, or the copy and generate."""
     if isinstance(engine, Engine):
-        engine.sync(policy, step)
+        engine.sync(policy)
         return policy, engine.generate
     rollout.sync_weights(engine, policy)  # --rollout-dtype bfloat16: the trained weights, rounded
     return engine, rollout.generate

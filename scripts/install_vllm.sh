@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${1:-.venv-vllm}"
-python3 -m venv "$venv"
+python3 -m venv --clear "$venv"
 "$venv/bin/pip" install -q -r requirements-vllm.txt 2>&1 | { grep -v "is ignored" || true; }
 "$venv/bin/pip" uninstall -y -q torchvision torchaudio torchcodec
 "$venv/bin/python" -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"
