@@ -13,11 +13,12 @@ and still train on-policy. Three things, each a few lines below:
    it. Its default, "raw_logprobs", gives the logprobs of the raw logits (T = 1) whatever T it samples at: a run
    trained on those would see a sampler-trainer gap of the temperature's making.
 2. The weights are synced before each rollout (`sync`): the policy's current tensors (a LoRA policy's merged; FSDP2's
-   would be gathered whole, but --fsdp is refused with it for now) go to the engine's model through `collective_rpc("reload_weights", ...)`, vLLM's public
-   call to a worker method (written for vLLM 0.32; the worker's `model.load_weights` is not used: on CPU its
-   parameters lack the `weight_loader` it needs), then the prefix cache is reset (cached KV of the old weights
-   would answer a repeated prompt). Without the sync the engine samples from the weights it was built with: a
-   stale sampler, which `stats/rollout_vs_old_logp_diff` shows at once (tests_vllm/).
+   would be gathered whole, but --fsdp is refused with it for now) go to the engine's model through
+   `collective_rpc("reload_weights", ...)`, vLLM's public call to a worker method (written for vLLM 0.32; the
+   worker's `model.load_weights` is not used: on CPU its parameters lack the `weight_loader` it needs), then the
+   prefix cache is reset (cached KV of the old weights would answer a repeated prompt). Without the sync the engine
+   samples from the weights it was built with: a stale sampler, which `stats/rollout_vs_old_logp_diff` shows at once
+   (tests_vllm/).
 3. Sampling takes the trainer's parameters (temperature, top-p, top-k, max tokens, stop ids) and one seed per
    request drawn from the trainer's generator (a run repeats for a seed), and returns the Rollout of
    `rollout.generate`: prompts left-padded, responses right-padded, the mask up to and including the first stop
