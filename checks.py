@@ -131,8 +131,8 @@ CHECKS = (  # (bad(cfg), why(cfg)), in the order they are checked
         lambda c: f"'rollout_dtype' = {c.rollout_dtype!r} needs whole weights to copy: not with --fsdp yet",
     ),
     (
-        lambda c: c.rollout_engine == "vllm" and (c.fsdp or c.inject == "stale_sampler"),
-        lambda c: "'rollout_engine' = 'vllm' with --fsdp or --inject stale_sampler: not written yet (vllm_engine.py)",
+        lambda c: c.rollout_engine == "vllm" and c.fsdp,
+        lambda c: "'rollout_engine' = 'vllm' with --fsdp: not written yet (vllm_engine.py)",
     ),
 )
 

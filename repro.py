@@ -47,6 +47,7 @@ import torch.nn.functional as F
 import ppo_math
 import rollout
 import tasks
+import vllm_engine
 from cli import check_choice, check_range
 from envs import multi_turn
 from rollout import decode_responses, last_valid, position_ids_from_mask
@@ -167,9 +168,11 @@ def plant_wrong_stop_id(trainer) -> dict:
 
 
 def plant_stale_sampler(trainer) -> dict:
-    """stale_sampler: the sampler is a frozen copy of the starting policy, and the weight sync never updates it."""
+    """stale_sampler: the sampler is a frozen copy of the starting policy, and the weight sync never updates it (a
+    vLLM engine, built on the starting policy's folder, keeps those weights: its sync does nothing)."""
     frozen_copy = lambda policy, dtype: copy.deepcopy(policy).requires_grad_(False)  # noqa: E731
-    return {(rollout, "inference_copy"): frozen_copy, (rollout, "sync_weights"): lambda engine, policy: None}
+    stale = {(rollout, "inference_copy"): frozen_copy, (rollout, "sync_weights"): lambda engine, policy: None}
+    return {**stale, (vllm_engine, "sync_weights"): lambda engine, policy: 0.0}
 
 
 def plant_no_temperature(trainer) -> dict:
@@ -343,7 +346,7 @@ INJECTIONS = {
         "the sampler never receives the trained weights (a broken weight sync)",
         {},
         "logprob_mismatch",
-        "rollout.inference_copy, rollout.sync_weights",
+        "rollout.inference_copy, rollout.sync_weights, vllm_engine.sync_weights",
         plant_stale_sampler,
     ),
 }

@@ -12,13 +12,13 @@ and still train on-policy. Three things, each a few lines below:
    top-k / top-p, the behaviour policy's as docs/design.md section 3 defines it and as `rollout.generate` records
    it. Its default, "raw_logprobs", gives the logprobs of the raw logits (T = 1) whatever T it samples at: a run
    trained on those would see a sampler-trainer gap of the temperature's making.
-2. The weights are synced before each rollout (`sync`): the policy's current tensors (a LoRA policy's merged; FSDP2's
-   would be gathered whole, but --fsdp is refused with it for now) go to the engine's model through
+2. The weights are synced before each rollout (`sync_weights`): the policy's current tensors (a LoRA policy's merged;
+   FSDP2's would be gathered whole, but --fsdp is refused with it for now) go to the engine's model through
    `collective_rpc("reload_weights", ...)`, vLLM's public call to a worker method (written for vLLM 0.32; the
    worker's `model.load_weights` is not used: on CPU its parameters lack the `weight_loader` it needs), then the
    prefix cache is reset (cached KV of the old weights would answer a repeated prompt). Without the sync the engine
    samples from the weights it was built with: a stale sampler, which `stats/rollout_vs_old_logp_diff` shows at once
-   (tests_vllm/).
+   (repro.py's `stale_sampler` plants it; the doctor names it: tests_vllm/).
 3. Sampling takes the trainer's parameters (temperature, top-p, top-k, max tokens, stop ids) and one seed per
    request drawn from the trainer's generator (a run repeats for a seed), and returns the Rollout of
    `rollout.generate`: prompts left-padded, responses right-padded, the mask up to and including the first stop
@@ -93,16 +93,6 @@ class Engine:
         own teardown: vLLM's exit handler would otherwise find them destroyed)."""
         self.llm.llm_engine.engine_core.shutdown()
 
-    @torch.no_grad()
-    def sync(self, policy) -> float:
-        """Detail 2: load the policy's current weights into the engine; returns the seconds it took."""
-        t0 = time.perf_counter()
-        weights = [(name, t.detach()) for name, t in full_state(policy, self.lora).items()]  # copied into its own
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
-        if not self.llm.reset_prefix_cache():
-            raise RuntimeError("vLLM did not reset its prefix cache after the sync: the old weights' KV would answer")
-        return time.perf_counter() - t0
-
     def generate(
         self,
         model,
@@ -143,6 +133,18 @@ class Engine:
         return to_rollout(prompt_ids, attention_mask, outs, max_new_tokens, eos_token_ids, pad_token_id)
 
 
+@torch.no_grad()
+def sync_weights(engine: Engine, policy) -> float:
+    """Detail 2: load the policy's current weights into the engine; returns the seconds it took (a module function,
+    as rollout.sync_weights: repro.py's stale_sampler replaces both)."""
+    t0 = time.perf_counter()
+    weights = [(name, t.detach()) for name, t in full_state(policy, engine.lora).items()]  # copied into its own
+    engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+    if not engine.llm.reset_prefix_cache():
+        raise RuntimeError("vLLM did not reset its prefix cache after the sync: the old weights' KV would answer")
+    return time.perf_counter() - t0
+
+
 def sampling_engine(cfg, policy, source: str, sampler=None):
     """The trainer's sampler: the policy itself, its --rollout-dtype copy (rollout.inference_copy), or with
     --rollout-engine vllm an Engine on the model folder `source`, with the run's seed. With a `sampler` of its own
@@ -166,7 +168,7 @@ def before_rollout(engine, policy, step: int):
     """The policy's current weights into `engine` (an Engine's sync; for a copy, rollout.sync_weights); returns the
     (model, sample) that rollout.rollout_env takes: the policy and the Engine's generate, or the copy and generate."""
     if isinstance(engine, Engine):
-        engine.sync(policy)
+        sync_weights(engine, policy)
         return policy, engine.generate
     rollout.sync_weights(engine, policy)  # --rollout-dtype bfloat16: the trained weights, rounded
     return engine, rollout.generate
@@ -218,7 +220,7 @@ def main() -> None:
         torch.manual_seed(1)
         for p in policy.parameters():  # new weights: the engine must follow them after a sync
             p.data += 0.02 * torch.randn_like(p)
-        print(f"weights synced in {engine.sync(policy):.2f} s")
+        print(f"weights synced in {sync_weights(engine, policy):.2f} s")
         prompts = [tok(tok.bos_token + f"{i}+{2 * i}=", add_special_tokens=False).input_ids for i in range(4)]
         ids, mask = left_pad(prompts, tok.pad_token_id)
         stops = {"eos_token_ids": [tok.eos_token_id], "pad_token_id": tok.pad_token_id, "max_new_tokens": 8}

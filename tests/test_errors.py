@@ -558,9 +558,7 @@ def test_the_vllm_engine_says_what_to_install_and_refuses_a_second_weight_copy(m
         vllm_engine.Engine("/nowhere")
     with pytest.raises(ValueError, match="'rollout_dtype' = 'bfloat16' with --rollout-engine vllm"):
         trainer.Config(rollout_engine="vllm", rollout_dtype="bfloat16")
-    with pytest.raises(
-        ValueError, match="'rollout_engine' = 'vllm' with --fsdp or --inject stale_sampler: not written"
-    ):
-        trainer.Config(rollout_engine="vllm", inject="stale_sampler")
+    with pytest.raises(ValueError, match="'rollout_engine' = 'vllm' with --fsdp: not written yet"):
+        trainer.Config(rollout_engine="vllm", fsdp=True)
     with pytest.raises(ValueError, match="'rollout_engine' = 'vllm': this entry point samples on its own"):
         vllm_engine.sampling_engine(trainer.Config(rollout_engine="vllm"), None, "/nowhere", sampler=print)

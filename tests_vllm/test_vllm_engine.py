@@ -13,7 +13,9 @@ import torch
 import tasks
 import trainer
 import vllm_engine
+from diagnose import LiveDiagnoser
 from rollout import generate, left_pad, sequence_logprobs, truncate_logits
+from tests.calibrated import REVERSE_T1
 
 TOL = 1e-4  # |engine logprob - trainer recompute|, fp32 both: the kernels differ (measured: at most 9.5e-7 at T 0.6)
 
@@ -32,7 +34,7 @@ def setup(tmp_path_factory):
     with torch.no_grad():
         for p in policy.parameters():
             p += 0.05 * torch.randn_like(p)
-    engine.sync(policy)
+    vllm_engine.sync_weights(engine, policy)
     prompts = [tok(tok.bos_token + f"{i}+{3 * i}=", add_special_tokens=False).input_ids for i in range(8)]
     yield engine, policy, tok, left_pad(prompts, tok.pad_token_id)
     engine.close()
@@ -84,7 +86,7 @@ def test_an_engine_whose_sync_is_skipped_is_caught_by_the_gap(setup, tmp_path):
     out = engine.generate(policy, ids, mask, temperature=1.0, generator=gen, **stops(tok))
     recompute, _ = sequence_logprobs(policy, out.input_ids, out.attention_mask, out.response_ids.shape[1])
     assert (out.rollout_logprobs - recompute)[out.response_mask.bool()].abs().mean() > 100 * TOL
-    engine.sync(policy)
+    vllm_engine.sync_weights(engine, policy)
     out = engine.generate(policy, ids, mask, temperature=1.0, generator=gen, **stops(tok))
     recompute, _ = sequence_logprobs(policy, out.input_ids, out.attention_mask, out.response_ids.shape[1])
     assert (out.rollout_logprobs - recompute)[out.response_mask.bool()].abs().max() < TOL
@@ -113,3 +115,23 @@ def test_a_lora_policy_is_merged_for_the_sync(tmp_path):
     trainer.train(cfg)
     rows = [json.loads(line) for line in open(tmp_path / "lora" / "metrics.jsonl")]
     assert len(rows) == 2 and max(r["stats/rollout_vs_old_logp_diff"] for r in rows) < TOL, rows
+
+
+class Found(Exception):
+    pass
+
+
+def test_the_stale_sampler_injection_skips_the_engines_sync_and_the_doctor_names_it(tmp_path):
+    """--inject stale_sampler with --rollout-engine vllm: the engine keeps the starting weights; the live doctor
+    reports logprob_mismatch (the hf run's injection test: within 15 iterations)."""
+    diag, found = LiveDiagnoser(), []
+
+    def hook(step, metrics):
+        found.extend(f.id for f in diag.update(step, metrics))
+        if "logprob_mismatch" in found:
+            raise Found
+
+    small = {**REVERSE_T1, "prompts_per_step": 8, "group_size": 8, "eval_every": 0, "save_final": False}
+    cfg = trainer.Config(**small, steps=15, rollout_engine="vllm", inject="stale_sampler", out_dir=str(tmp_path))
+    with pytest.raises(Found):
+        trainer.train(cfg, hooks=[hook])
