@@ -4,6 +4,7 @@ that makes their logprobs differ; a verdict per variation and correction thresho
     python mismatch.py                                   # the embedded tiny model (random init), every variation
     python mismatch.py --model PATH_OR_HUB_ID --prompts 64 --max-new-tokens 128 --task add
     python mismatch.py --variations baseline sampler_bf16 --json out.json --device cuda   # on the training GPU
+    VENV/bin/python mismatch.py --engine vllm            # vLLM's engine as the sampler (scripts/install_vllm.sh VENV)
 
 Run it before training (a pre-flight check): the trainer's PPO ratio assumes that the logprobs it recomputes are
 those the sampler drew from. The sampler is `rollout.generate` (KV cache, the sampling temperature); the trainer is
@@ -22,6 +23,11 @@ thing (VARIATIONS):
   bug_no_temperature   a control: the trainer forgets the sampling temperature (a bug, not numerics)
 Batch-variant kernels, padding-dependent attention and the cache show on the GPU the run trains on (--device); on a
 CPU their rows are mostly exact.
+With `--engine vllm` the sampler is what `trainer.py --rollout-engine vllm` samples with: a vllm_engine.Engine on the
+model (saved to a folder, its weights synced), in fp32, or in bf16 for sampler_bf16 / both_bf16 (vLLM's dtype
+bfloat16: its own kernels, not a rounded copy of ours). Its baseline is then the real engine-trainer gap: other
+kernels, another attention, another sampler. autocast_bf16 and no_kv_cache describe our own sampler and are not
+measured with it.
 
 Statistics over the valid response tokens, rho = log pi_trainer - log pi_sampler per token (offpolicy.py's rho):
 quantiles of |rho| (p50, p90, p99, max), veRL's k3 KL E[exp(rho) - 1 - rho] (rollout_corr/k3_kl, KL(sampler ||
@@ -43,6 +49,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -64,9 +71,11 @@ from tasks import (
     stop_token_ids,
     tokenize_prompts,
 )
+from vllm_engine import Engine, EngineArgs, sync_weights
 
 VARIATIONS = ("baseline", "autocast_bf16", "sampler_bf16", "trainer_bf16", "both_bf16", "no_kv_cache",
               "sampler_batch_1", "trainer_micro_batch_1", "extra_padding", "bug_no_temperature")  # fmt: skip
+NOT_VLLM = ("autocast_bf16", "no_kv_cache")  # variations of our own sampler, not of vLLM's engine
 EXACT, P99_NUMERICS, EXTREME_NUMERICS = 1e-4, 0.3, 1e-3  # the verdict's thresholds (module docstring)
 SUGGEST_MIN = (1000, 100)  # tokens, sequences below which the quantiles behind the suggestions are the maxima
 
@@ -97,10 +106,16 @@ class MismatchArgs:
     """Variations to measure (VARIATIONS), each once."""
     json: str | None = None
     """Also write the results as JSON to this file."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """The sampler: hf (rollout.generate) or vllm (vllm_engine.Engine, as --rollout-engine vllm; its venv)."""
 
     def __post_init__(self):
         ranges = {"[1, inf)": ("prompts", "max_prompt_len", "max_new_tokens", "pad")}
         check_fields(self, {**ranges, "(0, inf)": ("temperature",), "[0, inf)": ("seed",)})
+        if self.engine == "vllm" and self.variations == list(VARIATIONS):  # the default: those that apply to vLLM
+            self.variations = [v for v in VARIATIONS if v not in NOT_VLLM]
+        if self.engine == "vllm" and (ours := [v for v in self.variations if v in NOT_VLLM]):
+            raise ValueError(f"config field 'variations': {ours} vary our own sampler, not --engine vllm's: drop them")
         if unknown := [v for v in self.variations if v not in VARIATIONS]:
             raise ValueError(f"config field 'variations': {unknown} are not among {list(VARIATIONS)}")
         if not self.variations or len(set(self.variations)) < len(self.variations):
@@ -184,18 +199,24 @@ def uncached_logprobs(model, ids, mask, response_mask, temperature: float):
     return out * response_mask
 
 
-def measure(args: MismatchArgs, model, tokenizer, prompt_ids, prompt_mask, variation: str) -> dict:
-    """One variation: sample, recompute, the gap's statistics, verdict and suggestions."""
-    sampler = inference_copy(model, "bfloat16") if variation in ("sampler_bf16", "both_bf16") else model
+def measure(args: MismatchArgs, model, tokenizer, prompt_ids, prompt_mask, variation: str, engine=None) -> dict:
+    """One variation: sample, recompute, the gap's statistics, verdict and suggestions. `engine`: a vLLM Engine of
+    the variation's dtype (--engine vllm), synced here; None: rollout.generate."""
+    sampler, sample = model, generate  # rollout.generate; or the engine's, with the weights just synced
+    if engine is not None:
+        sync_weights(engine, model)
+        sample = engine.generate
+    elif variation in ("sampler_bf16", "both_bf16"):
+        sampler = inference_copy(model, "bfloat16")
     stops = {"eos_token_ids": stop_token_ids(model, tokenizer), "pad_token_id": tokenizer.pad_token_id}
     dev = prompt_ids.device
     g = torch.Generator(device=dev).manual_seed(args.seed)
     sampler_cast = make_autocast("bfloat16" if variation == "autocast_bf16" else "float32", dev)
-    rows, sample = 1 if variation == "sampler_batch_1" else prompt_ids.shape[0], {**stops, "generator": g}
-    sample.update(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    rows, kw = 1 if variation == "sampler_batch_1" else prompt_ids.shape[0], {**stops, "generator": g}
+    kw.update(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     with torch.no_grad(), sampler_cast():
         chunks = [slice(i, i + rows) for i in range(0, len(prompt_ids), rows)]
-        parts = [generate(sampler, prompt_ids[c], prompt_mask[c], **sample) for c in chunks]
+        parts = [sample(sampler, prompt_ids[c], prompt_mask[c], **kw) for c in chunks]
     with torch.no_grad():
         out = cat_rollouts(parts, tokenizer.pad_token_id, dev)  # one batch (sampler_batch_1: of single rows)
         ids, mask, resp_mask, behav = out.input_ids, out.attention_mask, out.response_mask, out.rollout_logprobs
@@ -232,7 +253,21 @@ def check(args: MismatchArgs, model=None, tokenizer=None) -> list[dict]:
     problems = make_task(args.task).sample(args.prompts, "train", np.random.default_rng(args.seed))
     texts = [format_prompt(tokenizer, p["prompt"]) for p in problems]
     prompt_ids, prompt_mask = (t.to(dev) for t in tokenize_prompts(tokenizer, texts, args.max_prompt_len))
-    return [measure(args, model, tokenizer, prompt_ids, prompt_mask, v) for v in args.variations]
+    inputs = (args, model, tokenizer, prompt_ids, prompt_mask)
+    if args.engine == "hf":
+        return [measure(*inputs, v) for v in args.variations]
+    results = {}  # vLLM: one engine per dtype at a time (a process holds one), its variations in a row
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)  # the engine's config and tokenizer; its weights are synced from `model`
+        tokenizer.save_pretrained(folder)
+        for dtype in ("float32", "bfloat16"):
+            mine = [v for v in args.variations if (v in ("sampler_bf16", "both_bf16")) == (dtype == "bfloat16")]
+            if mine:
+                length = prompt_ids.shape[1] + args.max_new_tokens
+                engine = Engine(folder, EngineArgs(max_model_len=length, dtype=dtype, sleep=False, seed=args.seed))
+                results.update({v: measure(*inputs, v, engine=engine) for v in mine})
+                engine.close()
+    return [results[v] for v in args.variations]
 
 
 LEGEND = f"""\
@@ -283,6 +318,8 @@ def main(argv=None) -> list[dict]:
     """`python mismatch.py [flags]`: measure, print the table and suggestions (and write --json)."""
     args = parse_config(MismatchArgs, argv, description=__doc__)
     results = check(args)
+    print(f"sampler: {'vllm_engine.Engine (vLLM)' if args.engine == 'vllm' else 'rollout.generate'}; trainer: "
+          "rollout.sequence_logprobs")  # fmt: skip
     print(report(results))
     if args.json:
         with open(args.json, "w") as f:

@@ -94,7 +94,8 @@ class OffPolicyArgs:
     """sapo: gate temperature for tokens with A <= 0 (veRL tau_neg)."""
     rollout_dtype: Literal["float32", "bfloat16"] = "float32"
     """Sample with a copy of the policy's weights in this dtype, as an inference engine holds them (the trainer's
-    stay fp32: a sampler-trainer gap to correct; evaluation uses the policy); float32 samples with the policy."""
+    stay fp32: a sampler-trainer gap to correct; evaluation uses the policy); float32 samples with the policy. With
+    --rollout-engine vllm: the engine's dtype (vLLM's own bf16 kernels)."""
     rollout_engine: Literal["hf", "vllm"] = "hf"
     """What samples: hf = rollout.generate (the readable decode loop); vllm = a vLLM engine in this process, synced
     every iteration (vllm_engine.py; bash scripts/install_vllm.sh). Evaluation uses the policy."""
@@ -118,8 +119,6 @@ class OffPolicyArgs:
              "'rollout_rs_threshold' without --rollout-rs: it bounds nothing (name the rejection kind)"),
             (self.rollout_is is None and self.rollout_is_threshold is not None,
              f"'rollout_is_threshold' = {self.rollout_is_threshold!r} without --rollout-is: it weights nothing"),
-            (self.rollout_engine == "vllm" and self.rollout_dtype != "float32", f"'rollout_dtype' = "
-             f"{self.rollout_dtype!r} with --rollout-engine vllm: the engine holds its own copy; drop --rollout-dtype"),
             (self.loss_mode != "sapo" and (self.sapo_tau_pos, self.sapo_tau_neg) != (1.0, 1.05),
              f"'sapo_tau_pos' / 'sapo_tau_neg' set with loss_mode = {self.loss_mode!r}: only sapo has a gate"),
         ):  # fmt: skip

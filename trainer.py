@@ -195,15 +195,15 @@ def sample_here(
 ):
     """train()'s sampler when none is given: G episodes per prompt or env seed (a rank-local group), sampled by
     `engine` (the policy, or its --rollout-dtype copy after the weight sync) with `sampling`, rollout_env's limits and
-    settings (envs.rollout_kw). Returns (rollout, episode infos, group_ids [B], the sampler's metrics: none)."""
+    settings (envs.rollout_kw). Returns (rollout, episode infos, group_ids [B], the sampler's metrics: time/sync)."""
     n, G = n_local // cfg.group_size, cfg.group_size
     envs, seeds = zip(*sample_episodes(task, cfg.task, "train", n, rng, G, cfg.env_latency, make_env))
     group_ids = torch.arange(n_local, device=gen.device) // G + rank * n_local  # [B]
-    model, sample = vllm_engine.before_rollout(engine, policy, step)  # the policy's weights into the engine
-    with autocast(), common.gathered(policy):  # FSDP2: whole weights, ranks' forwards may differ in number
+    # the policy's weights into the engine; FSDP2: whole weights, ranks' forwards may differ in number
+    with vllm_engine.sampling(engine, policy) as (model, sample, synced), autocast(), common.gathered(policy):
         samples, episodes = rollout.rollout_env(model, tokenizer, envs, seeds, eos_ids, **sampling, generator=gen,
                                                 sample=sample)  # fmt: skip
-    return samples, episodes, group_ids, {}
+    return samples, episodes, group_ids, synced
 
 
 def release(task, engine) -> None:
@@ -671,9 +671,9 @@ def train(cfg: Config, hooks=(), sampler=None) -> dict:
                 save_checkpoint(ckpt, rank, fingerprint, state, policy, tokenizer, opt, critics, rng, gens)
         result = {**metrics, "eval_history": history["eval"]}
         logger.close()  # W&B's offline run folder complete
-        release(task, local["engine"])  # the reward workers, a vLLM engine stop
         if cfg.save_final:  # the policy as a save_pretrained folder (every rank: FSDP2 gathers it), LoRA's adapters
             save_policy(policy, tokenizer, out_dir / "policy", rank, asdict(cfg), cfg.lora_merge)
+        release(task, local["engine"])  # the reward workers; a vLLM engine (under torchrun: the process group too)
         if rank == 0:  # result.json, curves.png
             write_result(out_dir, result, curves=cfg.steps > start, saved=cfg.save_final)
         return result

@@ -5,15 +5,15 @@
 
 `python trainer.py --rollout-engine vllm` samples with this engine instead of `rollout.generate` (the readable HF
 decode loop, the default). What a reader learns here: what an RL trainer must do to sample from an inference engine
-and still train on-policy. Three things, each a few lines below:
+and still train on-policy. Five things, each a few lines below (4 and 5 for GPUs and torchrun):
 1. The engine is built from the policy's model folder (`LLM(model=DIR)`), in this process
    (VLLM_ENABLE_V1_MULTIPROCESSING=0, colocated: the trainer and the engine share the CPU or the GPU), with
    `logprobs_mode="processed_logprobs"`: vLLM's logprob of a sampled token is then log softmax(logits / T) after
    top-k / top-p, the behaviour policy's as docs/design.md section 3 defines it and as `rollout.generate` records
    it. Its default, "raw_logprobs", gives the logprobs of the raw logits (T = 1) whatever T it samples at: a run
    trained on those would see a sampler-trainer gap of the temperature's making.
-2. The weights are synced before each rollout (`sync_weights`): the policy's current tensors (a LoRA policy's merged;
-   FSDP2's would be gathered whole, but --fsdp is refused with it for now) go to the engine's model through
+2. The weights are synced before each rollout (`sync_weights`): the policy's current tensors (a LoRA policy's merged,
+   an FSDP2 policy's gathered whole) go to the engine's model through
    `collective_rpc("reload_weights", ...)`, vLLM's public call to a worker method (written for vLLM 0.32; the
    worker's `model.load_weights` is not used: on CPU its parameters lack the `weight_loader` it needs), then the
    prefix cache is reset (cached KV of the old weights would answer a repeated prompt). Without the sync the engine
@@ -23,17 +23,24 @@ and still train on-policy. Three things, each a few lines below:
    request drawn from the trainer's generator (a run repeats for a seed), and returns the Rollout of
    `rollout.generate`: prompts left-padded, responses right-padded, the mask up to and including the first stop
    token, the engine's logprobs, `truncated` where it ran out of tokens.
-What does not fit: an engine holds one copy of the weights in its own layout, so `--rollout-dtype` (the project's
-own bf16 copy) is not used with it (its dtype is the engine's); `model_proxy.py` batches its own requests through
-`rollout.generate`; several ranks under torchrun need one engine each (vLLM's external_launcher backend: not checked
-here, it refuses). A `--dump-batch` replay recomputes the update from the dumped batch, which does not depend on the
-engine; whether a resumed vLLM run repeats an uninterrupted one bit for bit is not checked yet. In the trainer's
-process, vLLM's CPU worker takes over torch's thread count, the engine's build reseeds torch's global RNG (the run's
-seed: the same every run), and it makes a default process group (gone with the engine: `release`).
+4. On a GPU the engine and the trainer share the device: the engine takes `gpu_memory_utilization` of it, and in
+   vLLM's sleep mode (level 2) it frees its weights and KV cache after each rollout; `sampling` wakes the weights'
+   memory, syncs, then wakes the KV cache (the peak is one copy of the weights more than the trainer's, not two).
+5. Under torchrun every rank builds its own engine (tensor parallel 1) with vLLM's `external_launcher` backend:
+   vLLM then makes no processes and no process group of its own, it joins the trainer's (`data_parallel_size` =
+   the world size), and each rank's engine samples that rank's prompts (tests_vllm: two ranks under gloo on CPU).
+`--rollout-dtype bfloat16` makes no copy of ours with an engine: it is the engine's dtype (vLLM's bf16 kernels, a
+real sampler-trainer gap that mismatch.py --engine vllm measures and --rollout-is corrects). With --fsdp the sync
+gathers the whole weights on every rank (`full_state`). What does not fit: `model_proxy.py` and `async_loop.py`
+sample on their own (rollout.generate: the flag is refused there). A `--dump-batch` replay recomputes the update
+from the dumped batch, which does not depend on the engine. In the trainer's process, vLLM's CPU worker takes over
+torch's thread count, the engine's build reseeds torch's global RNG (the run's seed: the same every run), and its
+close destroys the default process group (one it made, or under torchrun the trainer's: `release` comes last).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -57,6 +64,7 @@ class EngineArgs:
     kv_cache_bytes: int = 256 << 20  # CPU: the KV cache's size (vLLM's default takes most of the host's memory)
     dtype: str = "float32"  # the engine's weights and compute (bfloat16 on GPU)
     gpu_memory_utilization: float = 0.3  # GPU only: the engine's share of the device, the trainer keeps the rest
+    sleep: bool = True  # GPU only: the engine frees its weights and KV cache between rollouts (vLLM's sleep mode)
     seed: int = 0
 
 
@@ -66,17 +74,23 @@ class Engine:
 
     def __init__(self, folder: str, args: EngineArgs | None = None, lora=None):
         args, self.lora = args or EngineArgs(), lora
-        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            why = "one engine per rank needs vLLM's external_launcher backend, not written yet"
-            raise NotImplementedError(f"--rollout-engine vllm under torchrun with several ranks: {why}")
         try:
             import vllm
         except ImportError as e:
             raise ImportError(f"--rollout-engine vllm needs vLLM: {INSTALL}") from e
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # detail 1: in this process, beside the trainer
         self.vllm, t0 = vllm, time.perf_counter()
-        cpu = {"kv_cache_memory_bytes": args.kv_cache_bytes}  # (the GPU setting is written, not yet run here)
-        kw = {"gpu_memory_utilization": args.gpu_memory_utilization} if torch.cuda.is_available() else cpu
+        gpu = torch.cuda.is_available()
+        self.sleeps = gpu and args.sleep  # detail 4
+        kw = {"gpu_memory_utilization": args.gpu_memory_utilization, "enable_sleep_mode": self.sleeps} if gpu else {}
+        # CPU: vLLM's default KV cache would take most of the RAM; chunked prefill off, because after a chunk vLLM
+        # 0.32 rewinds a seeded request's generator, which a CPU generator cannot do ("does not use offset")
+        kw = kw or {"kv_cache_memory_bytes": args.kv_cache_bytes, "enable_chunked_prefill": False}
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        if world > 1:  # detail 5: one engine per rank, in the trainer's process group, each sampling its own prompts
+            kw.update(
+                distributed_executor_backend="external_launcher", tensor_parallel_size=1, data_parallel_size=world
+            )
         self.llm = vllm.LLM(
             model=str(folder),
             dtype=args.dtype,
@@ -87,6 +101,8 @@ class Engine:
             **kw,
         )
         self.start_s = time.perf_counter() - t0  # build, profile and warm-up
+        if self.sleeps:  # asleep until the first rollout: the trainer has the device
+            self.llm.sleep(level=2)
 
     def close(self) -> None:
         """Stop the engine's core and tear down the process groups vLLM made in this process (before the trainer's
@@ -154,7 +170,7 @@ def sampling_engine(cfg, policy, source: str, sampler=None):
             raise ValueError(f"'rollout_engine' = {cfg.rollout_engine!r}: this entry point samples on its own (hf)")
         return policy
     if cfg.rollout_engine == "vllm":
-        return Engine(source, EngineArgs(seed=cfg.seed), lora=cfg if cfg.lora_rank else None)
+        return Engine(source, EngineArgs(dtype=cfg.rollout_dtype, seed=cfg.seed), lora=cfg if cfg.lora_rank else None)
     return rollout.inference_copy(policy, cfg.rollout_dtype)
 
 
@@ -164,14 +180,27 @@ def release(engine) -> None:
         engine.close()
 
 
-def before_rollout(engine, policy, step: int):
-    """The policy's current weights into `engine` (an Engine's sync; for a copy, rollout.sync_weights); returns the
-    (model, sample) that rollout.rollout_env takes: the policy and the Engine's generate, or the copy and generate."""
-    if isinstance(engine, Engine):
-        sync_weights(engine, policy)
-        return policy, engine.generate
-    rollout.sync_weights(engine, policy)  # --rollout-dtype bfloat16: the trained weights, rounded
-    return engine, rollout.generate
+@contextlib.contextmanager
+def sampling(engine, policy):
+    """One rollout's sampler: the policy's current weights into `engine` (an Engine's sync, woken first on a GPU; for
+    a copy, rollout.sync_weights); yields the (model, sample) that rollout.rollout_env takes (the policy and the
+    Engine's generate, or the copy and generate) and the sync's metric {"time/sync": seconds}; then a GPU Engine
+    sleeps again (detail 4)."""
+    t0 = time.perf_counter()
+    if not isinstance(engine, Engine):
+        rollout.sync_weights(engine, policy)  # --rollout-dtype bfloat16: the trained weights, rounded
+        yield engine, rollout.generate, {"time/sync": time.perf_counter() - t0}
+        return
+    if engine.sleeps:
+        engine.llm.wake_up(tags=["weights"])  # the weights' memory first, the KV cache once they are in
+    sync_weights(engine, policy)
+    if engine.sleeps:
+        engine.llm.wake_up(tags=["kv_cache"])
+    try:
+        yield policy, engine.generate, {"time/sync": time.perf_counter() - t0}
+    finally:
+        if engine.sleeps:  # level 2: weights and KV cache dropped (the next sync reloads the weights)
+            engine.llm.sleep(level=2)
 
 
 def full_state(policy, lora=None) -> dict[str, torch.Tensor]:

@@ -2,12 +2,17 @@
 
     python bench/rollout_bench.py                                  # tiny and 2.5M configs on CPU
     python bench/rollout_bench.py --preset 0.5b --device cuda --dtype bfloat16
+    VENV/bin/python bench/rollout_bench.py --engine vllm          # + vLLM (VENV: bash scripts/install_vllm.sh VENV)
 
 Both sides sample (temperature 1, no top-k / top-p) from the same randomly initialised model, the same
 prompts (batch 64, 16 tokens, no padding) and exactly `new_tokens` new tokens each: rollout.generate
 gets a stop id no model can emit, model.generate gets min_new_tokens = max_new_tokens. The two run
 interleaved (ours, theirs, ours, ...) after one warm-up call each, and the median of the repeats is
 reported; the ratio is ours / theirs in tokens per second (docs/design.md 8; target >= 1.1x tiny, >= 1.0x 2.5M).
+With --engine vllm a third side joins the interleaving: a vllm_engine.Engine built on the same model saved to a
+folder (its weights the folder's, as after a sync), sampling the same prompts to the same forced length (the stop id
+no model can emit, vLLM's own EOS ignored); its build (profile and KV cache) and its first call (warm-up) are
+timed apart and not in the median; one line per preset gives vllm / rollout.generate (target >= 3x on 2.5M).
 
 Presets (Qwen2 configs, random init): tiny = tasks.make_tiny_model (0.53M parameters, vocab 260);
 2.5m = vocab 512, hidden 256, 4 layers; 0.5b = the Qwen2.5-0.5B shape (hidden 896, 24 layers, 14 heads,
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +38,7 @@ from cli import check_choice, check_fields, parse_config  # noqa: E402
 from rollout import generate  # noqa: E402
 from runlog import format_table  # noqa: E402
 from tasks import make_tiny_model, make_tokenizer  # noqa: E402
+from vllm_engine import Engine, EngineArgs  # noqa: E402
 
 PRESETS = {
     "2.5m": dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4),
@@ -79,6 +86,8 @@ class Config(BenchArgs):
     """Prompt tokens per sequence."""
     new_tokens: int = 32
     """New tokens per sequence (forced on both sides)."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """vllm: also vllm_engine.Engine on the same model (needs the vLLM venv: bash scripts/install_vllm.sh VENV)."""
 
     def __post_init__(self):
         BenchArgs.__post_init__(self)
@@ -115,18 +124,11 @@ def bench_one(preset: str, cfg: Config) -> dict:
     mask = torch.ones_like(prompts)  # [B, P]
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
 
+    forced = dict(max_new_tokens=cfg.new_tokens, eos_token_ids=[vocab], pad_token_id=0)  # [vocab]: no model samples it
+
     def ours():
         """rollout.generate: sampled tokens with their logprobs; returns the number of tokens generated."""
-        samples = generate(
-            model,
-            prompts,
-            mask,
-            max_new_tokens=cfg.new_tokens,
-            eos_token_ids=[vocab],  # an id no model can sample: every row runs the full length
-            pad_token_id=0,
-            generator=gen,
-        )
-        return int(samples.response_mask.sum())
+        return int(generate(model, prompts, mask, **forced, generator=gen).response_mask.sum())
 
     def theirs():
         """transformers' model.generate at the same settings; returns the number of tokens generated."""
@@ -143,29 +145,41 @@ def bench_one(preset: str, cfg: Config) -> dict:
         )
         return (out.shape[1] - cfg.prompt_len) * cfg.batch
 
-    times = {"ours": [], "hf": []}
+    sides, engine, folder = {"ours": ours, "hf": theirs}, None, tempfile.TemporaryDirectory()
+    if cfg.engine == "vllm":  # built on the model saved as a folder (a tokenizer beside it: vLLM loads one)
+        model.save_pretrained(folder.name)
+        make_tokenizer().save_pretrained(folder.name)
+        threads = torch.get_num_threads()
+        args = EngineArgs(max_model_len=cfg.prompt_len + cfg.new_tokens, dtype=cfg.dtype, sleep=False, seed=cfg.seed)
+        engine = Engine(folder.name, args)
+        torch.set_num_threads(threads)  # vLLM's CPU worker sets its own count: every side runs with the same
+        forced_vllm = {**forced, "eos_token_ids": []}  # no stop id (vLLM refuses ids past the vocabulary)
+        sides["vllm"] = lambda: int(
+            engine.generate(model, prompts, mask, **forced_vllm, generator=gen).response_mask.sum()
+        )
+    times = {name: [] for name in sides}
     with torch.no_grad():
-        for rep in range(cfg.repeats + 1):  # repeat 0 warms up both sides
-            for name, fn in (("ours", ours), ("hf", theirs)):
+        for _ in range(cfg.repeats + 1):  # the first call of every side warms it up (vLLM's: its warm-up)
+            for name, fn in sides.items():
                 sync(device)
                 t0 = time.perf_counter()
                 n_tok = fn()
                 sync(device)
                 if n_tok != cfg.batch * cfg.new_tokens:
                     raise RuntimeError(f"{name} generated {n_tok} tokens, expected {cfg.batch * cfg.new_tokens}")
-                if rep > 0:
-                    times[name].append(time.perf_counter() - t0)
+                times[name].append(time.perf_counter() - t0)
+    warmup = {name: t.pop(0) for name, t in times.items()}
     n = cfg.batch * cfg.new_tokens
-    ours_tps, hf_tps = n / statistics.median(times["ours"]), n / statistics.median(times["hf"])
-    return {
-        "preset": preset,
-        "params_M": sum(p.numel() for p in model.parameters()) / 1e6,
-        "ours_tok_s": ours_tps,
-        "hf_tok_s": hf_tps,
-        "ratio": ours_tps / hf_tps,
-        "ours_spread": spread(times["ours"]),
-        "hf_spread": spread(times["hf"]),
-    }
+    tps = {name: n / statistics.median(t) for name, t in times.items()}
+    row = {"preset": preset, "params_M": sum(p.numel() for p in model.parameters()) / 1e6}
+    row.update(ours_tok_s=tps["ours"], hf_tok_s=tps["hf"], ratio=tps["ours"] / tps["hf"])
+    row.update(ours_spread=spread(times["ours"]), hf_spread=spread(times["hf"]))
+    if engine is not None:
+        row.update(vllm_tok_s=tps["vllm"], vllm_spread=spread(times["vllm"]), vllm_ratio=tps["vllm"] / tps["ours"])
+        row.update(vllm_build_s=engine.start_s, vllm_warmup_s=warmup["vllm"])
+        engine.close()
+    folder.cleanup()
+    return row
 
 
 def spread(times: list[float]) -> float:
@@ -188,7 +202,14 @@ def main(argv=None):
     """`python bench/rollout_bench.py [flags]`: the table of tokens/s, ours vs model.generate."""
     cfg = parse_config(Config, argv)
     title = f"rollout tokens/s, batch {cfg.batch}, prompt {cfg.prompt_len}, {cfg.new_tokens} new tokens"
-    return run_presets(cfg, bench_one, title)
+    rows = run_presets(cfg, bench_one, title)
+    for r in rows if cfg.engine == "vllm" else []:
+        print(
+            f"{r['preset']}: vllm / rollout.generate: {r['vllm_ratio']:.2f}x (vllm {r['vllm_tok_s']:.0f} tok/s, "
+            f"rollout.generate {r['ours_tok_s']:.0f}, HF generate {r['hf_tok_s']:.0f}; same run); vLLM engine "
+            f"built in {r['vllm_build_s']:.1f} s, its first call (warm-up) {r['vllm_warmup_s']:.1f} s, not timed"
+        )
+    return rows
 
 
 if __name__ == "__main__":

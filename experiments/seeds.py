@@ -4,6 +4,8 @@
   returns what the run wrote (result.json, metrics.jsonl), so that nothing below the trainer imports it.
 - `final_best`, `steps_to`, `mean_std`: one method's runs summarised as the tables print them.
 - `bootstrap_diff`, `differences`: each pair of methods' difference with its 95 % percentile-bootstrap interval.
+- `run_list`: an experiment as a list of named runs, resumable: each finished run writes one small JSON file under
+  experiments/results/<experiment>/ (committed), and a rerun skips the runs whose file exists.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -90,3 +93,33 @@ def differences(results: list[dict]) -> list[dict]:
                 d, lo, hi = bootstrap_diff([v[j] for v in acc[x]], [v[j] for v in acc[y]])
                 rows[-1][f"{key} [95% CI]"] = f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
     return rows
+
+
+RESULTS = ROOT / "experiments" / "results"
+
+
+def run_list(experiment: str, runs: dict[str, list[str]], jobs: int = 1, threads: int = 1) -> dict[str, dict]:
+    """The runs {run id: trainer argv} of one experiment, `jobs` at a time with `threads` each, resumable: a run whose
+    file RESULTS/<experiment>/<run id>.json exists is skipped; each run that finishes writes its file at once: its
+    argv, the final and best held-out greedy accuracy, the eval history, the last metrics row, its wall seconds,
+    the python that ran it, the commit and whether the tree had uncommitted changes. Returns every run's file."""
+    folder = RESULTS / experiment
+    folder.mkdir(parents=True, exist_ok=True)
+    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    commit, dirty = git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
+
+    def one(item):
+        run_id, argv = item
+        with tempfile.TemporaryDirectory() as tmp:
+            result, _ = run_trainer(argv, tmp, threads=threads)
+        final, best = final_best(result["eval_history"])
+        last = {k: v for k, v in result.items() if k not in ("eval_history", "wall_s")}
+        record = {"run": run_id, "argv": argv, "final_acc": final, "best_acc": best, "eval": result["eval_history"]}
+        record.update(wall_s=result["wall_s"], python=sys.executable, commit=commit, dirty=dirty, last=last)
+        (folder / f"{run_id}.json").write_text(json.dumps(record, indent=1) + "\n")
+
+    todo = [(k, v) for k, v in runs.items() if not (folder / f"{k}.json").exists()]
+    print(f"[minrl] {experiment}: {len(runs) - len(todo)} of {len(runs)} runs done before, {len(todo)} to run")
+    with ThreadPoolExecutor(jobs) as ex:
+        list(ex.map(one, todo))
+    return {k: json.loads((folder / f"{k}.json").read_text()) for k in runs}

@@ -6,10 +6,17 @@ GRPO run with --rollout-engine vllm writes hf's metric keys and lands within 5 p
 One engine for the module (building one costs ~10 s here). These tests also run the project on transformers 5.19."""
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import mismatch
+import replay
 import tasks
 import trainer
 import vllm_engine
@@ -17,6 +24,7 @@ from diagnose import LiveDiagnoser
 from rollout import generate, left_pad, sequence_logprobs, truncate_logits
 from tests.calibrated import REVERSE_T1
 
+ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-4  # |engine logprob - trainer recompute|, fp32 both: the kernels differ (measured: at most 9.5e-7 at T 0.6)
 
 
@@ -135,3 +143,83 @@ def test_the_stale_sampler_injection_skips_the_engines_sync_and_the_doctor_names
     cfg = trainer.Config(**small, steps=15, rollout_engine="vllm", inject="stale_sampler", out_dir=str(tmp_path))
     with pytest.raises(Found):
         trainer.train(cfg, hooks=[hook])
+
+
+def rows_of(folder) -> list[dict]:
+    return [json.loads(line) for line in open(folder / "metrics.jsonl")]
+
+
+def test_mismatch_measures_the_engines_gap_in_fp32_and_bf16():
+    """mismatch.py --engine vllm: the fp32 engine against the fp32 trainer is exact (the kernels differ below 1e-4),
+    vLLM's own bf16 engine leaves a numerics gap (the real one, not our rounded copy), the planted bug stays broken."""
+    args = mismatch.MismatchArgs(engine="vllm", prompts=32, device="cpu",
+                                 variations=["baseline", "sampler_bf16", "bug_no_temperature"])  # fmt: skip
+    res = {r["variation"]: r for r in mismatch.check(args)}
+    assert res["baseline"]["verdict"] == "exact" and res["baseline"]["tokens"] > 300
+    assert res["sampler_bf16"]["verdict"] == "numerics" and res["sampler_bf16"]["max"] > 100 * mismatch.EXACT
+    assert res["sampler_bf16"]["k3_kl"] > 0 and res["bug_no_temperature"]["verdict"] == "broken"
+    with pytest.raises(ValueError, match="vary our own sampler"):
+        mismatch.MismatchArgs(engine="vllm", variations=["baseline", "no_kv_cache"])
+
+
+def test_a_bf16_engine_gap_is_logged_in_rollout_corr_and_weighted_by_token_is(tmp_path):
+    """--rollout-engine vllm --rollout-dtype bfloat16 --rollout-is token: veRL's rollout_corr/ metrics measure the
+    engine's bf16 gap (k3 KL > 0, IS weights away from 1), the fp32 engine's is nil."""
+    base = dict(task="reverse", adv_estimator="grpo", steps=2, eval_every=0, rollout_engine="vllm",
+                rollout_is="token", kl_metric_every=0, save_final=False)  # fmt: skip
+    for dtype in ("float32", "bfloat16"):
+        trainer.train(trainer.Config(**base, rollout_dtype=dtype, out_dir=str(tmp_path / dtype)))
+    fp32, bf16 = rows_of(tmp_path / "float32"), rows_of(tmp_path / "bfloat16")
+    assert all(r["rollout_corr/k3_kl"] < 1e-10 and abs(r["rollout_corr/rollout_is_mean"] - 1) < 1e-5 for r in fp32)
+    assert all(r["rollout_corr/k3_kl"] > 1e-7 and r["stats/rollout_vs_old_logp_diff"] > 1e-3 for r in bf16), bf16
+    assert all(abs(r["rollout_corr/rollout_is_mean"] - 1) > 1e-5 and r["rollout_corr/rollout_is_max"] > 1 for r in bf16)
+
+
+def test_a_resumed_vllm_run_and_a_replayed_update_repeat_bit_for_bit(tmp_path):
+    """4 iterations in one go, then the same run resumed from its ckpt-2 (ckpt-4 removed): iterations 3 and 4 again,
+    the same rows (the engine is rebuilt, its per-request seeds come from the trainer's generators, which the
+    checkpoint holds); and its --dump-batch 3 replays to the same update (replay.py needs no engine)."""
+    flags = dict(task="reverse", adv_estimator="grpo", steps=4, save_every=2, eval_every=0, rollout_engine="vllm",
+                 save_final=False)  # fmt: skip
+    trainer.train(trainer.Config(**flags, dump_batch=3, out_dir=str(tmp_path / "a")))
+    metrics, same = replay.replay(str(tmp_path / "a" / "batch-3.pt"))  # the update again, from the dumped batch
+    assert same and metrics == {k: rows_of(tmp_path / "a")[2][k] for k in metrics}
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "ckpt-4")
+    trainer.train(trainer.Config(**flags, out_dir=str(tmp_path / "b"), resume=str(tmp_path / "b")))
+    drop = lambda r: {k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))}  # noqa: E731
+    a, b = rows_of(tmp_path / "a"), rows_of(tmp_path / "b")
+    assert [r["step"] for r in b] == [1, 2, 3, 4] and [drop(r) for r in a] == [drop(r) for r in b]
+
+
+def test_multi_turn_episodes_sample_through_the_engine(tmp_path):
+    """--task calc (tool calls, the environment's answers appended between turns): each turn is an engine call; the
+    logprobs of every action token are still the trainer's (on-policy) and the run writes hf's keys."""
+    flags = dict(task="calc", adv_estimator="grpo", steps=2, eval_every=0, kl_metric_every=0, save_final=False)
+    for engine in ("hf", "vllm"):
+        trainer.train(trainer.Config(**flags, rollout_engine=engine, out_dir=str(tmp_path / engine)))
+    hf, vllm = rows_of(tmp_path / "hf"), rows_of(tmp_path / "vllm")
+    assert [set(r) for r in vllm] == [set(r) for r in hf]
+    assert max(r["stats/rollout_vs_old_logp_diff"] for r in vllm) < TOL and vllm[0]["rollout/turns"] > 1, vllm
+
+
+def test_two_ranks_each_sample_with_an_engine_of_their_own(tmp_path):
+    """torchrun, 2 ranks under gloo: each rank builds its engine with vLLM's external_launcher backend in the
+    trainer's process group and samples its own prompts; synced every iteration (DDP, or FSDP2 gathered whole), the
+    logprobs stay the trainer's, and both layouts sample the same and agree within 1e-5 (test_distributed's bound)."""
+    runs = {}
+    for layout in ("ddp", "fsdp"):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "trainer.py"]
+        cmd += "--task reverse --adv-estimator grpo --steps 2 --eval-every 0 --rollout-engine vllm".split()
+        cmd += ["--out-dir", str(tmp_path / layout), *["--fsdp"] * (layout == "fsdp")]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[layout] = rows = rows_of(tmp_path / layout)
+        assert [r["step"] for r in rows] == [1, 2] and max(r["stats/rollout_vs_old_logp_diff"] for r in rows) < TOL
+    for a, b in zip(runs["ddp"], runs["fsdp"]):  # the same samples; the update within FSDP2's own bound against DDP
+        assert (
+            a["rollout/reward_mean"] == b["rollout/reward_mean"]
+            and a["rollout/response_len"] == b["rollout/response_len"]
+        )
+        assert all(abs(a[k] - b[k]) < 1e-5 for k in ("loss/policy", "stats/grad_norm", "stats/kl")), (a, b)
