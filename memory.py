@@ -296,7 +296,8 @@ def trainer_estimate(cfg, n_local: int, world: int) -> dict[str, float]:
     policy, critics = meta_models(cfg.model, cfg.critic_model, cfg.critic_depth, n_critics)
     adapters = adapter_params(policy, cfg) if cfg.lora_rank else 0
     sizes = dict(seqs=n_local, rows=rows, prompt_len=cfg.max_prompt_len, response_len=T - cfg.max_prompt_len)
-    layout = dict(dtype=cfg.dtype, world=world, fsdp=cfg.fsdp, adapters=adapters, engine=cfg.rollout_dtype)
+    copy = cfg.rollout_dtype if cfg.rollout_engine == "hf" else "float32"  # vLLM's engine: its own memory, not ours
+    layout = dict(dtype=cfg.dtype, world=world, fsdp=cfg.fsdp, adapters=adapters, engine=copy)
     return estimate(policy, critics, cfg, **sizes, **layout)
 
 

@@ -56,6 +56,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+import vllm_engine
 from cli import check_fields, parse_config
 from common import make_autocast
 from logits import _last_logits_kw
@@ -71,7 +72,6 @@ from tasks import (
     stop_token_ids,
     tokenize_prompts,
 )
-from vllm_engine import Engine, EngineArgs, sync_weights
 
 VARIATIONS = ("baseline", "autocast_bf16", "sampler_bf16", "trainer_bf16", "both_bf16", "no_kv_cache",
               "sampler_batch_1", "trainer_micro_batch_1", "extra_padding", "bug_no_temperature")  # fmt: skip
@@ -103,7 +103,7 @@ class MismatchArgs:
     seed: int = 0
     """Seed of the prompts and the sampler."""
     variations: list[str] = field(default_factory=lambda: list(VARIATIONS))
-    """Variations to measure (VARIATIONS), each once."""
+    """Variations to measure (VARIATIONS), each once; all of them (the default) with --engine vllm: those that apply."""
     json: str | None = None
     """Also write the results as JSON to this file."""
     engine: Literal["hf", "vllm"] = "hf"
@@ -204,7 +204,7 @@ def measure(args: MismatchArgs, model, tokenizer, prompt_ids, prompt_mask, varia
     the variation's dtype (--engine vllm), synced here; None: rollout.generate."""
     sampler, sample = model, generate  # rollout.generate; or the engine's, with the weights just synced
     if engine is not None:
-        sync_weights(engine, model)
+        vllm_engine.sync_weights(engine, model)  # (a module function: repro.py's stale_sampler may replace it)
         sample = engine.generate
     elif variation in ("sampler_bf16", "both_bf16"):
         sampler = inference_copy(model, "bfloat16")
@@ -264,9 +264,12 @@ def check(args: MismatchArgs, model=None, tokenizer=None) -> list[dict]:
             mine = [v for v in args.variations if (v in ("sampler_bf16", "both_bf16")) == (dtype == "bfloat16")]
             if mine:
                 length = prompt_ids.shape[1] + args.max_new_tokens
-                engine = Engine(folder, EngineArgs(max_model_len=length, dtype=dtype, sleep=False, seed=args.seed))
-                results.update({v: measure(*inputs, v, engine=engine) for v in mine})
-                engine.close()
+                kw = dict(max_model_len=length, dtype=dtype, sleep=False, seed=args.seed)
+                engine = vllm_engine.Engine(folder, vllm_engine.EngineArgs(**kw))
+                try:
+                    results.update({v: measure(*inputs, v, engine=engine) for v in mine})
+                finally:
+                    engine.close()  # before the next dtype's engine: one at a time
     return [results[v] for v in args.variations]
 
 
@@ -318,8 +321,10 @@ def main(argv=None) -> list[dict]:
     """`python mismatch.py [flags]`: measure, print the table and suggestions (and write --json)."""
     args = parse_config(MismatchArgs, argv, description=__doc__)
     results = check(args)
-    print(f"sampler: {'vllm_engine.Engine (vLLM)' if args.engine == 'vllm' else 'rollout.generate'}; trainer: "
-          "rollout.sequence_logprobs")  # fmt: skip
+    print(
+        f"sampler: {'vllm_engine.Engine (vLLM)' if args.engine == 'vllm' else 'rollout.generate'}; trainer: "
+        "rollout.sequence_logprobs"
+    )
     print(report(results))
     if args.json:
         with open(args.json, "w") as f:

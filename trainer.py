@@ -194,13 +194,13 @@ def sample_here(
     cfg, step, policy, *, engine, tokenizer, eos_ids, task, make_env, rng, gen, autocast, rank, n_local, sampling
 ):
     """train()'s sampler when none is given: G episodes per prompt or env seed (a rank-local group), sampled by
-    `engine` (the policy, or its --rollout-dtype copy after the weight sync) with `sampling`, rollout_env's limits and
-    settings (envs.rollout_kw). Returns (rollout, episode infos, group_ids [B], the sampler's metrics: time/sync)."""
+    `engine` (the policy, its --rollout-dtype copy, or a vLLM Engine; synced first) with `sampling`, rollout_env's
+    limits and settings (envs.rollout_kw). Returns (rollout, episode infos, group_ids [B], {"time/sync": s})."""
     n, G = n_local // cfg.group_size, cfg.group_size
     envs, seeds = zip(*sample_episodes(task, cfg.task, "train", n, rng, G, cfg.env_latency, make_env))
     group_ids = torch.arange(n_local, device=gen.device) // G + rank * n_local  # [B]
-    # the policy's weights into the engine; FSDP2: whole weights, ranks' forwards may differ in number
-    with vllm_engine.sampling(engine, policy) as (model, sample, synced), autocast(), common.gathered(policy):
+    # the policy's weights into the sampler, which runs under the trainer's autocast (hf) or in its own dtype (vllm)
+    with vllm_engine.sampling(engine, policy, autocast) as (model, sample, synced):
         samples, episodes = rollout.rollout_env(model, tokenizer, envs, seeds, eos_ids, **sampling, generator=gen,
                                                 sample=sample)  # fmt: skip
     return samples, episodes, group_ids, synced

@@ -25,10 +25,12 @@ and still train on-policy. Five things, each a few lines below (4 and 5 for GPUs
    token, the engine's logprobs, `truncated` where it ran out of tokens.
 4. On a GPU the engine and the trainer share the device: the engine takes `gpu_memory_utilization` of it, and in
    vLLM's sleep mode (level 2) it frees its weights and KV cache after each rollout; `sampling` wakes the weights'
-   memory, syncs, then wakes the KV cache (the peak is one copy of the weights more than the trainer's, not two).
-5. Under torchrun every rank builds its own engine (tensor parallel 1) with vLLM's `external_launcher` backend:
-   vLLM then makes no processes and no process group of its own, it joins the trainer's (`data_parallel_size` =
-   the world size), and each rank's engine samples that rank's prompts (tests_vllm: two ranks under gloo on CPU).
+   memory, syncs, then wakes the KV cache, so that the sync's source tensors and the KV cache are not held at once.
+5. Under torchrun every rank builds its own engine (tensor parallel 1) with vLLM's `external_launcher` backend: no
+   processes of its own, its data-parallel group made from the trainer's ranks (`data_parallel_size` = the world
+   size), each rank's engine sampling that rank's prompts (tests_vllm: two ranks under gloo on CPU). The engines
+   all-reduce at every step, so every rank must call generate as often as the others: single-turn tasks only
+   (checks.py refuses a multi-turn task with it under torchrun).
 `--rollout-dtype bfloat16` makes no copy of ours with an engine: it is the engine's dtype (vLLM's bf16 kernels, a
 real sampler-trainer gap that mismatch.py --engine vllm measures and --rollout-is corrects). With --fsdp the sync
 gathers the whole weights on every rank (`full_state`). What does not fit: `model_proxy.py` and `async_loop.py`
@@ -48,6 +50,7 @@ from dataclasses import dataclass
 
 import torch
 
+import common
 import rollout
 import tasks
 from lora import adapter_state
@@ -62,7 +65,7 @@ class EngineArgs:
 
     max_model_len: int | None = None  # prompt + response tokens per sequence (None: the model config's limit)
     kv_cache_bytes: int = 256 << 20  # CPU: the KV cache's size (vLLM's default takes most of the host's memory)
-    dtype: str = "float32"  # the engine's weights and compute (bfloat16 on GPU)
+    dtype: str = "float32"  # the engine's weights and compute (the trainer's --rollout-dtype)
     gpu_memory_utilization: float = 0.3  # GPU only: the engine's share of the device, the trainer keeps the rest
     sleep: bool = True  # GPU only: the engine frees its weights and KV cache between rollouts (vLLM's sleep mode)
     seed: int = 0
@@ -105,8 +108,8 @@ class Engine:
             self.llm.sleep(level=2)
 
     def close(self) -> None:
-        """Stop the engine's core and tear down the process groups vLLM made in this process (before the trainer's
-        own teardown: vLLM's exit handler would otherwise find them destroyed)."""
+        """Stop the engine's core; vLLM then destroys its own process groups and the default one, whoever made it
+        (under torchrun the trainer's: the trainer releases the engine last)."""
         self.llm.llm_engine.engine_core.shutdown()
 
     def generate(
@@ -181,22 +184,24 @@ def release(engine) -> None:
 
 
 @contextlib.contextmanager
-def sampling(engine, policy):
-    """One rollout's sampler: the policy's current weights into `engine` (an Engine's sync, woken first on a GPU; for
-    a copy, rollout.sync_weights); yields the (model, sample) that rollout.rollout_env takes (the policy and the
-    Engine's generate, or the copy and generate) and the sync's metric {"time/sync": seconds}; then a GPU Engine
-    sleeps again (detail 4)."""
+def sampling(engine, policy, autocast=contextlib.nullcontext):
+    """One rollout's sampler: the policy's current weights into `engine`, then yields the (model, sample) that
+    rollout.rollout_env takes and the sync's metric {"time/sync": seconds}. For the policy or its copy
+    (rollout.sync_weights): rollout.generate under the trainer's `autocast`, FSDP2 weights whole inside (ranks'
+    forwards may differ in number). For an Engine: woken (GPU), synced, and its generate outside any autocast (it
+    runs in its own dtype) with the policy left sharded; asleep again after (detail 4). time/sync includes waking."""
     t0 = time.perf_counter()
     if not isinstance(engine, Engine):
         rollout.sync_weights(engine, policy)  # --rollout-dtype bfloat16: the trained weights, rounded
-        yield engine, rollout.generate, {"time/sync": time.perf_counter() - t0}
+        with autocast(), common.gathered(policy):
+            yield engine, rollout.generate, {"time/sync": time.perf_counter() - t0}
         return
-    if engine.sleeps:
-        engine.llm.wake_up(tags=["weights"])  # the weights' memory first, the KV cache once they are in
-    sync_weights(engine, policy)
-    if engine.sleeps:
-        engine.llm.wake_up(tags=["kv_cache"])
     try:
+        if engine.sleeps:
+            engine.llm.wake_up(tags=["weights"])  # the weights' memory first, the KV cache once they are in
+        sync_weights(engine, policy)
+        if engine.sleeps:
+            engine.llm.wake_up(tags=["kv_cache"])
         yield policy, engine.generate, {"time/sync": time.perf_counter() - t0}
     finally:
         if engine.sleeps:  # level 2: weights and KV cache dropped (the next sync reloads the weights)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (bench/gpu_check.py, then vLLM's where installed): one CUDA GPU, under 8 + 6 minutes; the figures print and go to ${OUT:-.}/gpu_check.json.
+# The GPU check (bench/gpu_check.py, then vLLM's where installed): one CUDA GPU, under 8 + 8.5 minutes; the figures print and go to ${OUT:-.}/gpu_check.json.
 #   bash bench/gpu_check.sh                # the README marks each of its figures as measured on a GPU
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -10,9 +10,10 @@ gets a stop id no model can emit, model.generate gets min_new_tokens = max_new_t
 interleaved (ours, theirs, ours, ...) after one warm-up call each, and the median of the repeats is
 reported; the ratio is ours / theirs in tokens per second (docs/design.md 8; target >= 1.1x tiny, >= 1.0x 2.5M).
 With --engine vllm a third side joins the interleaving: a vllm_engine.Engine built on the same model saved to a
-folder (its weights the folder's, as after a sync), sampling the same prompts to the same forced length (the stop id
-no model can emit, vLLM's own EOS ignored); its build (profile and KV cache) and its first call (warm-up) are
-timed apart and not in the median; one line per preset gives vllm / rollout.generate (target >= 3x on 2.5M).
+folder (its weights the folder's, as after a sync), sampling the same prompts to the same forced length (no stop id
+at all: vLLM refuses one past the vocabulary; its own EOS ignored); its build (profile and KV cache) and its first
+call (warm-up) are timed apart and not in the median; one line per preset gives vllm / rollout.generate (target
+>= 3x on 2.5M).
 
 Presets (Qwen2 configs, random init): tiny = tasks.make_tiny_model (0.53M parameters, vocab 260);
 2.5m = vocab 512, hidden 256, 4 layers; 0.5b = the Qwen2.5-0.5B shape (hidden 896, 24 layers, 14 heads,

@@ -197,9 +197,19 @@ def bench_preset(preset: str, new_tokens: int, cfg: Config) -> dict:
             script = [sys.executable, "-c", MINRL_SCRIPT, str(ROOT), str(cfg.threads)]
             sides[f"minrl_{engine}"] = script + minrl_argv(cfg, model, data, f"{tmp}/{engine}", new_tokens, engine)
         if cfg.trl_python:
-            trl_args = {"model": model, "data": data, "out": tmp + "/trl", "prompts": cfg.prompts, "group": cfg.group,
-                        "new_tokens": new_tokens, "lr": cfg.lr, "steps": cfg.steps, "device": cfg.device,
-                        "seed": cfg.seed, "threads": cfg.threads}  # fmt: skip
+            trl_args = {
+                "model": model,
+                "data": data,
+                "out": tmp + "/trl",
+                "prompts": cfg.prompts,
+                "group": cfg.group,
+                "new_tokens": new_tokens,
+                "lr": cfg.lr,
+                "steps": cfg.steps,
+                "device": cfg.device,
+                "seed": cfg.seed,
+                "threads": cfg.threads,
+            }
             sides["trl"] = [cfg.trl_python, "-c", TRL_SCRIPT, json.dumps(trl_args)]
         for _ in range(cfg.repeats):
             for name, cmd in sides.items():
@@ -231,9 +241,11 @@ def main(argv=None):
     cfg = parse_config(Config, argv)
     rows = [bench_preset(p, n, cfg) for p in cfg.preset or ["tiny", "2.5m"] for n in cfg.new_tokens]
     sides = [f"minrl_{e}" for e in cfg.engines] + ["trl"] * bool(cfg.trl_python)
-    print(f"GRPO step seconds, sides {', '.join(sides)}, {cfg.prompts} prompts x {cfg.group}, {cfg.device}, "
-          f"{cfg.threads} threads, median of {rows[0]['steps']} steps per side (first_s: the first step, its "
-          "sampler's build and warm-up included; shares: of a step)")  # fmt: skip
+    print(
+        f"GRPO step seconds, sides {', '.join(sides)}, {cfg.prompts} prompts x {cfg.group}, {cfg.device}, "
+        f"{cfg.threads} threads, median of {rows[0]['steps']} steps per side (first_s: the first step, its "
+        "sampler's build and warm-up included; shares: of a step)"
+    )
     if cfg.trl_python:
         print("TRL samples with its own generate: its vLLM colocate path fails on this CPU build at the first sync")
     print(format_table(rows))

@@ -558,3 +558,10 @@ def test_the_vllm_engine_says_what_to_install_and_where_it_does_not_run(monkeypa
         vllm_engine.Engine("/nowhere")
     with pytest.raises(ValueError, match="'rollout_engine' = 'vllm': this entry point samples on its own"):
         vllm_engine.sampling_engine(trainer.Config(rollout_engine="vllm"), None, "/nowhere", sampler=print)
+    trainer.Config(rollout_engine="vllm", rollout_dtype="bfloat16", fsdp=True)  # the engine's dtype; FSDP2 gathered
+    with pytest.raises(ValueError, match="'rollout_dtype' = 'bfloat16' needs whole weights to copy"):
+        trainer.Config(rollout_dtype="bfloat16", fsdp=True)  # our own copy of the weights: not from shards
+    trainer.Config(rollout_engine="vllm", task="calc")  # one rank: a multi-turn task is fine
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="'calc' under torchrun: the ranks' engines step together"):
+        trainer.Config(rollout_engine="vllm", task="calc")

@@ -152,8 +152,9 @@ def rows_of(folder) -> list[dict]:
 def test_mismatch_measures_the_engines_gap_in_fp32_and_bf16():
     """mismatch.py --engine vllm: the fp32 engine against the fp32 trainer is exact (the kernels differ below 1e-4),
     vLLM's own bf16 engine leaves a numerics gap (the real one, not our rounded copy), the planted bug stays broken."""
-    args = mismatch.MismatchArgs(engine="vllm", prompts=32, device="cpu",
-                                 variations=["baseline", "sampler_bf16", "bug_no_temperature"])  # fmt: skip
+    args = mismatch.MismatchArgs(
+        engine="vllm", prompts=32, device="cpu", variations=["baseline", "sampler_bf16", "bug_no_temperature"]
+    )
     res = {r["variation"]: r for r in mismatch.check(args)}
     assert res["baseline"]["verdict"] == "exact" and res["baseline"]["tokens"] > 300
     assert res["sampler_bf16"]["verdict"] == "numerics" and res["sampler_bf16"]["max"] > 100 * mismatch.EXACT
@@ -165,8 +166,16 @@ def test_mismatch_measures_the_engines_gap_in_fp32_and_bf16():
 def test_a_bf16_engine_gap_is_logged_in_rollout_corr_and_weighted_by_token_is(tmp_path):
     """--rollout-engine vllm --rollout-dtype bfloat16 --rollout-is token: veRL's rollout_corr/ metrics measure the
     engine's bf16 gap (k3 KL > 0, IS weights away from 1), the fp32 engine's is nil."""
-    base = dict(task="reverse", adv_estimator="grpo", steps=2, eval_every=0, rollout_engine="vllm",
-                rollout_is="token", kl_metric_every=0, save_final=False)  # fmt: skip
+    base = dict(
+        task="reverse",
+        adv_estimator="grpo",
+        steps=2,
+        eval_every=0,
+        rollout_engine="vllm",
+        rollout_is="token",
+        kl_metric_every=0,
+        save_final=False,
+    )
     for dtype in ("float32", "bfloat16"):
         trainer.train(trainer.Config(**base, rollout_dtype=dtype, out_dir=str(tmp_path / dtype)))
     fp32, bf16 = rows_of(tmp_path / "float32"), rows_of(tmp_path / "bfloat16")
@@ -179,8 +188,15 @@ def test_a_resumed_vllm_run_and_a_replayed_update_repeat_bit_for_bit(tmp_path):
     """4 iterations in one go, then the same run resumed from its ckpt-2 (ckpt-4 removed): iterations 3 and 4 again,
     the same rows (the engine is rebuilt, its per-request seeds come from the trainer's generators, which the
     checkpoint holds); and its --dump-batch 3 replays to the same update (replay.py needs no engine)."""
-    flags = dict(task="reverse", adv_estimator="grpo", steps=4, save_every=2, eval_every=0, rollout_engine="vllm",
-                 save_final=False)  # fmt: skip
+    flags = dict(
+        task="reverse",
+        adv_estimator="grpo",
+        steps=4,
+        save_every=2,
+        eval_every=0,
+        rollout_engine="vllm",
+        save_final=False,
+    )
     trainer.train(trainer.Config(**flags, dump_batch=3, out_dir=str(tmp_path / "a")))
     metrics, same = replay.replay(str(tmp_path / "a" / "batch-3.pt"))  # the update again, from the dumped batch
     assert same and metrics == {k: rows_of(tmp_path / "a")[2][k] for k in metrics}
