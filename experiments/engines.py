@@ -8,8 +8,9 @@ Each run is the trainer's default recipe (the embedded model, sort, its warm sta
 E`, one thread (a run repeats bit for bit for its seed and engine, whatever the machine's load). Its file is
 experiments/results/engines/<engine>-s<seed>.json (seeds.run_list: a rerun skips the runs whose file exists); the
 table and the bootstrap interval of vllm - hf are printed from the files. Both samplers draw from the policy's
-distribution (the engine's logprobs are the trainer's to ~1e-6, and its first tokens' frequencies match the policy's
-probabilities) but not the same tokens (another sampler, other random numbers); RESULTS.md has what the runs show.
+distribution (the engine's logprobs are the trainer's to ~1e-6, and its samples pass tests_vllm's chi-square test
+against the policy's probabilities) but not the same tokens (another sampler, other random numbers); RESULTS.md
+has what the runs show.
 """
 
 from __future__ import annotations

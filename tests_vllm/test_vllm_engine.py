@@ -83,6 +83,31 @@ def test_sampled_logprobs_are_the_trainers_recompute(setup, temperature, top_p):
     assert torch.equal(again.response_ids, out.response_ids)  # per-request seeds from the trainer's generator
 
 
+def test_sampled_tokens_follow_the_policys_distribution(setup):
+    """The engine draws from the distribution whose logprobs it reports: 4000 first tokens of one prompt at T 0.6
+    against the policy's softmax(logits / T), Pearson's chi-square over the vocabulary (259 degrees of freedom: mean
+    259, sd 23; the bound is 6 sd above). It has power: the same samples against T 1's distribution fail it."""
+    engine, policy, tok, (ids, mask) = setup
+    n, T = 4000, 0.6
+    out = engine.generate(
+        policy,
+        ids[:1].expand(n, -1),
+        mask[:1].expand(n, -1),
+        temperature=T,
+        max_new_tokens=1,
+        generator=torch.Generator().manual_seed(0),
+        eos_token_ids=[],
+        pad_token_id=tok.pad_token_id,
+    )
+    with torch.no_grad():
+        logits = policy(input_ids=ids[:1], attention_mask=mask[:1]).logits[0, -1].double()
+    counts = torch.bincount(out.response_ids[:, 0], minlength=logits.numel()).double()
+    chi2 = lambda p: float(((counts - n * p) ** 2 / (n * p)).sum())  # noqa: E731
+    bound = 259 + 6 * 23
+    assert chi2(torch.softmax(logits / T, -1)) < bound
+    assert chi2(torch.softmax(logits, -1)) > bound  # a sampler that forgot T would fail this test (measured: 673)
+
+
 def test_an_engine_whose_sync_is_skipped_is_caught_by_the_gap(setup, tmp_path):
     """A stale sampler: the policy moves, the engine is not synced; its logprobs leave the trainer's by far more
     than TOL (the gap stats/rollout_vs_old_logp_diff logs, which the doctor's logprob_mismatch reads)."""
