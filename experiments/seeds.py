@@ -102,14 +102,15 @@ def run_list(experiment: str, runs: dict[str, list[str]], jobs: int = 1, threads
     """The runs {run id: trainer argv} of one experiment, `jobs` at a time with `threads` each, resumable: a run whose
     file RESULTS/<experiment>/<run id>.json exists is skipped; each run that finishes writes its file at once: its
     argv, the final and best held-out greedy accuracy, the eval history, the last metrics row, its wall seconds,
-    the python that ran it, the commit and whether the tree had uncommitted changes. Returns every run's file."""
+    the python that ran it, the commit and whether the tree had uncommitted changes when it started. Returns every
+    run's file."""
     folder = RESULTS / experiment
     folder.mkdir(parents=True, exist_ok=True)
     git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
-    commit, dirty = git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
 
     def one(item):
-        run_id, argv = item
+        run_id, argv = item  # the code it runs: the tree as the run starts (edits during a long list show)
+        commit, dirty = git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
         with tempfile.TemporaryDirectory() as tmp:
             result, _ = run_trainer(argv, tmp, threads=threads)
         final, best = final_best(result["eval_history"])

@@ -721,3 +721,24 @@ def test_bootstrap_interval_known_answers_and_the_pairs_table():
     assert seeds.final_best([(0, 0.3)]) == (0.3, 0.3)  # no evaluation after the start
     assert seeds.mean_std([0.1, 0.3]) == "0.20 ± 0.14" and seeds.mean_std([0.5]) == "0.50 ± 0.00"
     assert seeds.mean_std([]) == "-"
+
+
+def test_run_list_writes_one_file_per_finished_run_and_a_rerun_skips_them(tmp_path, monkeypatch):
+    """experiments/seeds.run_list: each run's record (argv, final and best accuracy, commit) lands in its own file;
+    a second call runs only what has no file yet."""
+    ran = []
+
+    def fake_trainer(argv, out_dir, threads=None):
+        ran.append(argv)
+        acc = 0.5 + 0.1 * int(argv[1])
+        return {"eval_history": [[0, 0.2], [10, acc + 0.05], [20, acc]], "wall_s": 1.0, "stats/kl": 0.0}, []
+
+    monkeypatch.setattr(seeds, "RESULTS", tmp_path)
+    monkeypatch.setattr(seeds, "run_trainer", fake_trainer)
+    runs = {f"a-s{i}": ["--seed", str(i)] for i in range(2)}
+    out = seeds.run_list("x", runs)
+    assert [r["final_acc"] for r in out.values()] == [0.5, 0.6] and out["a-s1"]["best_acc"] == 0.65
+    assert sorted(p.name for p in (tmp_path / "x").iterdir()) == ["a-s0.json", "a-s1.json"] and len(ran) == 2
+    assert len(out["a-s0"]["commit"]) == 40 and out["a-s0"]["argv"] == ["--seed", "0"]
+    out = seeds.run_list("x", {**runs, "a-s2": ["--seed", "2"]})
+    assert len(ran) == 3 and ran[-1] == ["--seed", "2"] and out["a-s2"]["final_acc"] == 0.7
