@@ -5,9 +5,10 @@
     python experiments/schedules.py --sweep tail --sweep-values 0 0.5 1 1.5   # any numeric field, 3 seeds; a plot
 
 A preset fixes what a reported run states (PRESETS) and fits one free parameter (CALIBRATION) on one reported figure;
-`preset_report` prints every reported figure next to the simulated one, 'fit' for that one and 'prediction' for the
-others, then NOTES: what is fixed, what is fitted, why the predictions differ. Without --preset, --calibrate or
---sweep: scheduler.py's comparison of the three schedules on the fields given.
+the report prints every reported figure next to the simulated one in three columns, `figure reported simulated`,
+the fitted row labelled '(calibrated)' and every other simulated value a prediction; under the table, why each
+missed prediction misses ('unreachable:' where our model or the source's own statements exclude it), then NOTES.
+Without --preset, --calibrate or --sweep: scheduler.py's comparison of the three schedules on the fields given.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ PRESETS = {  # the reported runs: what they state is fixed, their free parameter
 }
 CALIBRATION = {  # preset: (its free field, the bracket bisected, the figure it is fitted to); the other rows predict
     "rlvr-async": ("mfu", 0.01, 0.4, "async/sync"),
-    "agentic-160gpu": ("mfu", 0.04, 1.0, "tm/disagg tokens/s"),
+    "agentic-160gpu": ("mfu", 0.04, 1.0, "seed's tm/disagg tokens/s"),
 }
 # fmt: on
 SOURCES = {  # where the preset's 'reported' column comes from, printed under its table
@@ -57,18 +58,34 @@ SOURCES = {  # where the preset's 'reported' column comes from, printed under it
     "partial_gpu_mode (docs/design.md 5.5)",
     "rlvr-async": "ROLL Flash, arXiv 2510.11345 (Lu et al. 2025), its RLVR figures (docs/design.md 5.4)",
 }
-NOTES = {  # printed under the preset's table: what is fixed, what is fitted, why the predictions differ
-    "agentic-160gpu": "Stated: cluster, model, 128/32 split, batch 512, 100 turns, 64K. The per-turn lengths, tail "
-    "and alpha 1 are our guesses; mfu is fitted to 3.5x (`--calibrate`): 0.507, while rlvr-async needs 0.0197 (at "
-    "0.0197 here tm/disagg is 1.2x, with timeouts), so no one training cost gives both claims. timemux wins by "
-    "KV capacity (the 32-GPU pool queues ~1000 live trajectories); traj/s includes the length bias of "
-    "bounded staleness. Not modelled: attention FLOPs, KV transfer, partial rollouts, GRPO groups.",
-    "rlvr-async": "Stated: 128 GPUs, Qwen3-8B, 128 x 8, 32K, alpha 2, longest > 20x median (-> median 1600, tail "
-    "0.8). mfu is fitted to 2.24x (`--calibrate`): training must cost ~20x our nominal FLOPs at 40 %, and then it "
-    "takes over 30 % of the sync step, against the stated rollout > 70 %: under our model the two statements "
-    "exclude each other. Queue scheduling is unreachable under the stated synchronous step: all 64 samples of 8x8 "
-    "decode at once either way and the step ends with the longest; the reported 2.16x must come from stages we do "
-    "not model (the reward after the batch, dynamic-sampling rounds). Redundancy counted in samples flatters 3.38x.",
+NOTES = {  # printed under the preset's table: what is fixed and what is fitted
+    "agentic-160gpu": "Fixed (the seed's statements): cluster, model, 128/32 split, batch 512, 100 turns, 64K. Our "
+    "guesses: the per-turn lengths, tail 0.5, alpha 1. Fitted: mfu 0.507 on the seed's tokens/s figure "
+    "(`--calibrate`), while rlvr-async needs 0.0197 (at 0.0197 here tm/disagg is 1.2x, with timeouts): no one "
+    "training cost gives both claims. Not modelled: attention FLOPs, KV transfer, partial rollouts, GRPO groups.",
+    "rlvr-async": "Fixed (the paper's statements): 128 GPUs, Qwen3-8B, 128 x 8, 32K, alpha 2, the longest > 20x the "
+    "median (-> median 1600, tail 0.8). Our guesses: prompt 500 tokens, 1 s reward, the split searched. Fitted: "
+    "mfu 0.0197 on async/sync 2.24x (`--calibrate`): training at ~20x our nominal FLOPs at 40 %.",
+}
+ROW_NOTES = {  # printed under the table, one per row that misses its figure: why ('unreachable:' where excluded)
+    "agentic-160gpu": {
+        "seed's tm/disagg traj/s": "21 % over: trained trajectories include the length bias of bounded staleness "
+        "(timemux trains the shorter ones first); the tokens/s row is the fair unit",
+    },
+    "rlvr-async": {
+        "sync rollout share of step": "unreachable: at the fitted training cost, training takes over 30 % of the "
+        "synchronous step (at mfu 0.03 the share is 0.728 and async/sync 3.05x): under our cost model 2.24x and "
+        "'rollout > 70 %' exclude each other",
+        "batch-dispatch step s, 8x8": "23 % over: the absolute time rests on our guessed prompt length and reward "
+        "time, and on the fitted training cost",
+        "queue/batch, 8x8": "unreachable: the 64 samples of 8x8 decode at once in both modes and the synchronous step "
+        "ends with the longest; the reported gain must come from stages we do not model (the reward after the "
+        "whole batch, dynamic-sampling rounds)",
+        "+16x8 redundant": "26 % under: redundancy counted in samples, without GRPO groups, and without the reward "
+        "stage that makes queue scheduling gain",
+        "async/sync, Think model": "unreachable: the paper does not state the Think model's length distribution; the "
+        "preset is the Base model's",
+    },
 }
 
 
@@ -124,32 +141,50 @@ def sweep(cfg: Config, path: str | None = None, seeds: int = 3) -> list[dict]:
 
 
 def preset_report(cfg: Config, res: list[dict]) -> list[dict]:
-    """The reported figures (docs/design.md 5.4) next to the simulated ones (main prints both): 'fit' marks the one
-    the preset's free parameter was calibrated on, the others are predictions."""
+    """The reported figures (docs/design.md 5.4) next to the simulated ones, as rows {figure, reported, simulated,
+    note}: the one figure the preset's free parameter is fitted on says ' (calibrated)' in its label, every other
+    simulated value is a prediction; note (ROW_NOTES) says why a prediction misses, 'unreachable:' where it must."""
     co, dis, tm = res
     fit = CALIBRATION[cfg.preset][3]
-    row = lambda fig, rep, sim: dict(figure=fig, reported=rep, simulated=sim, use="fit" if fig == fit else "prediction")
-    if cfg.preset == "agentic-160gpu":
+    notes = ROW_NOTES[cfg.preset]
+
+    def row(fig: str, reported, simulated, detail: str = "") -> dict:
+        label = f"{fig}{detail} (calibrated)" if fig == fit else f"{fig}{detail}"
+        return dict(figure=label, reported=reported, simulated=simulated, note=notes.get(fig, ""))
+
+    if cfg.preset == "agentic-160gpu":  # every figure is the seed's (SOURCES): no public text states them
         return [
-            row("tm/disagg tokens/s", 3.5, tm["tok_per_s"] / dis["tok_per_s"]),
-            row("tm/disagg traj/s", 3.5, tm["traj_per_s"] / dis["traj_per_s"]),
-            row("timeouts tm (disagg)", "0 (>0)", f"{tm['timeouts']} ({dis['timeouts']})"),
-            row("tm sync GPU share", "small", tm["sync"]),
-            row("tm shrink s/step", "seconds", tm["shrink_wait_s"] + cfg.shrink_s),
+            row("seed's tm/disagg tokens/s", 3.5, tm["tok_per_s"] / dis["tok_per_s"]),
+            row("seed's tm/disagg traj/s", 3.5, tm["traj_per_s"] / dis["traj_per_s"]),
+            row("seed's timeouts tm (disagg)", "0 (>0)", f"{tm['timeouts']} ({dis['timeouts']})"),
+            row("seed's tm sync GPU share", "small", tm["sync"]),
+            row("seed's tm shrink s/step", "seconds", tm["shrink_wait_s"] + cfg.shrink_s),
         ]
     split = {k: simulate(dataclasses.replace(cfg, schedule="disagg", train_gpus=k)) for k in (16, 32, 64, 96)}
     best = max(split, key=lambda k: split[k]["traj_per_s"])  # the split is searched (the reported one is not known)
     q = dataclasses.replace(cfg, schedule="colocated", n_gpus=8, train_gpus=8, batch=64, steps=10)  # "8x8"
-    b, s0, s16 = (
-        simulate(dataclasses.replace(q, **kw))["traj_per_s"] for kw in ({"dispatch": "batch"}, {}, {"redundant": 128})
-    )
+    b, s0, s16 = (simulate(dataclasses.replace(q, **kw)) for kw in ({"dispatch": "batch"}, {}, {"redundant": 128}))
     return [
         row("async/sync", 2.24, split[best]["traj_per_s"] / co["traj_per_s"]),
-        row(f"async/sync tokens/s ({best} train)", 2.24, split[best]["tok_per_s"] / co["tok_per_s"]),
+        row("async/sync tokens/s", 2.24, split[best]["tok_per_s"] / co["tok_per_s"], f" ({best} train)"),
         row("sync rollout share of step", "> 0.7", 1 - co["train"] - co["sync"] - co["overhead"]),  # idle: the tail
-        row("queue/batch, 8x8", 2.16, s0 / b),
-        row("+16x8 redundant", 3.38, s16 / b),
+        row("batch-dispatch step s, 8x8", 125, b["step_s"]),
+        row("queue/batch, 8x8", 2.16, s0["traj_per_s"] / b["traj_per_s"]),
+        row("+16x8 redundant", 3.38, s16["traj_per_s"] / b["traj_per_s"]),
+        row("async/sync, Think model", 2.12, "-"),
     ]
+
+
+def print_report(cfg: Config, rows: list[dict]) -> None:
+    """The three columns `figure reported simulated` (other tools parse them), then each row's note, the source
+    of the reported column, the preset's parameters and what it fixes and fits."""
+    print(format_table([{k: r[k] for k in ("figure", "reported", "simulated")} for r in rows]))
+    for r in rows:
+        if r["note"]:
+            print(f"  {r['figure']}: {r['note']}")
+    print(f"reported: {SOURCES[cfg.preset]}; simulated: this run")
+    print(f"parameters: { {k: getattr(cfg, k) for k in PRESETS[cfg.preset]} }")
+    print(NOTES[cfg.preset])
 
 
 def calibrate(cfg: Config, iters: int = 8, target: float | None = None) -> tuple[float, float]:
@@ -160,7 +195,7 @@ def calibrate(cfg: Config, iters: int = 8, target: float | None = None) -> tuple
 
     def gap(v: float) -> tuple[float, float]:
         c = dataclasses.replace(cfg, **{field_: v})
-        r = next(r for r in preset_report(c, compare(c)) if r["figure"] == figure)
+        r = next(r for r in preset_report(c, compare(c)) if r["figure"] == f"{figure} (calibrated)")
         want = r["reported"] if target is None else target
         print(f"[calibrate] {field_} = {v:.4g}: {figure} {r['simulated']:.3f} (want {want})", flush=True)
         return r["simulated"], r["simulated"] - want
@@ -200,12 +235,7 @@ def main(argv=None):
     res = compare(cfg)
     print_comparison(res)
     if cfg.preset:
-        print(
-            format_table(preset_report(cfg, res)),
-            f"\nreported: {SOURCES[cfg.preset]}; simulated: this run",
-            f"\nparameters: { {k: getattr(cfg, k) for k in PRESETS[cfg.preset]} }",
-        )
-        print(NOTES[cfg.preset])
+        print_report(cfg, preset_report(cfg, res))
     print("plot:", plot_results(res, f"{cfg.out_dir}/schedules.png"))
     return res
 

@@ -388,7 +388,10 @@ def test_empty_or_bad_lengths_file(tmp_path):
     assert r["steps"] == 0 and np.isfinite(r["wall_s"]) and r["traj_per_s"] == 0
 
 
-def test_presets_scaled_down_smoke():
+def test_presets_scaled_down_smoke(capsys):
+    """Both presets run scaled down; their report has exactly the three columns `figure reported simulated`, one
+    row labelled '(calibrated)' (the one CALIBRATION names), the agentic figures labelled the seed's, and a note
+    under the table for every row whose note is set ('unreachable:' for the excluded rlvr-async claims)."""
     for name in E.PRESETS:
         cfg = rep(E.Config(), **(E.PRESETS[name] | dict(preset=name, batch=32, steps=2)))
         res = S.compare(cfg)
@@ -397,6 +400,18 @@ def test_presets_scaled_down_smoke():
         reported = {r["reported"] for r in rows}
         assert (3.5 in reported) if name == "agentic-160gpu" else {2.24, 2.16, 3.38} <= reported
         assert all(isinstance(r["simulated"], str) or np.isfinite(r["simulated"]) for r in rows)
+        labels = [r["figure"] for r in rows]
+        assert [f for f in labels if f.endswith(" (calibrated)")] == [f"{E.CALIBRATION[name][3]} (calibrated)"]
+        capsys.readouterr()
+        E.print_report(cfg, rows)
+        out = capsys.readouterr().out.splitlines()
+        assert out[0].split() == ["figure", "reported", "simulated"]
+        assert all(f"  {r['figure']}: {r['note']}" in out for r in rows if r["note"])
+        if name == "agentic-160gpu":
+            assert all(f.startswith("seed's ") for f in labels)
+        else:
+            unreachable = {r["figure"] for r in rows if r["note"].startswith("unreachable: ")}
+            assert {"queue/batch, 8x8", "sync rollout share of step", "async/sync, Think model"} == unreachable
 
 
 def test_main_help_sweep_and_default(tmp_path, capsys):
@@ -484,8 +499,8 @@ def test_calibrate_recovers_a_planted_value_and_refuses_an_unreachable_figure():
     either end gives raises naming the field. The report marks the one fitted row."""
     cfg = rep(E.Config(), **(E.PRESETS["rlvr-async"] | dict(preset="rlvr-async", batch=32, steps=2, jobs=1)))
     rows = E.preset_report(rep(cfg, mfu=0.1), S.compare(rep(cfg, mfu=0.1)))
-    assert [r["use"] for r in rows].count("fit") == 1
-    planted = next(r["simulated"] for r in rows if r["use"] == "fit")
+    assert [r["figure"] for r in rows].count("async/sync (calibrated)") == 1
+    planted = next(r["simulated"] for r in rows if r["figure"] == "async/sync (calibrated)")
     v, sim = E.calibrate(cfg, target=planted)
     assert math.isclose(sim, planted, rel_tol=0.02) and 0.07 <= v <= 0.14  # a flat stretch maps to a range of mfu
     with pytest.raises(ValueError, match="unreachable by 'mfu'"):
