@@ -37,6 +37,7 @@ Implementation details (our choices)
 from __future__ import annotations
 
 import argparse
+import ast
 import inspect
 import math
 import re
@@ -126,6 +127,44 @@ def math_exact_score(solution_str: str, ground_truth: str) -> float:
     not "1e-12"; 20-digit integers compare digit for digit)."""
     found = NUMBER.findall(solution_str)
     return float(bool(found) and exact_number(found[-1]) == exact_number(ground_truth))
+
+
+def arithmetic_value(expr: str) -> Fraction | None:
+    """The exact value of an expression of non-negative integers, + - * / and parentheses, read by `ast` (nothing
+    is evaluated by Python: no names, no calls, no powers); None if it is anything else or divides by zero."""
+    ops = {
+        ast.Add: Fraction.__add__,
+        ast.Sub: Fraction.__sub__,
+        ast.Mult: Fraction.__mul__,
+        ast.Div: Fraction.__truediv__,
+    }
+
+    def value(node) -> Fraction:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return Fraction(node.value)
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            return ops[type(node.op)](value(node.left), value(node.right))
+        raise ValueError(f"not + - * / of integers: {ast.dump(node)[:60]}")
+
+    if len(expr) > 200 or not re.fullmatch(r"[\d+\-*/() ]+", expr) or "**" in expr:
+        return None  # only these characters, so that a 2-character power never reaches the parser
+    try:
+        return value(ast.parse(expr, mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
+        return None
+
+
+def countdown_score(solution_str: str, ground_truth: str, format_score: float = 0.1) -> float:
+    """TinyZero's Countdown reward: the expression after the last "=>" (the worked steps before it are not scored)
+    must use every number of the ground truth "TARGET|N1,N2,..." exactly once and equal TARGET: 1.0; an expression
+    that does not: format_score (0.1); no "=>" followed by text: 0."""
+    target, numbers = ground_truth.split("|")
+    if "=>" not in solution_str or not (expr := solution_str.rsplit("=>", 1)[1].strip()):
+        return 0.0
+    used = sorted(int(n) for n in re.findall(r"\d+", expr))
+    if used != sorted(int(n) for n in numbers.split(",")):
+        return format_score
+    return 1.0 if arithmetic_value(expr) == Fraction(int(target)) else format_score
 
 
 REWARDS = {"digits": digits_score, "exact": exact_score, "math_exact": math_exact_score}

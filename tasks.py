@@ -8,7 +8,11 @@ What lives here
    `reverse` (reverse 6 digits), `add` (2-digit addition, zero-padded 3-digit sum), `sort` (sort 6
    digits), `chain` (sum of five 2-digit numbers written step by step with zero-padded partial sums,
    43-character answers: long enough for attention_credit.py's windows). Partial credit = matching
-   characters at matching positions / max(len(answer), len(truth)).
+   characters at matching positions / max(len(answer), len(truth)). And `countdown` (4 numbers in [1, 25] to a
+   target in [1, 100], the 3A paper's task): the response is worked steps then the expression, "25-5=20, 20*4=80,
+   80+3=83 => (25-5)*4+3" (41 characters on average), scored by TinyZero's rule (rewards.countdown_score: 1 if the
+   expression uses each number once and equals the target, 0.1 for an expression that does not, 0 for none); its
+   warm start imitates a search solver (`countdown_solve`).
 2. The user's own data and reward functions are data.py and rewards.py.
 3. A byte-level tokenizer built locally as a real `transformers.PreTrainedTokenizerFast` (`make_tokenizer`: one
    token per byte plus 4 specials, so any text tokenizes, in any language; it round-trips through
@@ -41,7 +45,7 @@ from typing import Protocol
 
 import numpy as np
 
-from rewards import digits_score, user_text
+from rewards import countdown_score, digits_score, user_text
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]  # ids 0-3 of the embedded tokenizer; byte b is id 4 + b
 
@@ -57,7 +61,8 @@ class TaskArgs:
     model: str | None = None
     """HF model name or local folder (AutoModelForCausalLM); None = the embedded tiny model after SFT."""
     task: str = "sort"
-    """Task reverse | add | sort | chain, or multi-turn environment calc | guess | gem:<id> (ignored with --data)."""
+    """Task reverse | add | sort | chain | countdown, or multi-turn environment calc | guess | gem:<id> (ignored
+    with --data)."""
     sft_target: float | None = None
     """Embedded default: greedy accuracy at which the SFT warm start stops (None = the task's, in warm_start.py)."""
 
@@ -133,14 +138,79 @@ class DigitTask:
         return digits_score(solution_str, ground_truth)
 
 
-TASKS = ("reverse", "add", "sort", "chain")
+def combine(a: tuple, b: tuple, op: str) -> tuple | None:
+    """Countdown's one step on two (value, expression, precedence) nodes, the larger operand first: None when the
+    rules forbid it (a result that is not a positive integer). Parentheses only where precedence needs them."""
+    (x, ex, px), (y, ey, py) = (a, b) if a[0] >= b[0] else (b, a)
+    if op == "-" and x == y or op == "/" and x % y:
+        return None
+    prec = 1 if op in "+-" else 2
+    left = f"({ex})" if px < prec else ex
+    right = f"({ey})" if py < prec or py == prec and op in "-/" else ey
+    value = {"+": x + y, "-": x - y, "*": x * y, "/": x // y}[op]
+    return value, f"{left}{op}{right}", prec, f"{x}{op}{y}={value}"
+
+
+def countdown_solve(numbers: list[int], target: int) -> str | None:
+    """The search solver of the demonstrations: depth-first over (pair of the numbers left, operation), the result
+    going last, until one number is left; the first order that ends at `target` as its response, "25-5=20,20*4=80,
+    80+3=83 => (25-5)*4+3" (the worked steps, then the expression); None if no order reaches it."""
+
+    def search(nodes: list[tuple], steps: list[str]) -> str | None:
+        if len(nodes) == 1:
+            return ", ".join(steps) + " => " + nodes[0][1] if nodes[0][0] == target else None
+        for i in range(len(nodes)):
+            for j in range(i + 1, len(nodes)):
+                rest = [n for k, n in enumerate(nodes) if k not in (i, j)]
+                for op in "+-*/":
+                    if (c := combine(nodes[i], nodes[j], op)) and (found := search(rest + [c[:3]], steps + [c[3]])):
+                        return found
+        return None
+
+    return search([(n, str(n), 3) for n in numbers], [])
+
+
+@dataclass
+class CountdownTask:
+    """`countdown`: reach a target from `n_numbers` numbers in [1, max_number] with + - * / (integer steps), each
+    number used once (the 3A paper's task, TinyZero's rules and reward: rewards.countdown_score). A problem's
+    target is where a random order of random steps ends, kept if in [1, max_target]; its demonstration (for the
+    warm start) is the search solver's first solution, so one problem has one demonstration."""
+
+    name: str = "countdown"
+    n_numbers: int = 4
+    max_number: int = 25
+    max_target: int = 100
+
+    def make(self, rng: np.random.Generator) -> dict:
+        """One problem: {prompt "25 5 4 3>83:", ground_truth "83|25,5,4,3", demonstration (the solver's)}."""
+        while True:
+            numbers = [int(x) for x in rng.integers(1, self.max_number + 1, size=self.n_numbers)]
+            nodes = [(n, str(n), 3) for n in numbers]
+            while len(nodes) > 1 and nodes:  # a random step on a random pair, until one number is left
+                i, j = rng.choice(len(nodes), size=2, replace=False)
+                c = combine(nodes[i], nodes[j], "+-*/"[rng.integers(4)])
+                nodes = [n for k, n in enumerate(nodes) if k not in (i, j)] + [c[:3]] if c else []
+            if nodes and 1 <= nodes[0][0] <= self.max_target:
+                target = nodes[0][0]
+                prompt, truth = f"{' '.join(map(str, numbers))}>{target}:", f"{target}|{','.join(map(str, numbers))}"
+                return {"prompt": prompt, "ground_truth": truth, "demonstration": countdown_solve(numbers, target)}
+
+    sample = DigitTask.sample  # the same disjoint splits (implementation detail 1)
+
+    def compute_score(self, solution_str: str, ground_truth: str) -> float:
+        """TinyZero's Countdown reward (1, format 0.1, or 0) of one response."""
+        return countdown_score(solution_str, ground_truth)
+
+
+TASKS = ("reverse", "add", "sort", "chain", "countdown")
 
 
 def make_task(name: str):
     """A procedural task by name (the user's data is data.DataTask)."""
     if name not in TASKS:
         raise ValueError(f"config field 'task' = {name!r}: must be one of {list(TASKS)} (or pass --data FILE)")
-    return DigitTask(name)
+    return CountdownTask() if name == "countdown" else DigitTask(name)
 
 
 # ----------------------------------------------------------------------------------------------

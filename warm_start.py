@@ -117,9 +117,11 @@ def sft_config_for(task: str, target_acc: float | None = None) -> SFTConfig:
 
 
 def _sft_pair(tokenizer, problem: dict) -> tuple[list[int], list[int]]:
-    """Ids and labels of one single-turn demonstration: the prompt (label -100), then answer + EOS."""
+    """Ids and labels of one single-turn demonstration: the prompt (label -100), then answer + EOS (the answer: the
+    problem's "demonstration" where a task gives one, a solver's response as in countdown, else its ground truth)."""
     prompt = tokenizer(format_prompt(tokenizer, problem["prompt"]), add_special_tokens=False).input_ids
-    answer = tokenizer(problem["ground_truth"], add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+    text = problem.get("demonstration", problem["ground_truth"])
+    answer = tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
     return prompt + answer, [-100] * len(prompt) + answer
 
 
@@ -232,7 +234,7 @@ def sft_warm_start(
         else:
             task = make_task(cfg.task)
             val = task.sample(256, "train", np.random.default_rng(cfg.seed + 10_000))
-            answer_len = max(16, max(len(p["ground_truth"]) for p in val) + 1)  # + EOS; chain answers: 43 chars
+            answer_len = max(16, max(len(p.get("demonstration", p["ground_truth"])) for p in val) + 1)  # + EOS
 
             def demos(n):
                 """n (prompt, answer + EOS) pairs of training problems."""

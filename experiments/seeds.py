@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from itertools import combinations
 from pathlib import Path
 
 import numpy as np
@@ -79,31 +81,41 @@ def bootstrap_diff(a, b, n: int = 10_000, seed: int = 0) -> tuple[float, float, 
     return float(a.mean() - b.mean()), float(lo), float(hi)
 
 
-def differences(results: list[dict]) -> list[dict]:
-    """Each pair of methods (runs {"method", "eval": [(step, acc)]}): the difference of final and of best accuracy
-    with its bootstrap interval (no correction for the number of pairs)."""
+def differences(results: list[dict], baseline: str | None = None) -> list[dict]:
+    """Each pair of methods (runs {"method", "eval": [(step, acc)]}), or each method against `baseline`: the
+    difference of final and of best accuracy with its bootstrap interval (no correction for the number of pairs)."""
     acc = {}  # method -> [(final, best) per seed]
     for r in results:
         acc.setdefault(r["method"], []).append(final_best(r["eval"]))
-    rows, names = [], list(acc)
-    for i, x in enumerate(names):
-        for y in names[i + 1 :]:
-            rows.append({"difference": f"{x} - {y}"})
-            for j, key in enumerate(("final_acc", "best_acc")):
-                d, lo, hi = bootstrap_diff([v[j] for v in acc[x]], [v[j] for v in acc[y]])
-                rows[-1][f"{key} [95% CI]"] = f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    names = list(acc)
+    pairs = [(x, baseline) for x in names if x != baseline] if baseline else list(combinations(names, 2))
+    rows = []
+    for x, y in pairs:
+        rows.append({"difference": f"{x} - {y}"})
+        for j, key in enumerate(("final_acc", "best_acc")):
+            d, lo, hi = bootstrap_diff([v[j] for v in acc[x]], [v[j] for v in acc[y]])
+            rows[-1][f"{key} [95% CI]"] = f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
     return rows
 
 
 RESULTS = ROOT / "experiments" / "results"
 
 
+def numeric_keys(rows: list[dict]) -> list[str]:
+    """The metrics that are numbers (not booleans) in some row, in first-seen order."""
+    keys = {}
+    for r in rows:
+        keys.update({k: None for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    return list(keys)
+
+
 def run_list(experiment: str, runs: dict[str, list[str]], jobs: int = 1, threads: int = 1) -> dict[str, dict]:
     """The runs {run id: trainer argv} of one experiment, `jobs` at a time with `threads` each, resumable: a run whose
     file RESULTS/<experiment>/<run id>.json exists is skipped; each run that finishes writes its file at once: its
-    argv, the final and best held-out greedy accuracy, the eval history, the last metrics row, its wall seconds,
-    the python that ran it, the commit and whether the tree had uncommitted changes when it started. Returns every
-    run's file."""
+    argv, the final and best held-out greedy accuracy, the eval history, the last metrics row, each numeric metric's
+    mean over the iterations, its wall seconds, the python that ran it, the commit and whether the tree had
+    uncommitted changes when it started. Returns every run's file. A file whose argv is not the run's is an error
+    (a changed recipe, or a changed warm start: its folder is in the argv), never a result mixed in."""
     folder = RESULTS / experiment
     folder.mkdir(parents=True, exist_ok=True)
     git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
@@ -112,13 +124,18 @@ def run_list(experiment: str, runs: dict[str, list[str]], jobs: int = 1, threads
         run_id, argv = item  # the code it runs: the tree as the run starts (edits during a long list show)
         commit, dirty = git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
         with tempfile.TemporaryDirectory() as tmp:
-            result, _ = run_trainer(argv, tmp, threads=threads)
+            result, rows = run_trainer(argv, tmp, threads=threads)
         final, best = final_best(result["eval_history"])
         last = {k: v for k, v in result.items() if k not in ("eval_history", "wall_s")}
         record = {"run": run_id, "argv": argv, "final_acc": final, "best_acc": best, "eval": result["eval_history"]}
         record.update(wall_s=result["wall_s"], python=sys.executable, commit=commit, dirty=dirty, last=last)
+        record["mean"] = {k: float(np.mean([r[k] for r in rows if k in r])) for k in numeric_keys(rows)}
         (folder / f"{run_id}.json").write_text(json.dumps(record, indent=1) + "\n")
 
+    for k, argv in runs.items():  # a file of another command is never taken for this one
+        if (f := folder / f"{k}.json").exists() and (had := json.loads(f.read_text())["argv"]) != argv:
+            raise ValueError(f"{f} holds run {k!r} of another command: {shlex.join(had)}, not {shlex.join(argv)}; "
+                             f"delete the file to run it again, or give the experiment another name")  # fmt: skip
     todo = [(k, v) for k, v in runs.items() if not (folder / f"{k}.json").exists()]
     print(f"[minrl] {experiment}: {len(runs) - len(todo)} of {len(runs)} runs done before, {len(todo)} to run")
     with ThreadPoolExecutor(jobs) as ex:

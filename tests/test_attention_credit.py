@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import torch
 
 import attention_credit as ac
 import offpolicy
+import rewards
 import tasks
 import trainer
 from cli import parse_config
@@ -497,6 +499,10 @@ def test_full_runs_take_the_trainers_learning_recipe():
         trainer.Config, credit.run_argv(credit.Config(full=True, train_args="--lr 1e-4 --steps 7"), "grpo", 0, "M")
     )
     assert (grpo.lr, grpo.steps, grpo.credit) == (1e-4, 7, "none")
+    cd = parse_config(trainer.Config, credit.run_argv(credit.Config(full=True, task="countdown"), "local", 1, "M"))
+    assert (cd.task, cd.max_new_tokens, cd.credit_mode) == ("countdown", 64, "local")
+    with pytest.raises(ValueError, match="target_acc"):  # the default target is relative to GRPO's runs
+        credit.Config(methods=["coupled"])
 
 
 def test_summarize_known_answer(tmp_path, capsys):
@@ -524,5 +530,80 @@ def test_summarize_known_answer(tmp_path, capsys):
     assert coupled["steps_to_0.5"] == "15 ± 7 (2/2)"  # steps 10 and 20
     assert grpo["wall_s"] == 3.0 and math.isnan(grpo["overhead"]) and coupled["amplified"] == 0.4
     out = capsys.readouterr().out
-    assert "grpo - coupled" in out and "-0.400 [" in out  # finals 0.1 vs 0.5
+    assert "coupled - grpo" in out and "+0.400 [" in out  # finals 0.5 vs 0.1: each method against GRPO
     assert (tmp_path / "curves.png").stat().st_size > 0
+    path.write_text(json.dumps({"config": {**config, "target_acc": None}, "start_acc": 0.9, "runs": runs}))
+    grpo, coupled = credit.summarize(path)  # None: GRPO's mean final (0.1) minus 0.05
+    assert grpo["steps_to_0.05"] == "0 ± 0 (2/2)" and coupled["steps_to_0.05"] == "0 ± 0 (2/2)"
+
+
+def reachable(numbers: list[int]) -> set[int]:
+    """Every value Countdown's rules reach using all of `numbers` (positive integer steps), by splitting the
+    multiset in two in every way: an enumeration independent of tasks.countdown_solve's order of steps."""
+    if len(numbers) == 1:
+        return {numbers[0]}
+    out = set()
+    for mask in range(1, 2 ** len(numbers) - 1):
+        left = [n for k, n in enumerate(numbers) if mask >> k & 1]
+        right = [n for k, n in enumerate(numbers) if not mask >> k & 1]
+        for x in reachable(left):
+            for y in reachable(right):
+                out |= {x + y, x * y} | ({x - y} if x > y else set()) | ({x // y} if x % y == 0 else set())
+    return out
+
+
+def test_countdown_solver_finds_a_solution_iff_one_exists():
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        numbers = [int(x) for x in rng.integers(1, 13, size=int(rng.integers(2, 5)))]
+        values = reachable(numbers)
+        for target in range(1, 60):
+            found = tasks.countdown_solve(numbers, target)
+            assert (found is not None) == (target in values), (numbers, target, found)
+            if found:
+                assert rewards.countdown_score(found, f"{target}|{','.join(map(str, numbers))}") == 1.0
+
+
+def test_countdown_problems_and_their_demonstrations():
+    """Every problem is solvable and its demonstration is the solver's: steps that are right arithmetic on the
+    numbers left, ending at the target, then an expression that scores 1. Responses average >= 40 tokens (byte
+    tokenizer: a character each, + EOS), and the two splits are disjoint."""
+    task = tasks.make_task("countdown")
+    probs = task.sample(300, "train", np.random.default_rng(1))
+    for p in probs:
+        numbers, target = [int(x) for x in p["prompt"].split(">")[0].split()], int(p["prompt"][:-1].split(">")[1])
+        assert p["ground_truth"] == f"{target}|{','.join(map(str, numbers))}" and 1 <= target <= task.max_target
+        assert len(numbers) == task.n_numbers and all(1 <= n <= task.max_number for n in numbers)
+        steps, expr = p["demonstration"].split(" => ")
+        left = sorted(numbers)
+        for step in steps.split(", "):
+            a, op, b, c = re.fullmatch(r"(\d+)([-+*/])(\d+)=(\d+)", step).groups()
+            a, b, c = int(a), int(b), int(c)
+            assert c == {"+": a + b, "-": a - b, "*": a * b, "/": a / b}[op] and c > 0
+            left.remove(a), left.remove(b), left.append(c)
+        assert left == [target] and rewards.arithmetic_value(expr) == target
+        assert task.compute_score(p["demonstration"], p["ground_truth"]) == 1.0
+    assert np.mean([len(p["demonstration"]) + 1 for p in probs]) >= 40
+    assert not any(tasks.is_eval_problem(p["prompt"]) for p in probs)
+    assert all(tasks.is_eval_problem(p["prompt"]) for p in task.sample(50, "eval", np.random.default_rng(1)))
+
+
+@pytest.mark.parametrize(
+    "response, score",
+    [
+        ("25-5=20, 20*4=80, 80+3=83 => (25-5)*4+3", 1.0),  # the steps are not scored, the expression is
+        ("anything => 3+(25-5)*4", 1.0),
+        ("=> (25-5)*4+3 ", 1.0),
+        ("=> 25-5*4+3", 0.1),  # every number once, the wrong value: the format bonus
+        ("=> (25-5)*4", 0.1),  # a number left out
+        ("=> (25-5)*4+3+3", 0.1),  # a number used twice
+        ("=> (25-5)*4+3.0", 0.1),  # not an integer expression
+        ("=> (25-5)/(4-4)+3", 0.1),
+        ("=> 25**5+4+3", 0.1),  # no powers, and never evaluated by Python
+        ("=> __import__('os').system('true')", 0.1),
+        ("25-5=20, 20*4=80, 80+3=83", 0.0),  # no "=>": no answer
+        ("=>   ", 0.0),
+    ],
+)
+def test_countdown_score_known_answers(response, score):
+    assert rewards.countdown_score(response, "83|25,5,4,3") == score

@@ -717,6 +717,8 @@ def test_bootstrap_interval_known_answers_and_the_pairs_table():
     assert [r["difference"] for r in rows] == ["x - y", "x - z", "y - z"]
     assert rows[0]["final_acc [95% CI]"] == "+0.200 [+0.100, +0.300]"  # finals 0.5, 0.7 vs 0.4, 0.4
     assert rows[0]["best_acc [95% CI]"] == "+0.250 [+0.100, +0.400]"  # bests 0.6, 0.8 vs 0.4, 0.5
+    against = seeds.differences(runs, baseline="y")
+    assert [r["difference"] for r in against] == ["x - y", "z - y"] and against[0] == rows[0]
     assert seeds.final_best([(0, 0.9), (10, 0.1), (20, 0.2)]) == (0.2, 0.2)  # the start model is not "best"
     assert seeds.final_best([(0, 0.3)]) == (0.3, 0.3)  # no evaluation after the start
     assert seeds.mean_std([0.1, 0.3]) == "0.20 ± 0.14" and seeds.mean_std([0.5]) == "0.50 ± 0.00"
@@ -731,7 +733,8 @@ def test_run_list_writes_one_file_per_finished_run_and_a_rerun_skips_them(tmp_pa
     def fake_trainer(argv, out_dir, threads=None):
         ran.append(argv)
         acc = 0.5 + 0.1 * int(argv[1])
-        return {"eval_history": [[0, 0.2], [10, acc + 0.05], [20, acc]], "wall_s": 1.0, "stats/kl": 0.0}, []
+        rows = [{"stats/kl": 0.0, "ok": True}, {"stats/kl": 0.5, "perf/x": 2.0, "note": "x"}]
+        return {"eval_history": [[0, 0.2], [10, acc + 0.05], [20, acc]], "wall_s": 1.0, "stats/kl": 0.0}, rows
 
     monkeypatch.setattr(seeds, "RESULTS", tmp_path)
     monkeypatch.setattr(seeds, "run_trainer", fake_trainer)
@@ -740,5 +743,9 @@ def test_run_list_writes_one_file_per_finished_run_and_a_rerun_skips_them(tmp_pa
     assert [r["final_acc"] for r in out.values()] == [0.5, 0.6] and out["a-s1"]["best_acc"] == 0.65
     assert sorted(p.name for p in (tmp_path / "x").iterdir()) == ["a-s0.json", "a-s1.json"] and len(ran) == 2
     assert len(out["a-s0"]["commit"]) == 40 and out["a-s0"]["argv"] == ["--seed", "0"]
+    assert out["a-s1"]["mean"] == {"stats/kl": 0.25, "perf/x": 2.0}  # over the rows that have the key
     out = seeds.run_list("x", {**runs, "a-s2": ["--seed", "2"]})
     assert len(ran) == 3 and ran[-1] == ["--seed", "2"] and out["a-s2"]["final_acc"] == 0.7
+    with pytest.raises(ValueError, match="a-s1.json holds run 'a-s1' of another command: --seed 1, not --seed 1 --lr"):
+        seeds.run_list("x", {**runs, "a-s1": ["--seed", "1", "--lr", "1"]})  # a changed recipe is not mixed in
+    assert len(ran) == 3
