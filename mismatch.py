@@ -50,7 +50,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 import numpy as np
@@ -102,8 +102,8 @@ class MismatchArgs:
     """extra_padding: left-padding tokens added per row."""
     seed: int = 0
     """Seed of the prompts and the sampler."""
-    variations: list[str] = field(default_factory=lambda: list(VARIATIONS))
-    """Variations to measure (VARIATIONS), each once; all of them (the default) with --engine vllm: those that apply."""
+    variations: list[str] | None = None
+    """Variations to measure (VARIATIONS), each once (None: all, or with --engine vllm all that apply to it)."""
     json: str | None = None
     """Also write the results as JSON to this file."""
     engine: Literal["hf", "vllm"] = "hf"
@@ -112,8 +112,8 @@ class MismatchArgs:
     def __post_init__(self):
         ranges = {"[1, inf)": ("prompts", "max_prompt_len", "max_new_tokens", "pad")}
         check_fields(self, {**ranges, "(0, inf)": ("temperature",), "[0, inf)": ("seed",)})
-        if self.engine == "vllm" and self.variations == list(VARIATIONS):  # the default: those that apply to vLLM
-            self.variations = [v for v in VARIATIONS if v not in NOT_VLLM]
+        if self.variations is None:  # the default: every variation that applies to the engine
+            self.variations = [v for v in VARIATIONS if self.engine == "hf" or v not in NOT_VLLM]
         if self.engine == "vllm" and (ours := [v for v in self.variations if v in NOT_VLLM]):
             raise ValueError(f"config field 'variations': {ours} vary our own sampler, not --engine vllm's: drop them")
         if unknown := [v for v in self.variations if v not in VARIATIONS]:

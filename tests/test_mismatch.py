@@ -144,3 +144,11 @@ def test_a_saved_hf_folder_through_model_and_the_json(tmp_path):
 def test_refusals(kw, match):
     with pytest.raises(ValueError, match=match):
         mismatch.MismatchArgs(**kw)
+
+
+def test_default_variations_follow_the_engine_and_an_explicit_list_is_never_filtered():
+    assert mismatch.MismatchArgs().variations == list(mismatch.VARIATIONS)
+    vllm = mismatch.MismatchArgs(engine="vllm").variations
+    assert vllm == [v for v in mismatch.VARIATIONS if v not in mismatch.NOT_VLLM] and len(vllm) >= 3
+    with pytest.raises(ValueError, match="vary our own sampler"):  # every variation named: refused, not filtered
+        mismatch.MismatchArgs(engine="vllm", variations=list(mismatch.VARIATIONS))
