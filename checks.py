@@ -17,9 +17,11 @@ import json
 import os
 from types import SimpleNamespace
 
+import numpy as np
+
 from cli import check_range
 from envs import ENVS, multi_turn
-from tasks import TASKS
+from tasks import TASKS, make_task
 from warm_start import sft_target_for
 
 RANGES = {  # allowed interval -> trainer.Config's own fields, checked at construction (cli.check_fields)
@@ -37,6 +39,15 @@ RANGES = {  # allowed interval -> trainer.Config's own fields, checked at constr
 def action_tokens(cfg) -> int:
     """The longest scripted action of cfg's embedded environment, in tokens (0: not an embedded env)."""
     return getattr(ENVS.get(cfg.task), "action_tokens", 0)
+
+
+def answer_tokens(cfg) -> int:
+    """The longest answer + EOS among 256 problems of cfg's procedural task, in the embedded tokenizer's tokens (a
+    byte each): 0 for the user's data, an environment, or a model of one's own (its tokenizer may differ)."""
+    if cfg.data is not None or cfg.model is not None or cfg.task not in TASKS:
+        return 0
+    problems = make_task(cfg.task).sample(256, "train", np.random.default_rng(0))
+    return 1 + max(len(p.get("demonstration", p["ground_truth"]).encode()) for p in problems)
 
 
 def one_advantage_per_sequence(cfg) -> bool:
@@ -115,6 +126,13 @@ CHECKS = (  # (bad(cfg), why(cfg)), in the order they are checked
         lambda c: multi_turn(c) and c.max_new_tokens < action_tokens(c),
         lambda c: (
             f"'max_new_tokens' = {c.max_new_tokens}: {c.task}'s actions need {action_tokens(c)} tokens (raise it)"
+        ),
+    ),
+    (
+        lambda c: c.max_new_tokens < answer_tokens(c),  # else every answer is cut before its end and scores ~0
+        lambda c: (
+            f"'max_new_tokens' = {c.max_new_tokens}: {c.task}'s answers need up to {answer_tokens(c)} tokens with "
+            f"EOS in 256 problems, longer in others (raise it: --max-new-tokens {1 << answer_tokens(c).bit_length()})"
         ),
     ),
     (

@@ -31,7 +31,9 @@ Implementation details (our choices)
    of values or a non-finite one stops the run, naming the function, the sample, its prompt and its response. TRL's None
    ("does not apply to this sample") is skipped in the weighted sum, as in TRL; a sample that no term scores is
    an error (TRL would give it 0 with a warning).
-3. Nothing from a model reaches eval/exec: the built-in rewards compare strings and exact numbers.
+3. Nothing from a model reaches eval/exec: the built-in rewards compare strings and exact numbers, and the
+   countdown task's reward (`countdown_score`, TinyZero's rule) reads an expression with `ast` and computes it in
+   Fractions itself (`arithmetic_value`: integers, + - * / and parentheses only, at most 200 characters).
 """
 
 from __future__ import annotations
@@ -146,7 +148,8 @@ def arithmetic_value(expr: str) -> Fraction | None:
             return ops[type(node.op)](value(node.left), value(node.right))
         raise ValueError(f"not + - * / of integers: {ast.dump(node)[:60]}")
 
-    if len(expr) > 200 or not re.fullmatch(r"[\d+\-*/() ]+", expr) or "**" in expr:
+    expr = expr.strip()  # the parser reads a leading space as an indent
+    if len(expr) > 200 or not re.fullmatch(r"[0-9+\-*/() ]+", expr) or "**" in expr:
         return None  # only these characters, so that a 2-character power never reaches the parser
     try:
         return value(ast.parse(expr, mode="eval").body)
@@ -161,7 +164,9 @@ def countdown_score(solution_str: str, ground_truth: str, format_score: float = 
     target, numbers = ground_truth.split("|")
     if "=>" not in solution_str or not (expr := solution_str.rsplit("=>", 1)[1].strip()):
         return 0.0
-    used = sorted(int(n) for n in re.findall(r"\d+", expr))
+    if len(expr) > 200:  # before any int(): a model's 5000-digit run must not stop the run (int() refuses it)
+        return format_score
+    used = sorted(int(n) for n in re.findall(r"[0-9]+", expr))
     if used != sorted(int(n) for n in numbers.split(",")):
         return format_score
     return 1.0 if arithmetic_value(expr) == Fraction(int(target)) else format_score

@@ -10,9 +10,9 @@ What lives here
    43-character answers: long enough for attention_credit.py's windows). Partial credit = matching
    characters at matching positions / max(len(answer), len(truth)). And `countdown` (4 numbers in [1, 25] to a
    target in [1, 100], the 3A paper's task): the response is worked steps then the expression, "25-5=20, 20*4=80,
-   80+3=83 => (25-5)*4+3" (41 characters on average), scored by TinyZero's rule (rewards.countdown_score: 1 if the
-   expression uses each number once and equals the target, 0.1 for an expression that does not, 0 for none); its
-   warm start imitates a search solver (`countdown_solve`).
+   80+3=83 => (25-5)*4+3" (40.5 tokens with EOS on average), scored by TinyZero's rule (rewards.countdown_score: 1
+   if the expression uses each number once and equals the target, 0.1 for an expression that does not, 0 for
+   none); its warm start imitates a search solver (`countdown_solve`).
 2. The user's own data and reward functions are data.py and rewards.py.
 3. A byte-level tokenizer built locally as a real `transformers.PreTrainedTokenizerFast` (`make_tokenizer`: one
    token per byte plus 4 specials, so any text tokenizes, in any language; it round-trips through
@@ -138,9 +138,10 @@ class DigitTask:
         return digits_score(solution_str, ground_truth)
 
 
-def combine(a: tuple, b: tuple, op: str) -> tuple | None:
-    """Countdown's one step on two (value, expression, precedence) nodes, the larger operand first: None when the
-    rules forbid it (a result that is not a positive integer). Parentheses only where precedence needs them."""
+def combine(a: tuple, b: tuple, op: str) -> tuple[tuple, str] | None:
+    """Countdown's one step on two nodes (value, expression, precedence), the larger operand first: (the new node,
+    the step's text "25-5=20"), or None when the rules forbid it (a result that is not a positive integer).
+    Parentheses only where precedence needs them."""
     (x, ex, px), (y, ey, py) = (a, b) if a[0] >= b[0] else (b, a)
     if op == "-" and x == y or op == "/" and x % y:
         return None
@@ -148,12 +149,12 @@ def combine(a: tuple, b: tuple, op: str) -> tuple | None:
     left = f"({ex})" if px < prec else ex
     right = f"({ey})" if py < prec or py == prec and op in "-/" else ey
     value = {"+": x + y, "-": x - y, "*": x * y, "/": x // y}[op]
-    return value, f"{left}{op}{right}", prec, f"{x}{op}{y}={value}"
+    return (value, f"{left}{op}{right}", prec), f"{x}{op}{y}={value}"
 
 
 def countdown_solve(numbers: list[int], target: int) -> str | None:
     """The search solver of the demonstrations: depth-first over (pair of the numbers left, operation), the result
-    going last, until one number is left; the first order that ends at `target` as its response, "25-5=20,20*4=80,
+    going last, until one number is left; the first order that ends at `target` as its response, "25-5=20, 20*4=80,
     80+3=83 => (25-5)*4+3" (the worked steps, then the expression); None if no order reaches it."""
 
     def search(nodes: list[tuple], steps: list[str]) -> str | None:
@@ -163,7 +164,9 @@ def countdown_solve(numbers: list[int], target: int) -> str | None:
             for j in range(i + 1, len(nodes)):
                 rest = [n for k, n in enumerate(nodes) if k not in (i, j)]
                 for op in "+-*/":
-                    if (c := combine(nodes[i], nodes[j], op)) and (found := search(rest + [c[:3]], steps + [c[3]])):
+                    if (step := combine(nodes[i], nodes[j], op)) and (
+                        found := search(rest + [step[0]], steps + [step[1]])
+                    ):
                         return found
         return None
 
@@ -175,28 +178,51 @@ class CountdownTask:
     """`countdown`: reach a target from `n_numbers` numbers in [1, max_number] with + - * / (integer steps), each
     number used once (the 3A paper's task, TinyZero's rules and reward: rewards.countdown_score). A problem's
     target is where a random order of random steps ends, kept if in [1, max_target]; its demonstration (for the
-    warm start) is the search solver's first solution, so one problem has one demonstration."""
+    warm start) is the search solver's first solution, so one problem has one demonstration. A problem is its
+    numbers as a multiset and its target: the split (detail 1) hashes that, so no reordering of a held-out problem
+    is ever trained on."""
 
     name: str = "countdown"
     n_numbers: int = 4
     max_number: int = 25
     max_target: int = 100
 
-    def make(self, rng: np.random.Generator) -> dict:
-        """One problem: {prompt "25 5 4 3>83:", ground_truth "83|25,5,4,3", demonstration (the solver's)}."""
+    def __post_init__(self):
+        if not (2 <= self.n_numbers <= 6 and self.max_number >= 1 and self.max_target >= 1):
+            raise ValueError(f"CountdownTask: n_numbers in [2, 6], max_number and max_target >= 1, got {self}")
+
+    def draw(self, rng: np.random.Generator) -> tuple[list[int], int]:
+        """Numbers and a target: random steps on random pairs until one number is left, redrawn until that number
+        is in [1, max_target] (a forbidden step also redraws)."""
         while True:
             numbers = [int(x) for x in rng.integers(1, self.max_number + 1, size=self.n_numbers)]
             nodes = [(n, str(n), 3) for n in numbers]
-            while len(nodes) > 1 and nodes:  # a random step on a random pair, until one number is left
+            while len(nodes) > 1:
                 i, j = rng.choice(len(nodes), size=2, replace=False)
-                c = combine(nodes[i], nodes[j], "+-*/"[rng.integers(4)])
-                nodes = [n for k, n in enumerate(nodes) if k not in (i, j)] + [c[:3]] if c else []
-            if nodes and 1 <= nodes[0][0] <= self.max_target:
-                target = nodes[0][0]
-                prompt, truth = f"{' '.join(map(str, numbers))}>{target}:", f"{target}|{','.join(map(str, numbers))}"
-                return {"prompt": prompt, "ground_truth": truth, "demonstration": countdown_solve(numbers, target)}
+                step = combine(nodes[i], nodes[j], "+-*/"[rng.integers(4)])
+                if step is None:
+                    break
+                nodes = [n for k, n in enumerate(nodes) if k not in (i, j)] + [step[0]]
+            if len(nodes) == 1 and 1 <= nodes[0][0] <= self.max_target:
+                return numbers, nodes[0][0]
 
-    sample = DigitTask.sample  # the same disjoint splits (implementation detail 1)
+    @staticmethod
+    def key(numbers: list[int], target: int) -> str:
+        """What the split hashes: the numbers in sorted order and the target (any reordering, the same problem)."""
+        return f"{sorted(numbers)}>{target}"
+
+    def sample(self, n: int, split: str, rng: np.random.Generator) -> list[dict]:
+        """n problems of one split, {prompt "25 5 4 3>83:", ground_truth "83|25,5,4,3", demonstration}; the
+        solver runs on the kept ones only."""
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        out = []
+        while len(out) < n:
+            numbers, target = self.draw(rng)
+            if is_eval_problem(self.key(numbers, target)) == (split == "eval"):
+                prompt, truth = f"{' '.join(map(str, numbers))}>{target}:", f"{target}|{','.join(map(str, numbers))}"
+                out.append({"prompt": prompt, "ground_truth": truth, "demonstration": countdown_solve(numbers, target)})
+        return out
 
     def compute_score(self, solution_str: str, ground_truth: str) -> float:
         """TinyZero's Countdown reward (1, format 0.1, or 0) of one response."""

@@ -6,13 +6,13 @@
 
 The method is attention_credit.py; each run is `python trainer.py ... --credit attention --credit-mode M`.
 Setup (our choice): task `chain` (five 2-digit numbers summed step by step, 43-character answers: responses of
->= 40 tokens, docs/design.md 5.3) or `countdown` (4 numbers to a target, worked steps then the expression, ~41
+>= 40 tokens, docs/design.md 5.3) or `countdown` (4 numbers to a target, worked steps then the expression, 40.5
 tokens; the 3A paper's own task), the tiny Qwen2 with 6 layers, 8 query / 4 key-value heads, hidden 64
 (attention_credit.MODEL), after an SFT warm start (attention_credit.SFT on the task); every run is the trainer's
 default learning recipe (T 0.6, cosine lr 2e-4, 32 x 4, 2 epochs x 2 minibatches) with NEW_TOKENS, GRPO
 advantages, and the method's credit on top. OUT_DIR/results.json holds every run's eval history; curves.png and
 the start model's token figure (tokens.png) beside it. With --full each run is also one committed file of
-experiments/results/credit-TASK/ (experiments/seeds.run_list): a rerun runs only what has no file.
+experiments/results/credit-TASK[-NAME]/ (experiments/seeds.run_list): a rerun runs only what has no file.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ class Config:
     train_args: str = ""
     """Extra trainer flags for every run, e.g. "--lr 1e-4 --prompts-per-step 16" (they win over the recipe)."""
     target_acc: float | None = None
-    """Eval accuracy whose first crossing is reported as steps-to-target (None: GRPO's mean final minus 0.05)."""
+    """Eval accuracy whose first crossing after step 0 is reported as steps-to-target (None: GRPO's mean final
+    minus 0.05)."""
     eval_every: int = 10
     """Greedy evaluation every this many iterations (and at the end)."""
     eval_n: int = 200
@@ -93,6 +94,8 @@ class Config:
             check_choice("methods", m, METHODS)
         if self.target_acc is None and "grpo" not in self.methods:
             raise ValueError("config field 'target_acc' is None (GRPO's final - 0.05) but 'methods' lacks grpo: set it")
+        if self.name and not self.full:
+            raise ValueError("config field 'name' names the result folder of --full runs: add --full, or drop it")
         if not re.fullmatch(r"[\w.-]*", self.name):
             raise ValueError(f"config field 'name' = {self.name!r}: letters, digits, '.', '-' and '_' only")
         ranges = {"[1, inf)": ("seeds", "eval_every", "eval_n", "jobs"), "[0, inf)": ("steps",)}
@@ -111,8 +114,8 @@ def run_argv(cfg: Config, method: str, seed: int, model_path: str) -> list[str]:
 
 def run_summary(method: str, seed: int, result: dict, rows: list[dict]) -> dict:
     """One run's eval history, wall time (the whole command) and its mean credit metrics."""
-    mean = {k: float(np.mean([r[k] for r in rows])) for k in ("perf/credit_overhead", "stats/credit_amplified_frac")
-            if k in rows[0]}  # fmt: skip
+    keys = [k for k in ("perf/credit_overhead", "stats/credit_amplified_frac") if k in rows[0]]
+    mean = {k: float(np.mean([r[k] for r in rows])) for k in keys}
     return file_summary(method, seed, {"eval": result["eval_history"], "wall_s": result["wall_s"], "mean": mean})
 
 
@@ -127,7 +130,7 @@ def summarize(results_json) -> list[dict]:
     """The table (final / best held-out accuracy per method, mean ± sample std over seeds, steps to target_acc,
     wall, overhead, amplified share), printed with the bootstrap interval of each difference against GRPO (of each
     pair without it); curves.png next to results.json. Each run's history starts with its step-0 evaluation (the
-    start model), which counts for neither. target_acc None: GRPO's mean final accuracy minus 0.05."""
+    start model), which counts for none of them. target_acc None: GRPO's mean final accuracy minus 0.05."""
     import matplotlib.pyplot as plt
 
     path = Path(results_json)
@@ -139,7 +142,8 @@ def summarize(results_json) -> list[dict]:
         )
     for m in res["config"]["methods"]:
         rs = [r for r in res["runs"] if r["method"] == m]
-        (final, best), hit = zip(*[final_best(r["eval"]) for r in rs]), [steps_to(r["eval"], target) for r in rs]
+        trained = [[(s, a) for s, a in r["eval"] if s > 0] for r in rs]  # the start model reaches nothing
+        (final, best), hit = zip(*[final_best(r["eval"]) for r in rs]), [steps_to(c, target) for c in trained]
         hit = [h for h in hit if h is not None]
         row = {"method": m, "final_acc": mean_std(final, ".3f"), "best_acc": mean_std(best, ".3f")}
         row[f"steps_to_{target}"] = f"{mean_std(hit, '.0f')} ({len(hit)}/{len(rs)})"

@@ -88,6 +88,8 @@ def differences(results: list[dict], baseline: str | None = None) -> list[dict]:
     for r in results:
         acc.setdefault(r["method"], []).append(final_best(r["eval"]))
     names = list(acc)
+    if baseline is not None and baseline not in acc:
+        raise ValueError(f"differences: baseline {baseline!r} is not among the runs' methods {names}")
     pairs = [(x, baseline) for x in names if x != baseline] if baseline else list(combinations(names, 2))
     rows = []
     for x, y in pairs:
@@ -109,13 +111,30 @@ def numeric_keys(rows: list[dict]) -> list[str]:
     return list(keys)
 
 
+def portable(argv: list[str]) -> list[str]:
+    """argv with the paths inside the repository written relative to it (a warm start in .cache/): what a run's file
+    records and compares, so that a clone elsewhere resumes the same runs."""
+    inside = lambda a: os.path.isabs(a) and Path(a).resolve().is_relative_to(ROOT)  # noqa: E731
+    return [os.path.relpath(Path(a).resolve(), ROOT) if inside(a) else a for a in argv]
+
+
+def read_record(path: Path) -> dict:
+    """One run's file; a damaged one is an error that names it."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not a finished run's record ({e}): delete it to run that run again") from e
+
+
 def run_list(experiment: str, runs: dict[str, list[str]], jobs: int = 1, threads: int = 1) -> dict[str, dict]:
     """The runs {run id: trainer argv} of one experiment, `jobs` at a time with `threads` each, resumable: a run whose
-    file RESULTS/<experiment>/<run id>.json exists is skipped; each run that finishes writes its file at once: its
-    argv, the final and best held-out greedy accuracy, the eval history, the last metrics row, each numeric metric's
-    mean over the iterations, its wall seconds, the python that ran it, the commit and whether the tree had
-    uncommitted changes when it started. Returns every run's file. A file whose argv is not the run's is an error
-    (a changed recipe, or a changed warm start: its folder is in the argv), never a result mixed in."""
+    file RESULTS/<experiment>/<run id>.json exists is skipped; each run that finishes writes its file at once
+    (whole or not at all: a temporary name, then a rename): its argv (`portable`), the final and best held-out
+    greedy accuracy, the eval history, the last metrics row, each numeric metric's mean over the iterations, its
+    wall seconds, the python that ran it, the commit and whether the tree had uncommitted changes when it started.
+    Returns every run's file. A file whose argv is not the run's is an error, never a result mixed in: a changed
+    flag, or a changed warm start (its cache folder's name, a key of its sources, is in the argv). The trainer's
+    defaults are not in the argv: a file's commit says which ones it ran with."""
     folder = RESULTS / experiment
     folder.mkdir(parents=True, exist_ok=True)
     git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
@@ -127,17 +146,23 @@ def run_list(experiment: str, runs: dict[str, list[str]], jobs: int = 1, threads
             result, rows = run_trainer(argv, tmp, threads=threads)
         final, best = final_best(result["eval_history"])
         last = {k: v for k, v in result.items() if k not in ("eval_history", "wall_s")}
-        record = {"run": run_id, "argv": argv, "final_acc": final, "best_acc": best, "eval": result["eval_history"]}
-        record.update(wall_s=result["wall_s"], python=sys.executable, commit=commit, dirty=dirty, last=last)
+        record = {"run": run_id, "argv": portable(argv), "final_acc": final, "best_acc": best}
+        record.update(eval=result["eval_history"], wall_s=result["wall_s"], python=sys.executable)
+        record.update(commit=commit, dirty=dirty, last=last)
         record["mean"] = {k: float(np.mean([r[k] for r in rows if k in r])) for k in numeric_keys(rows)}
-        (folder / f"{run_id}.json").write_text(json.dumps(record, indent=1) + "\n")
+        part = folder / f"{run_id}.json.part"
+        part.write_text(json.dumps(record, indent=1) + "\n")
+        os.replace(part, folder / f"{run_id}.json")
 
     for k, argv in runs.items():  # a file of another command is never taken for this one
-        if (f := folder / f"{k}.json").exists() and (had := json.loads(f.read_text())["argv"]) != argv:
-            raise ValueError(f"{f} holds run {k!r} of another command: {shlex.join(had)}, not {shlex.join(argv)}; "
-                             f"delete the file to run it again, or give the experiment another name")  # fmt: skip
+        if (f := folder / f"{k}.json").exists() and portable(had := read_record(f)["argv"]) != portable(argv):
+            what = f"{shlex.join(had)}, not {shlex.join(portable(argv))}"
+            raise ValueError(
+                f"{f} holds run {k!r} of another command: {what}; delete the file to run it again, "
+                "or give the experiment another name"
+            )
     todo = [(k, v) for k, v in runs.items() if not (folder / f"{k}.json").exists()]
     print(f"[minrl] {experiment}: {len(runs) - len(todo)} of {len(runs)} runs done before, {len(todo)} to run")
     with ThreadPoolExecutor(jobs) as ex:
         list(ex.map(one, todo))
-    return {k: json.loads((folder / f"{k}.json").read_text()) for k in runs}
+    return {k: read_record(folder / f"{k}.json") for k in runs}

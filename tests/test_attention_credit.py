@@ -1,8 +1,10 @@
 """Attention credit (attention_credit.py): known answers for every stage, padding, the loss, a training run."""
 
+import itertools
 import json
 import math
 import re
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -483,7 +485,8 @@ def test_full_runs_take_the_trainers_learning_recipe():
     run = parse_config(trainer.Config, credit.run_argv(cfg, "coupled", 3, "M"))
     default = trainer.Config()
     assert (run.task, run.max_new_tokens, run.seed, run.adv_estimator, run.model) == ("chain", 48, 3, "grpo", "M")
-    assert (run.credit, run.credit_mode) == ("attention", "coupled") and trainer.Config(task="chain").credit == "none"
+    assert (run.credit, run.credit_mode) == ("attention", "coupled")
+    assert trainer.Config(task="chain", max_new_tokens=48).credit == "none"
     for k in (
         "temperature",
         "lr",
@@ -503,6 +506,10 @@ def test_full_runs_take_the_trainers_learning_recipe():
     assert (cd.task, cd.max_new_tokens, cd.credit_mode) == ("countdown", 64, "local")
     with pytest.raises(ValueError, match="target_acc"):  # the default target is relative to GRPO's runs
         credit.Config(methods=["coupled"])
+    with pytest.raises(ValueError, match="add --full"):  # --name names the result folder of --full runs
+        credit.Config(name="pilot")
+    with pytest.raises(ValueError, match="'name'"):
+        credit.Config(full=True, name="../x")
 
 
 def test_summarize_known_answer(tmp_path, capsys):
@@ -526,7 +533,7 @@ def test_summarize_known_answer(tmp_path, capsys):
     # grpo finals 0.2, 0.0: mean 0.1, sample std sqrt(0.02) = 0.141; bests 0.2, 0.4: 0.3 +- 0.141
     assert grpo["final_acc"] == "0.100 ± 0.141" and grpo["best_acc"] == "0.300 ± 0.141"
     assert coupled["final_acc"] == "0.500 ± 0.000" and coupled["best_acc"] == "0.500 ± 0.000"
-    assert grpo["steps_to_0.5"] == "0 ± 0 (2/2)"  # the start model (step 0) is at 0.9
+    assert grpo["steps_to_0.5"] == "- (0/2)"  # the start model (step 0) is at 0.9, but counts for nothing
     assert coupled["steps_to_0.5"] == "15 ± 7 (2/2)"  # steps 10 and 20
     assert grpo["wall_s"] == 3.0 and math.isnan(grpo["overhead"]) and coupled["amplified"] == 0.4
     out = capsys.readouterr().out
@@ -534,7 +541,7 @@ def test_summarize_known_answer(tmp_path, capsys):
     assert (tmp_path / "curves.png").stat().st_size > 0
     path.write_text(json.dumps({"config": {**config, "target_acc": None}, "start_acc": 0.9, "runs": runs}))
     grpo, coupled = credit.summarize(path)  # None: GRPO's mean final (0.1) minus 0.05
-    assert grpo["steps_to_0.05"] == "0 ± 0 (2/2)" and coupled["steps_to_0.05"] == "0 ± 0 (2/2)"
+    assert grpo["steps_to_0.05"] == "10 ± 0 (2/2)" and coupled["steps_to_0.05"] == "10 ± 0 (2/2)"
 
 
 def reachable(numbers: list[int]) -> set[int]:
@@ -584,8 +591,14 @@ def test_countdown_problems_and_their_demonstrations():
         assert left == [target] and rewards.arithmetic_value(expr) == target
         assert task.compute_score(p["demonstration"], p["ground_truth"]) == 1.0
     assert np.mean([len(p["demonstration"]) + 1 for p in probs]) >= 40
-    assert not any(tasks.is_eval_problem(p["prompt"]) for p in probs)
-    assert all(tasks.is_eval_problem(p["prompt"]) for p in task.sample(50, "eval", np.random.default_rng(1)))
+    held = task.sample(50, "eval", np.random.default_rng(1))
+    for split, ps in (("train", probs), ("eval", held)):  # the split hashes the multiset: reorderings share it
+        for p in ps:
+            numbers, target = [int(x) for x in p["prompt"].split(">")[0].split()], int(p["prompt"][:-1].split(">")[1])
+            keys = {task.key(list(q), target) for q in itertools.permutations(numbers)}
+            assert len(keys) == 1 and tasks.is_eval_problem(keys.pop()) == (split == "eval")
+    with pytest.raises(ValueError, match="n_numbers"):
+        tasks.CountdownTask(n_numbers=0)
 
 
 @pytest.mark.parametrize(
@@ -607,3 +620,13 @@ def test_countdown_problems_and_their_demonstrations():
 )
 def test_countdown_score_known_answers(response, score):
     assert rewards.countdown_score(response, "83|25,5,4,3") == score
+
+
+def test_arithmetic_value_known_answers_and_refusals():
+    """Exact values in Fractions; anything but integers, + - * / and parentheses is None, never evaluated."""
+    assert rewards.arithmetic_value("7/2") == Fraction(7, 2) and rewards.arithmetic_value("(25-5)*4+3") == 83
+    assert rewards.arithmetic_value(" 2 * (3 + 4) ") == 14
+    for expr in ("__import__('os')", "2**3", "1//1", "-5", "05", "1/0", "1+", "1e3", "١+1", "1" * 201, "(" * 150):
+        assert rewards.arithmetic_value(expr) is None, expr
+    long_digits = "=> " + "9" * 5000  # more digits than int() takes: the reward is the format score, not an error
+    assert rewards.countdown_score(long_digits, "83|25,5,4,3") == 0.1

@@ -117,6 +117,16 @@ def test_config_env_url_needs_a_multi_turn_task_at_load():
     assert trainer.Config(task="calc", env_url="http://127.0.0.1:1").env_url  # checked at load, not contacted
 
 
+def test_config_max_new_tokens_must_hold_the_tasks_answers():
+    """Else every answer is cut before its end and scores ~0 (the embedded byte tokenizer: a token per byte)."""
+    with pytest.raises(ValueError, match="'max_new_tokens' = 16: chain's answers need up to 44 tokens with EOS"):
+        trainer.Config(task="chain")
+    with pytest.raises(ValueError, match=r"countdown's answers need up to 4\d tokens .* --max-new-tokens 64\)"):
+        trainer.Config(task="countdown", max_new_tokens=32)
+    assert trainer.Config(task="countdown", max_new_tokens=64) and trainer.Config(task="sort")  # sort: 7
+    assert trainer.Config(task="chain", model="M")  # a model of its own: its tokenizer may count otherwise
+
+
 def test_config_group_estimators_need_groups():
     for est in ("grpo", "rloo"):
         with pytest.raises(ValueError, match=rf"'group_size' = 1: {est} needs >= 2"):

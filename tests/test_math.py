@@ -749,3 +749,13 @@ def test_run_list_writes_one_file_per_finished_run_and_a_rerun_skips_them(tmp_pa
     with pytest.raises(ValueError, match="a-s1.json holds run 'a-s1' of another command: --seed 1, not --seed 1 --lr"):
         seeds.run_list("x", {**runs, "a-s1": ["--seed", "1", "--lr", "1"]})  # a changed recipe is not mixed in
     assert len(ran) == 3
+    model = str(seeds.ROOT / ".cache" / "sft-x-0123")  # a warm start: recorded relative to the repository
+    out = seeds.run_list("y", {"b-s0": ["--seed", "3", "--model", model]})
+    assert out["b-s0"]["argv"] == ["--seed", "3", "--model", ".cache/sft-x-0123"] and len(ran) == 4
+    assert seeds.run_list("y", {"b-s0": ["--seed", "3", "--model", model]}) and len(ran) == 4  # not run again
+    (tmp_path / "y" / "b-s1.json").write_text('{"run": "b-s1", "ar')  # a damaged file is named, not mixed in
+    with pytest.raises(ValueError, match="b-s1.json is not a finished run's record"):
+        seeds.run_list("y", {"b-s1": ["--seed", "1"]})
+    assert not list((tmp_path / "x").glob("*.part"))  # each file appears whole (a rename)
+    with pytest.raises(ValueError, match="baseline 'w' is not among"):
+        seeds.differences([{"method": "x", "eval": [(0, 0.1), (10, 0.2)]}], baseline="w")
