@@ -131,7 +131,8 @@ def run_list(experiment: str, runs: dict[str, list[str]], jobs: int = 1, threads
     file RESULTS/<experiment>/<run id>.json exists is skipped; each run that finishes writes its file at once
     (whole or not at all: a temporary name, then a rename): its argv (`portable`), the final and best held-out
     greedy accuracy, the eval history, the last metrics row, each numeric metric's mean over the iterations, its
-    wall seconds, the python that ran it, the commit and whether the tree had uncommitted changes when it started.
+    wall seconds, the python that ran it and the command that asked for it (e.g. experiments/credit.py's), the
+    commit and whether the tree had uncommitted changes when it started.
     Returns every run's file. A file whose argv is not the run's is an error, never a result mixed in: a changed
     flag, or a changed warm start (its cache folder's name, a key of its sources, is in the argv). The trainer's
     defaults are not in the argv: a file's commit says which ones it ran with."""
@@ -148,7 +149,7 @@ def run_list(experiment: str, runs: dict[str, list[str]], jobs: int = 1, threads
         last = {k: v for k, v in result.items() if k not in ("eval_history", "wall_s")}
         record = {"run": run_id, "argv": portable(argv), "final_acc": final, "best_acc": best}
         record.update(eval=result["eval_history"], wall_s=result["wall_s"], python=sys.executable)
-        record.update(commit=commit, dirty=dirty, last=last)
+        record.update(command=shlex.join(portable(sys.argv)), commit=commit, dirty=dirty, last=last)
         record["mean"] = {k: float(np.mean([r[k] for r in rows if k in r])) for k in numeric_keys(rows)}
         part = folder / f"{run_id}.json.part"
         part.write_text(json.dumps(record, indent=1) + "\n")

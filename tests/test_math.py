@@ -6,6 +6,8 @@ Everything runs in fp64 unless a test is about fp32 behaviour.
 
 import contextlib
 import math
+import shlex
+import sys
 
 import numpy as np
 import pytest
@@ -744,6 +746,7 @@ def test_run_list_writes_one_file_per_finished_run_and_a_rerun_skips_them(tmp_pa
     assert sorted(p.name for p in (tmp_path / "x").iterdir()) == ["a-s0.json", "a-s1.json"] and len(ran) == 2
     assert len(out["a-s0"]["commit"]) == 40 and out["a-s0"]["argv"] == ["--seed", "0"]
     assert out["a-s1"]["mean"] == {"stats/kl": 0.25, "perf/x": 2.0}  # over the rows that have the key
+    assert out["a-s0"]["command"] == shlex.join(seeds.portable(sys.argv))  # what asked for the run (here: pytest)
     out = seeds.run_list("x", {**runs, "a-s2": ["--seed", "2"]})
     assert len(ran) == 3 and ran[-1] == ["--seed", "2"] and out["a-s2"]["final_acc"] == 0.7
     with pytest.raises(ValueError, match="a-s1.json holds run 'a-s1' of another command: --seed 1, not --seed 1 --lr"):
