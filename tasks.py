@@ -477,7 +477,8 @@ def stop_token_ids(model, tokenizer) -> list[int]:
 
 
 def main(argv=None) -> None:
-    """Print three training samples of each task (or one task) and the embedded model's size."""
+    """Print three training samples of each task (or one task): the prompt and the answer a demonstration gives
+    (countdown: its solver's; the others: the ground truth); the embedded model's size."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--task", choices=TASKS, default=None, help="one task (default: all)")
     args = ap.parse_args(argv)
@@ -485,7 +486,7 @@ def main(argv=None) -> None:
     for name in [args.task] if args.task else TASKS:
         task = make_task(name)
         for p in task.sample(3, "train", rng):
-            print(f"{name:8s} prompt {p['prompt']!r:14s} answer {p['ground_truth']!r}")
+            print(f"{name:8s} prompt {p['prompt']!r:14s} answer {p.get('demonstration', p['ground_truth'])!r}")
     tok = make_tokenizer()
     n = sum(p.numel() for p in make_tiny_model(tok).parameters())
     print(f"embedded model: Qwen2 config, {n / 1e6:.2f}M parameters, vocabulary {len(tok)} (256 bytes + 4 specials)")

@@ -74,6 +74,8 @@ def test_logits_main_shows_the_chunked_head_equal_to_whole_logits(capsys):
 def test_tasks_main_prints_samples_and_the_model(capsys):
     out = main_output(capsys, tasks, "--task", "add")
     assert out.count("add      prompt") == 3 and "0.53M parameters" in out
+    out = main_output(capsys, tasks, "--task", "countdown")  # the solver's demonstration, not the scoring key
+    assert out.count("countdown prompt") == 3 and out.count(" => ") == 3
 
 
 def test_envs_main_plays_each_environment_to_its_end(capsys):
