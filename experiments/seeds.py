@@ -114,8 +114,8 @@ def numeric_keys(rows: list[dict]) -> list[str]:
 def portable(argv: list[str]) -> list[str]:
     """argv with the paths inside the repository written relative to it (a warm start in .cache/): what a run's file
     records and compares, so that a clone elsewhere resumes the same runs."""
-    inside = lambda a: os.path.isabs(a) and Path(a).resolve().is_relative_to(ROOT)  # noqa: E731
-    return [os.path.relpath(Path(a).resolve(), ROOT) if inside(a) else a for a in argv]
+    inside = lambda a: os.path.isabs(a) and Path(os.path.normpath(a)).is_relative_to(ROOT)  # noqa: E731
+    return [os.path.relpath(os.path.normpath(a), ROOT) if inside(a) else a for a in argv]  # links not followed
 
 
 def read_record(path: Path) -> dict:
