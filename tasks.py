@@ -8,11 +8,9 @@ What lives here
    `reverse` (reverse 6 digits), `add` (2-digit addition, zero-padded 3-digit sum), `sort` (sort 6
    digits), `chain` (sum of five 2-digit numbers written step by step with zero-padded partial sums,
    43-character answers: long enough for attention_credit.py's windows). Partial credit = matching
-   characters at matching positions / max(len(answer), len(truth)). And `countdown` (4 numbers in [1, 25] to a
-   target in [1, 100], the 3A paper's task): the response is worked steps then the expression, "25-5=20, 20*4=80,
-   80+3=83 => (25-5)*4+3" (40.5 tokens with EOS on average), scored by TinyZero's rule (rewards.countdown_score: 1
-   if the expression uses each number once and equals the target, 0.1 for an expression that does not, 0 for
-   none); its warm start imitates a search solver (`countdown_solve`).
+   characters at matching positions / max(len(answer), len(truth)). And `countdown`, the 3A paper's task (4
+   numbers to a target; worked steps then the expression, 40.5 tokens on average; TinyZero's reward,
+   rewards.countdown_score; a search solver's demonstrations for the warm start: `CountdownTask`).
 2. The user's own data and reward functions are data.py and rewards.py.
 3. A byte-level tokenizer built locally as a real `transformers.PreTrainedTokenizerFast` (`make_tokenizer`: one
    token per byte plus 4 specials, so any text tokenizes, in any language; it round-trips through
@@ -84,6 +82,23 @@ def is_eval_problem(prompt: str) -> bool:
     return zlib.crc32(prompt.encode()) % 10 == 0
 
 
+def split_sample(n: int, split: str, rng: np.random.Generator, draw, key) -> list:
+    """n draws (draw(rng)) of one split, with replacement: rejection on is_eval_problem(key(drawn)) keeps the two
+    splits disjoint (implementation detail 1)."""
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    out = []
+    while len(out) < n:
+        if is_eval_problem(key(x := draw(rng))) == (split == "eval"):
+            out.append(x)
+    return out
+
+
+def answer_text(problem: dict) -> str:
+    """The answer a warm start imitates: the task's "demonstration" where it has one (countdown), else the truth."""
+    return problem.get("demonstration", problem["ground_truth"])
+
+
 def score_responses(task, texts: list[str], problems: list[dict]) -> list[float]:
     """Task scores; a reward function that raises or returns non-finite stops the run, naming the sample."""
     out = []
@@ -123,15 +138,8 @@ class DigitTask:
         return {"prompt": f"{digits}>" if self.name == "reverse" else f"s{digits}>", "ground_truth": answer}
 
     def sample(self, n: int, split: str, rng: np.random.Generator) -> list[dict]:
-        """n rows of one split, drawn with replacement (the training rows if none is held out)."""
-        if split not in ("train", "eval"):
-            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-        out = []
-        while len(out) < n:  # rejection keeps the two splits disjoint (implementation detail 1)
-            p = self.make(rng)
-            if is_eval_problem(p["prompt"]) == (split == "eval"):
-                out.append(p)
-        return out
+        """n problems of one split, drawn with replacement; the split hashes the prompt."""
+        return split_sample(n, split, rng, self.make, lambda p: p["prompt"])
 
     def compute_score(self, solution_str: str, ground_truth: str) -> float:
         """Partial credit (rewards.digits_score) of one response."""
@@ -214,14 +222,10 @@ class CountdownTask:
     def sample(self, n: int, split: str, rng: np.random.Generator) -> list[dict]:
         """n problems of one split, {prompt "25 5 4 3>83:", ground_truth "83|25,5,4,3", demonstration}; the
         solver runs on the kept ones only."""
-        if split not in ("train", "eval"):
-            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         out = []
-        while len(out) < n:
-            numbers, target = self.draw(rng)
-            if is_eval_problem(self.key(numbers, target)) == (split == "eval"):
-                prompt, truth = f"{' '.join(map(str, numbers))}>{target}:", f"{target}|{','.join(map(str, numbers))}"
-                out.append({"prompt": prompt, "ground_truth": truth, "demonstration": countdown_solve(numbers, target)})
+        for numbers, target in split_sample(n, split, rng, self.draw, lambda d: self.key(*d)):
+            prompt, truth = f"{' '.join(map(str, numbers))}>{target}:", f"{target}|{','.join(map(str, numbers))}"
+            out.append({"prompt": prompt, "ground_truth": truth, "demonstration": countdown_solve(numbers, target)})
         return out
 
     def compute_score(self, solution_str: str, ground_truth: str) -> float:
@@ -486,7 +490,7 @@ def main(argv=None) -> None:
     for name in [args.task] if args.task else TASKS:
         task = make_task(name)
         for p in task.sample(3, "train", rng):
-            print(f"{name:8s} prompt {p['prompt']!r:14s} answer {p.get('demonstration', p['ground_truth'])!r}")
+            print(f"{name:8s} prompt {p['prompt']!r:14s} answer {answer_text(p)!r}")
     tok = make_tokenizer()
     n = sum(p.numel() for p in make_tiny_model(tok).parameters())
     print(f"embedded model: Qwen2 config, {n / 1e6:.2f}M parameters, vocabulary {len(tok)} (256 bytes + 4 specials)")

@@ -55,7 +55,7 @@ from tqdm.auto import tqdm
 
 from envs import ENVS, TaskEnv, is_env, make_env
 from evaluation import Imitated, greedy_accuracy
-from tasks import TASKS, format_prompt, make_task, make_tiny_model, make_tokenizer, observation_ids
+from tasks import TASKS, answer_text, format_prompt, make_task, make_tiny_model, make_tokenizer, observation_ids
 
 CACHE_DIR = Path(__file__).resolve().parent / ".cache"
 KEY_SOURCES = (
@@ -120,8 +120,7 @@ def _sft_pair(tokenizer, problem: dict) -> tuple[list[int], list[int]]:
     """Ids and labels of one single-turn demonstration: the prompt (label -100), then answer + EOS (the answer: the
     problem's "demonstration" where a task gives one, a solver's response as in countdown, else its ground truth)."""
     prompt = tokenizer(format_prompt(tokenizer, problem["prompt"]), add_special_tokens=False).input_ids
-    text = problem.get("demonstration", problem["ground_truth"])
-    answer = tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+    answer = tokenizer(answer_text(problem), add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
     return prompt + answer, [-100] * len(prompt) + answer
 
 
@@ -234,7 +233,7 @@ def sft_warm_start(
         else:
             task = make_task(cfg.task)
             val = task.sample(256, "train", np.random.default_rng(cfg.seed + 10_000))
-            answer_len = max(16, max(len(p.get("demonstration", p["ground_truth"])) for p in val) + 1)  # + EOS
+            answer_len = max(16, max(len(answer_text(p)) for p in val) + 1)  # + EOS
 
             def demos(n):
                 """n (prompt, answer + EOS) pairs of training problems."""
