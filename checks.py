@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -150,14 +149,6 @@ CHECKS = (  # (bad(cfg), why(cfg)), in the order they are checked
         lambda c: (c.fsdp or c.lora_rank) and (c.dump_batch or c.credit != "none" or c.inject),
         lambda c: (
             "'fsdp' / 'lora_rank' do not combine with dump_batch, credit or inject yet (one process, whole models)"
-        ),
-    ),
-    (
-        lambda c: c.rollout_engine == "vllm" and multi_turn(c) and int(os.environ.get("WORLD_SIZE", "1")) > 1,
-        lambda c: (
-            f"'rollout_engine' = 'vllm' with the multi-turn task {c.task!r} under torchrun: the ranks' engines step "
-            "together (vLLM's data-parallel all-reduce at every step), so ranks whose episodes take different numbers "
-            "of turns would wait on each other forever; use one rank, or --rollout-engine hf"
         ),
     ),
     (

@@ -27,7 +27,9 @@ What one rank holds (s = 4 bytes per fp32 parameter; weights and AdamW state sta
            (gradients are freed at each optimizer step)
   step     + 2 N s: the gradients and foreach AdamW's temporaries (CUDA), once the activations are freed
   rollout  + KV cache of all n sequences: n T layers 2 kv_heads head_dim (4 bytes, 2 under bf16) + the sampling
-           logits 4 n V s
+           logits 4 n V s; with --rollout-engine vllm instead the engine's memory (engine_bytes: on a
+           GPU gpu_memory_utilization of it, freed between rollouts by sleep mode; on the CPU its weights and KV cache,
+           held throughout) and, under FSDP2 or LoRA, the whole weights its sync sends
   A = the tensors autograd saves for one micro-batch of b rows of T tokens: F_0 + layers F_1 + b (A_0 + layers
       A_1), MEASURED (saved_activation_bytes) on 1- and 2-layer copies of the model's config at T, 1 and 2 rows,
       not modelled (F: per forward, e.g. the bf16 weight copies autocast saves); with checkpointing F_0 + b (A_0 +
@@ -57,6 +59,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 import common
+import vllm_engine
 from cli import check_fields, parse_config
 from critics import ValueModel, critic_footprint, make_value_model, saved_activation_bytes
 from envs import rollout_kw
@@ -210,6 +213,13 @@ def largest_micro_batch(micro_batch: int, minibatch: int, tokens: int, T: int) -
     return min(minibatch, max(1, tokens // T)) if tokens else min(micro_batch, minibatch)
 
 
+def kv_cache_bytes(config, tokens: int, value_bytes: int) -> int:
+    """The KV cache of `tokens` tokens: per layer a key and a value of kv_heads x head_dim each."""
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return tokens * config.num_hidden_layers * 2 * kv_heads * head_dim * value_bytes
+
+
 def estimate(
     policy,
     critics,
@@ -225,6 +235,7 @@ def estimate(
     fsdp: bool = False,
     adapters: int = 0,
     engine: str = "float32",
+    vllm: tuple[float, float] | None = None,
 ) -> dict[str, float]:
     """The per-rank peak (GiB) by part (module docstring) of an update on `seqs` sequences per rank of prompt_len +
     response_len tokens whose largest micro-batch has `rows` of them (largest_micro_batch), for models from
@@ -234,7 +245,8 @@ def estimate(
     root's weights, two layers': one computing, one prefetched; in the rollout all of them) and the root's gradient,
     whole until the end of the backward (not counted: the critics' gathered weights, fewer than the policy's).
     adapters: the LoRA weights (lora.adapter_params) that alone train: moments, gradients, buckets are theirs; no
-    reference. engine bfloat16 (--rollout-dtype): the sampler's bf16 copy of the policy, held throughout."""
+    reference. engine bfloat16 (--rollout-dtype): the sampler's bf16 copy of the policy, held throughout. vllm: the
+    engine's bytes (between rollouts, during one; engine_bytes), in place of the trainer's own KV cache and logits."""
     config, s, kv_s = policy.config, 4, 2 if "bfloat16" in (dtype, engine) else 4  # fp32 weights, moments, gradients
     N, R, T = sum(p.numel() for p in policy.parameters()), response_len, prompt_len + response_len
     b = rows
@@ -250,9 +262,7 @@ def estimate(
         c_act, c_layer = micro_batch_activations(critics[0].backbone.config, b, T, R, autocast, args.grad_checkpointing)
         critic_step = sum(p.numel() for p in critics[0].parameters()) * s / shard + c_act + c_layer
     n_critic = sum(p.numel() for m in critics for p in m.parameters())
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or H // config.num_attention_heads
-    kv = seqs * T * L * 2 * kv_heads * head_dim * kv_s
+    kv = kv_cache_bytes(config, seqs * T, kv_s)
     trained = adapters or N  # LoRA: the adapters alone train
     if fsdp and not (units := common.decoder_layers(policy)):
         raise ValueError(f"--fsdp: {type(policy).__name__} has no decoder layers (GradientCheckpointingLayer) to shard")
@@ -263,10 +273,13 @@ def estimate(
     buckets = (trained + n_critic) * s if world > 1 and not fsdp else 0  # DDP's gradient buckets: a copy of each
     ref_n = 0 if adapters or not reference else N  # LoRA's reference is the policy with its adapters off
     copy = (N + adapters) * 2 if engine == "bfloat16" else 0  # rollout.inference_copy (never under FSDP2)
-    static = ((N + adapters + 2 * trained) + ref_n + 3 * n_critic) * s / shard + buckets + copy
+    asleep, awake = vllm or (0, 0)
+    static = ((N + adapters + 2 * trained) + ref_n + 3 * n_critic) * s / shard + buckets + copy + asleep
     update = static + gathered + max(trained * s / shard + root_grad + act + transient, critic_step)
     step = static + 2 * trained * s / shard  # opt.step: gradients and foreach AdamW's temporaries, activations freed
     rollout = static + kv + 4 * seqs * V * s + (N * g if fsdp else 0)  # FSDP2: every weight gathered (common.gathered)
+    if vllm:  # the engine samples: its memory awake, none of the trainer's sampling buffers
+        kv, rollout = 0, static - asleep + awake
     parts = {
         f"policy weights + AdamW{f' (1/{shard})' if fsdp else ''}": (N + adapters + 2 * trained) * s / shard,
         "reference weights": ref_n * s / shard,
@@ -279,12 +292,27 @@ def estimate(
         "logits " + ("(whole)" if whole else "chunk") + " + backward transients": transient,
         "critic step, beyond the policy's": max(0, critic_step - (trained * s / shard + root_grad + act + transient)),
         f"rollout KV cache ({seqs} x {T} tokens)": kv,
+        "vLLM engine between rollouts (--rollout-engine)": asleep,
+        "vLLM engine during a rollout, + the sync's weights": awake,
         "peak: update": update,
         "peak: optimizer step": step,
         "peak: rollout": rollout,
         "peak": max(update, step, rollout),
     }
     return {k: v / GiB for k, v in parts.items()}
+
+
+def engine_bytes(n_params: int, args: vllm_engine.EngineArgs, device_bytes: int | None = None) -> tuple[float, float]:
+    """--rollout-engine vllm's memory on one rank in bytes, (between rollouts, during one), for estimate(). On a GPU
+    of `device_bytes` it takes gpu_memory_utilization of it while awake (its weights, activations and KV cache
+    together, as vLLM sizes them) and nothing asleep (sleep mode level 2, vllm_engine detail 4). On the CPU: its
+    weights in its dtype and its KV cache (kv_cache_bytes), held throughout. Not counted: vLLM's own runtime (its
+    imports, a CUDA context)."""
+    if device_bytes:
+        awake = args.gpu_memory_utilization * device_bytes
+        return (0.0 if args.sleep else awake), awake
+    held = n_params * (2 if args.dtype == "bfloat16" else 4) + args.kv_cache_bytes
+    return float(held), float(held)
 
 
 def trainer_estimate(cfg, n_local: int, world: int) -> dict[str, float]:
@@ -298,6 +326,11 @@ def trainer_estimate(cfg, n_local: int, world: int) -> dict[str, float]:
     sizes = dict(seqs=n_local, rows=rows, prompt_len=cfg.max_prompt_len, response_len=T - cfg.max_prompt_len)
     copy = cfg.rollout_dtype if cfg.rollout_engine == "hf" else "float32"  # vLLM's engine: its own memory, not ours
     layout = dict(dtype=cfg.dtype, world=world, fsdp=cfg.fsdp, adapters=adapters, engine=copy)
+    if cfg.rollout_engine == "vllm":  # the GPU it would run on is this machine's (none: the CPU engine's memory)
+        device = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+        n = sum(p.numel() for p in policy.parameters())
+        asleep, awake = engine_bytes(n, vllm_engine.EngineArgs(dtype=cfg.rollout_dtype), device)
+        layout["vllm"] = asleep, awake + (4 * n if cfg.fsdp or cfg.lora_rank else 0)  # the sync's whole weights
     return estimate(policy, critics, cfg, **sizes, **layout)
 
 

@@ -29,15 +29,20 @@ and still train on-policy. Five things, each a few lines below (4 and 5 for GPUs
 5. Under torchrun every rank builds its own engine (tensor parallel 1) with vLLM's `external_launcher` backend: no
    processes of its own, its data-parallel group made from the trainer's ranks (`data_parallel_size` = the world
    size), each rank's engine sampling that rank's prompts (tests_vllm: two ranks under gloo on CPU). The engines
-   all-reduce at every step, so every rank must call generate as often as the others: single-turn tasks only
-   (checks.py refuses a multi-turn task with it under torchrun).
+   all-reduce at every step, so every rank must call generate as often as the others, which multi-turn episodes
+   do not (a rank whose episodes end in 2 turns would leave one needing 5 waiting forever). So before each call
+   the ranks agree (an all-reduce of "I sample"), and a rank done with its rollout (`drain`) joins its peers'
+   remaining calls with a one-token stand-in request until none samples.
 `--rollout-dtype bfloat16` makes no copy of ours with an engine: it is the engine's dtype (vLLM's bf16 kernels, a
 real sampler-trainer gap that mismatch.py --engine vllm measures and --rollout-is corrects). With --fsdp the sync
-gathers the whole weights on every rank (`full_state`). What does not fit: `model_proxy.py` and `async_loop.py`
-sample on their own (rollout.generate: the flag is refused there). A `--dump-batch` replay recomputes the update
-from the dumped batch, which does not depend on the engine. In the trainer's process, vLLM's CPU worker takes over
-torch's thread count, the engine's build reseeds torch's global RNG (the run's seed: the same every run), and its
-close destroys the default process group (one it made, or under torchrun the trainer's: `release` comes last).
+gathers the whole weights on every rank (`full_state`). Where the flag is refused: `async_loop.py`, whose rollout
+ranks sample on clocks of their own, while an engine built in a process of a torchrun world takes that whole world
+for its own (vLLM 0.32's init_distributed_environment), so that every rank would step with it; and
+`model_proxy.py --agent`, which would fit (a seed per request, weights loaded between batches) but is not wired. A
+`--dump-batch` replay recomputes the update from the dumped batch, which does not depend on the engine. In the
+trainer's process, vLLM's CPU worker takes over torch's thread count, the engine's build reseeds torch's global RNG
+(the run's seed: the same every run), and its close destroys the default process group (one it made, or under
+torchrun the trainer's: `release` comes last).
 """
 
 from __future__ import annotations
@@ -104,8 +109,24 @@ class Engine:
             **kw,
         )
         self.start_s = time.perf_counter() - t0  # build, profile and warm-up
+        self.world = world
         if self.sleeps:  # asleep until the first rollout: the trainer has the device
             self.llm.sleep(level=2)
+
+    def agree(self, sampling: bool) -> bool:
+        """Detail 5: whether any rank samples now (an all-reduce of `sampling`; at world 1 just `sampling`)."""
+        if self.world == 1:
+            return sampling
+        nccl = torch.distributed.get_backend() == "nccl"
+        flag = torch.tensor([int(sampling)], device=torch.cuda.current_device() if nccl else "cpu")
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def drain(self) -> None:
+        """Detail 5, at the end of a rollout: one-token stand-in calls while any other rank still samples."""
+        while self.agree(False):
+            standin = self.vllm.SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+            self.llm.generate([self.vllm.TokensPrompt(prompt_token_ids=[0])], standin, use_tqdm=False)
 
     def close(self) -> None:
         """Stop the engine's core; vLLM then destroys its own process groups and the default one, whoever made it
@@ -148,6 +169,7 @@ class Engine:
             for seed in seeds
         ]
         prompts = [self.vllm.TokensPrompt(prompt_token_ids=r) for r in rows]
+        self.agree(True)  # detail 5: the ranks done with their rollout make a stand-in call beside this one
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         return to_rollout(prompt_ids, attention_mask, outs, max_new_tokens, eos_token_ids, pad_token_id)
 
@@ -203,6 +225,7 @@ def sampling(engine, policy, autocast=contextlib.nullcontext):
         if engine.sleeps:
             engine.llm.wake_up(tags=["kv_cache"])
         yield policy, engine.generate, {"time/sync": time.perf_counter() - t0}
+        engine.drain()  # under torchrun, until every rank's rollout is done (detail 5)
     finally:
         if engine.sleeps:  # level 2: weights and KV cache dropped (the next sync reloads the weights)
             engine.llm.sleep(level=2)

@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import memory
 import trainer
+import vllm_engine
 from critics import saved_activation_bytes
 from memory import checkpoint_layers, micro_batches
 from rollout import inference_copy, lm_head, position_ids_from_mask, sequence_logprobs
@@ -273,6 +274,37 @@ def test_estimate_counts_the_bf16_sampler_copy():
     kv = "rollout KV cache (32 x 32 tokens)"
     assert bf16[kv] == pytest.approx(fp32[kv] / 2) and fp32["sampler's bf16 copy (--rollout-dtype)"] == 0
     assert bf16["peak: update"] - fp32["peak: update"] == pytest.approx(2 * N / GiB)
+
+
+def test_estimate_counts_the_vllm_engine(capsys):
+    """--rollout-engine vllm: on the CPU the engine's weights (4 or 2 bytes each) and KV cache on every peak; on a GPU
+    gpu_memory_utilization of the device during the rollout alone (sleep mode; throughout without it). The trainer's
+    own KV cache is then not counted; --dry-run-memory prints the rows without vLLM installed."""
+    policy, _ = memory.meta_models(None)
+    N, GiB = sum(p.numel() for p in policy.parameters()), 2**30
+    args = vllm_engine.EngineArgs()
+    assert memory.engine_bytes(N, args) == (4 * N + args.kv_cache_bytes,) * 2
+    assert memory.engine_bytes(N, vllm_engine.EngineArgs(dtype="bfloat16"))[0] == 2 * N + args.kv_cache_bytes
+    assert memory.engine_bytes(N, args, 80 * GiB) == (0.0, 0.3 * 80 * GiB)
+    assert memory.engine_bytes(N, vllm_engine.EngineArgs(sleep=False), 80 * GiB) == (24 * GiB, 24 * GiB)
+    sizes = {"seqs": 32, "prompt_len": 8, "response_len": 24, "rows": 16}
+    hf = memory.estimate(policy, [], memory.MemoryArgs(), **sizes)
+    cpu = memory.estimate(policy, [], memory.MemoryArgs(), vllm=(3 * GiB, 3 * GiB), **sizes)
+    assert cpu["rollout KV cache (32 x 32 tokens)"] == 0 < hf["rollout KV cache (32 x 32 tokens)"]
+    for peak in ("peak: update", "peak: optimizer step"):
+        assert cpu[peak] - hf[peak] == pytest.approx(3.0)
+    gpu = memory.estimate(policy, [], memory.MemoryArgs(), vllm=(0, 24 * GiB), world=4, fsdp=True, **sizes)
+    plain = memory.estimate(policy, [], memory.MemoryArgs(), world=4, fsdp=True, **sizes)
+    assert gpu["peak: update"] == plain["peak: update"]
+    kv, logits = plain["rollout KV cache (32 x 32 tokens)"], 4 * 32 * policy.config.vocab_size * 4 / GiB
+    # the trainer's sampling buffers and FSDP2's gathered weights out, the engine in (trainer_estimate adds the
+    # sync's whole weights to the engine's share)
+    assert gpu["peak: rollout"] == pytest.approx(plain["peak: rollout"] - kv - logits - N * 4 / GiB + 24)
+    trainer.main(["--dry-run-memory", "--adv-estimator", "grpo", "--rollout-engine", "vllm"])
+    out = capsys.readouterr().out
+    held = (4 * N + args.kv_cache_bytes) / GiB
+    line = next(r for r in out.splitlines() if r.startswith("vLLM engine between rollouts"))
+    assert line.split()[-2] == f"{held:.3f}" != "0.000"
 
 
 def test_memory_flags_validated():

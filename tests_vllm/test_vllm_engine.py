@@ -264,3 +264,20 @@ def test_two_ranks_each_sample_with_an_engine_of_their_own(tmp_path):
             and a["rollout/response_len"] == b["rollout/response_len"]
         )
         assert all(abs(a[k] - b[k]) < 1e-5 for k in ("loss/policy", "stats/grad_norm", "stats/kl")), (a, b)
+
+
+def test_ranks_making_unequal_numbers_of_calls_finish_together(tmp_path):
+    """torchrun, 2 ranks: rank 0 samples 3 times, rank 1 once (multi-turn episodes ending at different turns), then
+    both drain (vllm_engine detail 5): both finish, rank 0's three calls answer alike (greedy). Without the drain rank
+    0's second call waits on a peer that has gone (measured: 'Connection closed by peer', exit 1)."""
+    tok = tasks.make_tokenizer()
+    torch.manual_seed(0)
+    tasks.make_tiny_model(tok).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd += [str(ROOT / "tests_vllm" / "unequal_calls.py"), str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for line in ("rank 0: 3 calls, the same greedy answers each time: True", "rank 1: 1 calls"):
+        assert line in proc.stdout, proc.stdout
