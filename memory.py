@@ -52,6 +52,7 @@ others waiting in one.
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass, fields
 from functools import partial
 
@@ -213,11 +214,21 @@ def largest_micro_batch(micro_batch: int, minibatch: int, tokens: int, T: int) -
     return min(minibatch, max(1, tokens // T)) if tokens else min(micro_batch, minibatch)
 
 
-def kv_cache_bytes(config, tokens: int, value_bytes: int) -> int:
+def kv_bytes(config, tokens: int, value_bytes: int) -> int:
     """The KV cache of `tokens` tokens: per layer a key and a value of kv_heads x head_dim each."""
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return tokens * config.num_hidden_layers * 2 * kv_heads * head_dim * value_bytes
+
+
+def critic_step_bytes(critics, rows: int, T: int, R: int, autocast, checkpointing: bool, shard: int) -> float:
+    """A critic's update (bytes): its gradients (fp32, in `shard` shards), its activations for a micro-batch of
+    `rows` sequences of T tokens (R response) and its largest layer transient; 0 without critics. Every critic has
+    the same config: it is probed once."""
+    if not critics:
+        return 0
+    act, layer = micro_batch_activations(critics[0].backbone.config, rows, T, R, autocast, checkpointing)
+    return sum(p.numel() for p in critics[0].parameters()) * 4 / shard + act + layer
 
 
 def estimate(
@@ -239,14 +250,14 @@ def estimate(
 ) -> dict[str, float]:
     """The per-rank peak (GiB) by part (module docstring) of an update on `seqs` sequences per rank of prompt_len +
     response_len tokens whose largest micro-batch has `rows` of them (largest_micro_batch), for models from
-    meta_models. Activations are measured on small probes at that length (activation_bytes); nothing is
-    trained. reference False: without the frozen reference's weights (the trainer always holds one; a bench not).
-    fsdp: weights, moments, gradients and the reference in world shards, plus what is gathered whole at once (the
-    root's weights, two layers': one computing, one prefetched; in the rollout all of them) and the root's gradient,
-    whole until the end of the backward (not counted: the critics' gathered weights, fewer than the policy's).
-    adapters: the LoRA weights (lora.adapter_params) that alone train: moments, gradients, buckets are theirs; no
-    reference. engine bfloat16 (--rollout-dtype): the sampler's bf16 copy of the policy, held throughout. vllm: the
-    engine's bytes (between rollouts, during one; engine_bytes), in place of the trainer's own KV cache and logits."""
+    meta_models. Activations are measured on small probes at that length (activation_bytes); nothing is trained.
+    reference False: without the frozen reference's weights (the trainer always holds one; a bench not). fsdp:
+    weights, moments, gradients and the reference in world shards, plus what is gathered whole at once (the root's
+    weights, two layers': one computing, one prefetched; in the rollout all of them) and the root's gradient, whole
+    until the end of the backward (not counted: the critics' gathered weights, fewer than the policy's). adapters:
+    the LoRA weights (lora.adapter_params) that alone train: moments, gradients, buckets are theirs; no reference.
+    engine bfloat16 (--rollout-dtype): the sampler's bf16 copy of the policy, held throughout. vllm: the engine's
+    bytes (between rollouts, during one; engine_bytes), in place of the trainer's own KV cache and logits."""
     config, s, kv_s = policy.config, 4, 2 if "bfloat16" in (dtype, engine) else 4  # fp32 weights, moments, gradients
     N, R, T = sum(p.numel() for p in policy.parameters()), response_len, prompt_len + response_len
     b = rows
@@ -257,12 +268,9 @@ def estimate(
     logits = 4 * b * (R + 1) * V * s if whole else 4 * min(args.logit_chunk, b * R) * V * s + V * H * s
     transient = max(logits, layer)  # L: the head's backward (and a chunk's head-weight gradient), then the layers'
     shard = world if fsdp else 1  # FSDP2: parameters, their gradients and moments in world shards
-    critic_step = 0
-    if critics:  # every critic has the same config: probe it once
-        c_act, c_layer = micro_batch_activations(critics[0].backbone.config, b, T, R, autocast, args.grad_checkpointing)
-        critic_step = sum(p.numel() for p in critics[0].parameters()) * s / shard + c_act + c_layer
+    critic_step = critic_step_bytes(critics, b, T, R, autocast, args.grad_checkpointing, shard)
     n_critic = sum(p.numel() for m in critics for p in m.parameters())
-    kv = kv_cache_bytes(config, seqs * T, kv_s)
+    kv = 0 if vllm else kv_bytes(config, seqs * T, kv_s)  # the engine samples: none of the trainer's sampling buffers
     trained = adapters or N  # LoRA: the adapters alone train
     if fsdp and not (units := common.decoder_layers(policy)):
         raise ValueError(f"--fsdp: {type(policy).__name__} has no decoder layers (GradientCheckpointingLayer) to shard")
@@ -277,9 +285,10 @@ def estimate(
     static = ((N + adapters + 2 * trained) + ref_n + 3 * n_critic) * s / shard + buckets + copy + asleep
     update = static + gathered + max(trained * s / shard + root_grad + act + transient, critic_step)
     step = static + 2 * trained * s / shard  # opt.step: gradients and foreach AdamW's temporaries, activations freed
-    rollout = static + kv + 4 * seqs * V * s + (N * g if fsdp else 0)  # FSDP2: every weight gathered (common.gathered)
-    if vllm:  # the engine samples: its memory awake, none of the trainer's sampling buffers
-        kv, rollout = 0, static - asleep + awake
+    sampling = kv + 4 * seqs * V * s + (N * g if fsdp else 0)  # KV cache, logits; FSDP2: every weight gathered whole
+    rollout = static + (
+        awake - asleep if vllm else sampling
+    )  # vLLM: the engine awake, in place of what it holds asleep
     parts = {
         f"policy weights + AdamW{f' (1/{shard})' if fsdp else ''}": (N + adapters + 2 * trained) * s / shard,
         "reference weights": ref_n * s / shard,
@@ -293,7 +302,7 @@ def estimate(
         "critic step, beyond the policy's": max(0, critic_step - (trained * s / shard + root_grad + act + transient)),
         f"rollout KV cache ({seqs} x {T} tokens)": kv,
         "vLLM engine between rollouts (--rollout-engine)": asleep,
-        "vLLM engine during a rollout, + the sync's weights": awake,
+        "vLLM engine during a rollout, the sync included": awake,
         "peak: update": update,
         "peak: optimizer step": step,
         "peak: rollout": rollout,
@@ -302,17 +311,21 @@ def estimate(
     return {k: v / GiB for k, v in parts.items()}
 
 
-def engine_bytes(n_params: int, args: vllm_engine.EngineArgs, device_bytes: int | None = None) -> tuple[float, float]:
-    """--rollout-engine vllm's memory on one rank in bytes, (between rollouts, during one), for estimate(). On a GPU
-    of `device_bytes` it takes gpu_memory_utilization of it while awake (its weights, activations and KV cache
-    together, as vLLM sizes them) and nothing asleep (sleep mode level 2, vllm_engine detail 4). On the CPU: its
-    weights in its dtype and its KV cache (kv_cache_bytes), held throughout. Not counted: vLLM's own runtime (its
-    imports, a CUDA context)."""
-    if device_bytes:
-        awake = args.gpu_memory_utilization * device_bytes
-        return (0.0 if args.sleep else awake), awake
-    held = n_params * (2 if args.dtype == "bfloat16" else 4) + args.kv_cache_bytes
-    return float(held), float(held)
+def engine_bytes(
+    n_params: int, args: vllm_engine.EngineArgs, device_bytes: int | None = None, sync_bytes: int = 0
+) -> tuple[float, float]:
+    """--rollout-engine vllm's memory on one rank in bytes, (between rollouts, at most during one), for estimate().
+    On a GPU of `device_bytes` it takes gpu_memory_utilization of it while awake (its weights, activations and KV
+    cache together, as vLLM sizes them). In sleep mode (level 2, vllm_engine detail 4) it holds nothing between
+    rollouts, and a rollout wakes its weights, syncs, frees the sync's source, then wakes the KV cache: the larger
+    of its weights + `sync_bytes` (what the sync sends: FSDP2's gathered, LoRA's merged weights) and its whole
+    share. On the CPU: its weights in its dtype and its KV cache (args.kv_cache_bytes), held throughout, the sync's
+    source on top. Not counted: vLLM's own runtime (its imports, a CUDA context)."""
+    weights = n_params * (2 if args.dtype == "bfloat16" else 4)
+    if not device_bytes:
+        return float(weights + args.kv_cache_bytes), float(weights + args.kv_cache_bytes + sync_bytes)
+    share = args.gpu_memory_utilization * device_bytes
+    return (0.0, max(share, weights + sync_bytes)) if args.sleep else (share, share + sync_bytes)
 
 
 def trainer_estimate(cfg, n_local: int, world: int) -> dict[str, float]:
@@ -326,11 +339,12 @@ def trainer_estimate(cfg, n_local: int, world: int) -> dict[str, float]:
     sizes = dict(seqs=n_local, rows=rows, prompt_len=cfg.max_prompt_len, response_len=T - cfg.max_prompt_len)
     copy = cfg.rollout_dtype if cfg.rollout_engine == "hf" else "float32"  # vLLM's engine: its own memory, not ours
     layout = dict(dtype=cfg.dtype, world=world, fsdp=cfg.fsdp, adapters=adapters, engine=copy)
-    if cfg.rollout_engine == "vllm":  # the GPU it would run on is this machine's (none: the CPU engine's memory)
-        device = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+    if cfg.rollout_engine == "vllm":  # on the run's device: a GPU of this machine (this rank's), or the CPU
+        gpu = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+        device = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", 0))).total_memory if gpu else None
         n = sum(p.numel() for p in policy.parameters())
-        asleep, awake = engine_bytes(n, vllm_engine.EngineArgs(dtype=cfg.rollout_dtype), device)
-        layout["vllm"] = asleep, awake + (4 * n if cfg.fsdp or cfg.lora_rank else 0)  # the sync's whole weights
+        sync = 4 * n if cfg.fsdp or cfg.lora_rank else 0  # whole weights (LoRA: at most; it merges adapted layers)
+        layout["vllm"] = engine_bytes(n, vllm_engine.EngineArgs(dtype=cfg.rollout_dtype), device, sync)
     return estimate(policy, critics, cfg, **sizes, **layout)
 
 

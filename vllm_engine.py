@@ -119,7 +119,7 @@ class Engine:
             return sampling
         nccl = torch.distributed.get_backend() == "nccl"
         flag = torch.tensor([int(sampling)], device=torch.cuda.current_device() if nccl else "cpu")
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        common.collective(torch.distributed.all_reduce, flag, op=torch.distributed.ReduceOp.MAX)  # names a lost rank
         return bool(flag.item())
 
     def drain(self) -> None:

@@ -277,34 +277,37 @@ def test_estimate_counts_the_bf16_sampler_copy():
 
 
 def test_estimate_counts_the_vllm_engine(capsys):
-    """--rollout-engine vllm: on the CPU the engine's weights (4 or 2 bytes each) and KV cache on every peak; on a GPU
-    gpu_memory_utilization of the device during the rollout alone (sleep mode; throughout without it). The trainer's
-    own KV cache is then not counted; --dry-run-memory prints the rows without vLLM installed."""
+    """--rollout-engine vllm: on the CPU the engine's weights (4 or 2 bytes each) and KV cache on every peak, the
+    sync's source on top in the rollout; on a GPU gpu_memory_utilization of the device, during the rollout alone in
+    sleep mode (or its weights + the sync's source, when larger: the KV cache wakes after the sync), throughout
+    without it. The trainer's own KV cache and logits are then not counted; --dry-run-memory prints the rows on the
+    run's device, without vLLM installed."""
     policy, _ = memory.meta_models(None)
-    N, GiB = sum(p.numel() for p in policy.parameters()), 2**30
-    args = vllm_engine.EngineArgs()
-    assert memory.engine_bytes(N, args) == (4 * N + args.kv_cache_bytes,) * 2
-    assert memory.engine_bytes(N, vllm_engine.EngineArgs(dtype="bfloat16"))[0] == 2 * N + args.kv_cache_bytes
+    N, GiB, kv_cpu = sum(p.numel() for p in policy.parameters()), 2**30, vllm_engine.EngineArgs().kv_cache_bytes
+    args, bf16 = vllm_engine.EngineArgs(), vllm_engine.EngineArgs(dtype="bfloat16")
+    assert memory.engine_bytes(N, args, sync_bytes=7) == (4 * N + kv_cpu, 4 * N + kv_cpu + 7)
+    assert memory.engine_bytes(N, bf16)[0] == 2 * N + kv_cpu
     assert memory.engine_bytes(N, args, 80 * GiB) == (0.0, 0.3 * 80 * GiB)
-    assert memory.engine_bytes(N, vllm_engine.EngineArgs(sleep=False), 80 * GiB) == (24 * GiB, 24 * GiB)
+    assert memory.engine_bytes(N, args, 80 * GiB, sync_bytes=30 * GiB) == (0.0, 4 * N + 30 * GiB)  # the sync's peak
+    no_sleep = vllm_engine.EngineArgs(sleep=False)
+    assert memory.engine_bytes(N, no_sleep, 80 * GiB, sync_bytes=GiB) == (24 * GiB, 25 * GiB)
     sizes = {"seqs": 32, "prompt_len": 8, "response_len": 24, "rows": 16}
     hf = memory.estimate(policy, [], memory.MemoryArgs(), **sizes)
-    cpu = memory.estimate(policy, [], memory.MemoryArgs(), vllm=(3 * GiB, 3 * GiB), **sizes)
+    cpu = memory.estimate(policy, [], memory.MemoryArgs(), vllm=(3 * GiB, 4 * GiB), **sizes)
     assert cpu["rollout KV cache (32 x 32 tokens)"] == 0 < hf["rollout KV cache (32 x 32 tokens)"]
     for peak in ("peak: update", "peak: optimizer step"):
         assert cpu[peak] - hf[peak] == pytest.approx(3.0)
+    assert cpu["peak: rollout"] == pytest.approx(cpu["peak: optimizer step"] - hf["policy gradients"] * 2 + 1.0)
     gpu = memory.estimate(policy, [], memory.MemoryArgs(), vllm=(0, 24 * GiB), world=4, fsdp=True, **sizes)
     plain = memory.estimate(policy, [], memory.MemoryArgs(), world=4, fsdp=True, **sizes)
     assert gpu["peak: update"] == plain["peak: update"]
     kv, logits = plain["rollout KV cache (32 x 32 tokens)"], 4 * 32 * policy.config.vocab_size * 4 / GiB
-    # the trainer's sampling buffers and FSDP2's gathered weights out, the engine in (trainer_estimate adds the
-    # sync's whole weights to the engine's share)
+    # the trainer's sampling buffers and FSDP2's gathered weights out, the engine in (its share counts the sync)
     assert gpu["peak: rollout"] == pytest.approx(plain["peak: rollout"] - kv - logits - N * 4 / GiB + 24)
-    trainer.main(["--dry-run-memory", "--adv-estimator", "grpo", "--rollout-engine", "vllm"])
+    trainer.main(["--dry-run-memory", "--adv-estimator", "grpo", "--rollout-engine", "vllm", "--device", "cpu"])
     out = capsys.readouterr().out
-    held = (4 * N + args.kv_cache_bytes) / GiB
     line = next(r for r in out.splitlines() if r.startswith("vLLM engine between rollouts"))
-    assert line.split()[-2] == f"{held:.3f}" != "0.000"
+    assert line.split()[-2] == f"{(4 * N + kv_cpu) / GiB:.3f}" != "0.000"
 
 
 def test_memory_flags_validated():

@@ -267,9 +267,10 @@ def test_two_ranks_each_sample_with_an_engine_of_their_own(tmp_path):
 
 
 def test_ranks_making_unequal_numbers_of_calls_finish_together(tmp_path):
-    """torchrun, 2 ranks: rank 0 samples 3 times, rank 1 once (multi-turn episodes ending at different turns), then
-    both drain (vllm_engine detail 5): both finish, rank 0's three calls answer alike (greedy). Without the drain rank
-    0's second call waits on a peer that has gone (measured: 'Connection closed by peer', exit 1)."""
+    """torchrun, 2 ranks, two rollouts through vllm_engine.sampling (the trainer's): calls per rank (2, 0), then
+    (1, 3), as ranks whose multi-turn episodes end at different turns make (vllm_engine detail 5). Both finish,
+    and every call's greedy answers are rollout.generate's on the synced policy. Without the drain, a rank whose
+    peer is done waits on it (measured: 'Connection closed by peer', exit 1, when the peer exits)."""
     tok = tasks.make_tokenizer()
     torch.manual_seed(0)
     tasks.make_tiny_model(tok).save_pretrained(tmp_path)
@@ -279,5 +280,6 @@ def test_ranks_making_unequal_numbers_of_calls_finish_together(tmp_path):
     cmd += [str(ROOT / "tests_vllm" / "unequal_calls.py"), str(tmp_path)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for line in ("rank 0: 3 calls, the same greedy answers each time: True", "rank 1: 1 calls"):
+    for rank, rollout, calls in [(0, 0, 2), (1, 0, 0), (0, 1, 1), (1, 1, 3)]:
+        line = f"rank {rank} rollout {rollout}: {calls} calls, rollout.generate's greedy answers: True"
         assert line in proc.stdout, proc.stdout
