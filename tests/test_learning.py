@@ -22,10 +22,20 @@ def run(tmp_path, sft_path, **kw):
     return reward[:8].mean(), reward[-8:].mean(), rows
 
 
+@pytest.fixture(scope="module")
+def grpo_control(tmp_path_factory, sft_path):
+    """The lr = 0 GRPO run (its first and last 8 iterations' mean reward), shared by the tests that compare with it:
+    without a step, neither the loss family nor the advantage estimator of GRPO's kin can matter."""
+    return run(tmp_path_factory.mktemp("control"), sft_path, adv_estimator="grpo", lr=0.0)[:2]
+
+
 @pytest.mark.parametrize("adv_estimator", ["grpo", "gae"])
-def test_reward_rises_against_lr0_control(tmp_path, sft_path, adv_estimator):
+def test_reward_rises_against_lr0_control(tmp_path, sft_path, adv_estimator, grpo_control):
     start, end, rows = run(tmp_path / "rl", sft_path, adv_estimator=adv_estimator)
-    c_start, c_end, _ = run(tmp_path / "control", sft_path, adv_estimator=adv_estimator, lr=0.0, critic_lr=0.0)
+    if adv_estimator == "grpo":
+        c_start, c_end = grpo_control
+    else:  # PPO's control: its critic's lr 0 too
+        c_start, c_end, _ = run(tmp_path / "control", sft_path, adv_estimator="gae", lr=0.0, critic_lr=0.0)
     # the control samples from a fixed policy: its reward only fluctuates
     assert abs(c_end - c_start) < 0.04, (c_start, c_end)
     assert end - start > 0.05, f"reward did not rise: {start:.3f} -> {end:.3f}"
@@ -35,11 +45,11 @@ def test_reward_rises_against_lr0_control(tmp_path, sft_path, adv_estimator):
     assert max(r["stats/rollout_vs_old_logp_diff"] for r in rows) < 1e-4
 
 
-def test_loss_families_and_reinforce_pp_learn_against_lr0_control(tmp_path, sft_path):
+def test_loss_families_and_reinforce_pp_learn_against_lr0_control(tmp_path, sft_path, grpo_control):
     """offpolicy.py's families learn like vanilla PPO does: GSPO (the paper's clip ranges, sequence-mean
     aggregation) with GRPO advantages, CISPO with REINFORCE++-baseline advantages; the same lr = 0 control (the loss
     family cannot matter without a step)."""
-    _, c_end, _ = run(tmp_path / "control", sft_path, adv_estimator="grpo", lr=0.0)
+    _, c_end = grpo_control
     arms = {
         "gspo": dict(adv_estimator="grpo", loss_mode="gspo", loss_agg="seq-mean-token-mean", clip_low=3e-4,
                      clip_high=4e-4),
