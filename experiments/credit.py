@@ -142,9 +142,8 @@ def summarize(results_json) -> list[dict]:
         )
     for m in res["config"]["methods"]:
         rs = [r for r in res["runs"] if r["method"] == m]
-        trained = [[(s, a) for s, a in r["eval"] if s > 0] for r in rs]  # the start model reaches nothing
-        (final, best), hit = zip(*[final_best(r["eval"]) for r in rs]), [steps_to(c, target) for c in trained]
-        hit = [h for h in hit if h is not None]
+        final, best = zip(*[final_best(r["eval"]) for r in rs])
+        hit = [h for h in (steps_to(r["eval"], target) for r in rs) if h is not None]
         row = {"method": m, "final_acc": mean_std(final, ".3f"), "best_acc": mean_std(best, ".3f")}
         row[f"steps_to_{target}"] = f"{mean_std(hit, '.0f')} ({len(hit)}/{len(rs)})"
         table.append({**row, **{k: float(np.mean([r[k] for r in rs])) for k in ("wall_s", "overhead", "amplified")}})

@@ -64,8 +64,9 @@ def final_best(curve) -> tuple[float, float]:
 
 
 def steps_to(curve, target: float) -> int | None:
-    """The step of the first evaluation [(step, acc)] at >= target (None: never)."""
-    return next((s for s, a in curve if a >= target), None)
+    """The step of the first evaluation [(step, acc)] after the start at >= target (None: never; the start model
+    reaches nothing by training, as final_best's best is after step 0)."""
+    return next((s for s, a in curve if s > 0 and a >= target), None)
 
 
 def mean_std(xs, f: str = ".2f") -> str:

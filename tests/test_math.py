@@ -723,6 +723,8 @@ def test_bootstrap_interval_known_answers_and_the_pairs_table():
     assert [r["difference"] for r in against] == ["x - y", "z - y"] and against[0] == rows[0]
     assert seeds.final_best([(0, 0.9), (10, 0.1), (20, 0.2)]) == (0.2, 0.2)  # the start model is not "best"
     assert seeds.final_best([(0, 0.3)]) == (0.3, 0.3)  # no evaluation after the start
+    assert seeds.steps_to([(0, 0.9), (10, 0.1), (20, 0.5), (30, 0.6)], 0.5) == 20  # the start reaches nothing
+    assert seeds.steps_to([(0, 0.9), (10, 0.1)], 0.5) is None
     assert seeds.mean_std([0.1, 0.3]) == "0.20 ± 0.14" and seeds.mean_std([0.5]) == "0.50 ± 0.00"
     assert seeds.mean_std([]) == "-"
 
