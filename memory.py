@@ -339,8 +339,8 @@ def trainer_estimate(cfg, n_local: int, world: int) -> dict[str, float]:
     sizes = dict(seqs=n_local, rows=rows, prompt_len=cfg.max_prompt_len, response_len=T - cfg.max_prompt_len)
     copy = cfg.rollout_dtype if cfg.rollout_engine == "hf" else "float32"  # vLLM's engine: its own memory, not ours
     layout = dict(dtype=cfg.dtype, world=world, fsdp=cfg.fsdp, adapters=adapters, engine=copy)
-    if cfg.rollout_engine == "vllm":  # on the run's device: a GPU of this machine (this rank's), or the CPU
-        gpu = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if cfg.rollout_engine == "vllm":  # where vllm_engine.Engine runs: this rank's GPU if there is one (vLLM's build
+        gpu = torch.cuda.is_available()  # picks its platform, not --device), else the CPU
         device = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", 0))).total_memory if gpu else None
         n = sum(p.numel() for p in policy.parameters())
         sync = 4 * n if cfg.fsdp or cfg.lora_rank else 0  # whole weights (LoRA: at most; it merges adapted layers)

@@ -222,7 +222,8 @@ def sampling(engine, policy, autocast=contextlib.nullcontext):
         if engine.sleeps:
             engine.llm.wake_up(tags=["weights"])  # the weights' memory first, the KV cache once they are in
         sync_weights(engine, policy)
-        if engine.sleeps:
+        if engine.sleeps:  # the sync's freed source back to the device (torch's cache), for the KV cache vLLM maps
+            torch.cuda.empty_cache()
             engine.llm.wake_up(tags=["kv_cache"])
         yield policy, engine.generate, {"time/sync": time.perf_counter() - t0}
         engine.drain()  # under torchrun, until every rank's rollout is done (detail 5)

@@ -140,7 +140,8 @@ def test_common_main_under_torchrun_reduces_over_two_ranks():
 def test_ci_installs_with_the_readme_install_command_and_runs_its_test_command():
     """One install command, the README's, for everything the tests need: CI (.ci/run) installs exactly the
     README's requirement files, every requirements*.txt of the repository among them but the vLLM venv's, and runs
-    its test command; then the vLLM venv (scripts/install_vllm.sh, from requirements-vllm.txt) runs tests_vllm."""
+    its test command; then the vLLM venv (scripts/install_vllm.sh, from requirements-vllm.txt, installed in the
+    background beside the main suite) runs tests_vllm."""
     import re
 
     readme, ci = (ROOT / "README.md").read_text(), (ROOT / ".ci" / "run").read_text()
@@ -152,7 +153,9 @@ def test_ci_installs_with_the_readme_install_command_and_runs_its_test_command()
     test_cmd = next(line for line in readme.splitlines() if "-m pytest" in line).split("#")[0].strip()
     lines = ci.splitlines()
     assert test_cmd in lines and f"-r {vllm}" in (ROOT / "scripts" / "install_vllm.sh").read_text()
-    venv = next(line.split()[-1] for line in lines if line.startswith("bash scripts/install_vllm.sh"))
+    vllm_install = next(line for line in lines if "bash scripts/install_vllm.sh" in line and line[0] != "#")
+    venv = vllm_install.split("scripts/install_vllm.sh")[1].split()[0]
+    assert vllm_install.endswith("&") and lines.index(vllm_install) < lines.index(test_cmd)  # beside the main suite
     assert lines.index(test_cmd) < lines.index(f"OMP_NUM_THREADS=2 {venv}/bin/python -m pytest -q tests_vllm")
 
 

@@ -276,7 +276,7 @@ def test_estimate_counts_the_bf16_sampler_copy():
     assert bf16["peak: update"] - fp32["peak: update"] == pytest.approx(2 * N / GiB)
 
 
-def test_estimate_counts_the_vllm_engine(capsys):
+def test_estimate_counts_the_vllm_engine(capsys, monkeypatch):
     """--rollout-engine vllm: on the CPU the engine's weights (4 or 2 bytes each) and KV cache on every peak, the
     sync's source on top in the rollout; on a GPU gpu_memory_utilization of the device, during the rollout alone in
     sleep mode (or its weights + the sync's source, when larger: the KV cache wakes after the sync), throughout
@@ -304,10 +304,12 @@ def test_estimate_counts_the_vllm_engine(capsys):
     kv, logits = plain["rollout KV cache (32 x 32 tokens)"], 4 * 32 * policy.config.vocab_size * 4 / GiB
     # the trainer's sampling buffers and FSDP2's gathered weights out, the engine in (its share counts the sync)
     assert gpu["peak: rollout"] == pytest.approx(plain["peak: rollout"] - kv - logits - N * 4 / GiB + 24)
-    trainer.main(["--dry-run-memory", "--adv-estimator", "grpo", "--rollout-engine", "vllm", "--device", "cpu"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU engine's rows, on a GPU host too
+    trainer.main(["--dry-run-memory", "--adv-estimator", "grpo", "--rollout-engine", "vllm", "--lora-rank", "4"])
     out = capsys.readouterr().out
-    line = next(r for r in out.splitlines() if r.startswith("vLLM engine between rollouts"))
-    assert line.split()[-2] == f"{(4 * N + kv_cpu) / GiB:.3f}" != "0.000"
+    row = {r.rsplit(maxsplit=2)[0].strip(): r.split()[-2] for r in out.splitlines() if r.startswith("vLLM engine")}
+    assert row["vLLM engine between rollouts (--rollout-engine)"] == f"{(4 * N + kv_cpu) / GiB:.3f}" != "0.000"
+    assert row["vLLM engine during a rollout, the sync included"] == f"{(8 * N + kv_cpu) / GiB:.3f}"  # LoRA's merge
 
 
 def test_memory_flags_validated():

@@ -25,11 +25,13 @@ def main(folder: str) -> None:
     engine = vllm_engine.Engine(folder, vllm_engine.EngineArgs(max_model_len=64))
     torch.manual_seed(0)
     policy = tasks.make_tiny_model(tok).eval()
-    with torch.no_grad():  # weights the engine was not built with: each rollout's sync must bring them
-        for p in policy.parameters():
-            p += 0.05 * torch.randn_like(p)
     stops = {"max_new_tokens": 6, "eos_token_ids": [tok.eos_token_id], "pad_token_id": tok.pad_token_id}
     for k, calls in enumerate(CALLS):
+        with (
+            torch.no_grad()
+        ):  # weights the engine has not seen (the same on both ranks): this rollout's sync brings them
+            for p in policy.parameters():
+                p += 0.05 * torch.randn_like(p)
         agree = []
         with vllm_engine.sampling(engine, policy) as (model, sample, _):
             for c in range(calls[rank]):
