@@ -30,7 +30,7 @@ and still train on-policy. Five things, each a few lines below (4 and 5 for GPUs
    processes of its own, its data-parallel group made from the trainer's ranks (`data_parallel_size` = the world
    size), each rank's engine sampling that rank's prompts (tests_vllm: two ranks under gloo on CPU). The engines
    all-reduce at every step, so every rank must call generate as often as the others, which multi-turn episodes
-   do not (a rank whose episodes end in 2 turns would leave one needing 5 waiting forever). So before each call
+   do not (a rank whose episodes end in 2 turns would leave one that needs 5 waiting on it). So before each call
    the ranks agree (an all-reduce of "I sample"), and a rank done with its rollout (`drain`) joins its peers'
    remaining calls with a one-token stand-in request until none samples.
 `--rollout-dtype bfloat16` makes no copy of ours with an engine: it is the engine's dtype (vLLM's bf16 kernels, a
