@@ -283,3 +283,17 @@ def test_ranks_making_unequal_numbers_of_calls_finish_together(tmp_path):
     for rank, rollout, calls in [(0, 0, 2), (1, 0, 0), (0, 1, 1), (1, 1, 3)]:
         line = f"rank {rank} rollout {rollout}: {calls} calls, rollout.generate's greedy answers: True"
         assert line in proc.stdout, proc.stdout
+
+
+def test_two_ranks_train_on_multi_turn_episodes_through_their_engines(tmp_path):
+    """torchrun, 2 ranks, --task calc: the trainer's own path through vllm_engine.sampling (the agreement before each
+    call, the drain after the rollout) for episodes of several turns; the run ends, its logprobs the trainer's."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "trainer.py"]
+    cmd += "--task calc --adv-estimator grpo --steps 3 --eval-every 0 --kl-metric-every 0 --rollout-engine vllm".split()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd + ["--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = rows_of(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3] and max(r["rollout/turns"] for r in rows) > 1, rows
+    assert max(r["stats/rollout_vs_old_logp_diff"] for r in rows) < TOL
