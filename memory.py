@@ -27,9 +27,9 @@ What one rank holds (s = 4 bytes per fp32 parameter; weights and AdamW state sta
            (gradients are freed at each optimizer step)
   step     + 2 N s: the gradients and foreach AdamW's temporaries (CUDA), once the activations are freed
   rollout  + KV cache of all n sequences: n T layers 2 kv_heads head_dim (4 bytes, 2 under bf16) + the sampling
-           logits 4 n V s; with --rollout-engine vllm instead the engine's memory (engine_bytes: on a
-           GPU gpu_memory_utilization of it, freed between rollouts by sleep mode; on the CPU its weights and KV cache,
-           held throughout) and, under FSDP2 or LoRA, the whole weights its sync sends
+           logits 4 n V s; with --rollout-engine vllm instead the engine's memory (engine_bytes: on a GPU
+           gpu_memory_utilization of it, freed between rollouts by sleep mode; on the CPU its weights and KV
+           cache, held throughout) and, under FSDP2 or LoRA, the whole weights its sync sends
   A = the tensors autograd saves for one micro-batch of b rows of T tokens: F_0 + layers F_1 + b (A_0 + layers
       A_1), MEASURED (saved_activation_bytes) on 1- and 2-layer copies of the model's config at T, 1 and 2 rows,
       not modelled (F: per forward, e.g. the bf16 weight copies autocast saves); with checkpointing F_0 + b (A_0 +
@@ -286,9 +286,8 @@ def estimate(
     update = static + gathered + max(trained * s / shard + root_grad + act + transient, critic_step)
     step = static + 2 * trained * s / shard  # opt.step: gradients and foreach AdamW's temporaries, activations freed
     sampling = kv + 4 * seqs * V * s + (N * g if fsdp else 0)  # KV cache, logits; FSDP2: every weight gathered whole
-    rollout = static + (
-        awake - asleep if vllm else sampling
-    )  # vLLM: the engine awake, in place of what it holds asleep
+    # vLLM: the engine awake in place of what it holds asleep, and none of the trainer's own sampling memory
+    rollout = static + (awake - asleep if vllm else sampling)
     parts = {
         f"policy weights + AdamW{f' (1/{shard})' if fsdp else ''}": (N + adapters + 2 * trained) * s / shard,
         "reference weights": ref_n * s / shard,

@@ -280,8 +280,8 @@ def test_estimate_counts_the_vllm_engine(capsys, monkeypatch):
     """--rollout-engine vllm: on the CPU the engine's weights (4 or 2 bytes each) and KV cache on every peak, the
     sync's source on top in the rollout; on a GPU gpu_memory_utilization of the device, during the rollout alone in
     sleep mode (or its weights + the sync's source, when larger: the KV cache wakes after the sync), throughout
-    without it. The trainer's own KV cache and logits are then not counted; --dry-run-memory prints the rows on the
-    run's device, without vLLM installed."""
+    without it. The trainer's own KV cache and logits are then not counted; --dry-run-memory prints the rows where the
+    engine would run (here the CPU), without vLLM installed."""
     policy, _ = memory.meta_models(None)
     N, GiB, kv_cpu = sum(p.numel() for p in policy.parameters()), 2**30, vllm_engine.EngineArgs().kv_cache_bytes
     args, bf16 = vllm_engine.EngineArgs(), vllm_engine.EngineArgs(dtype="bfloat16")

@@ -290,9 +290,9 @@ def test_two_ranks_train_on_multi_turn_episodes_through_their_engines(tmp_path):
     call, the drain after the rollout) for episodes of several turns; the run ends, its logprobs the trainer's."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "trainer.py"]
     cmd += "--task calc --adv-estimator grpo --steps 3 --eval-every 0 --kl-metric-every 0 --rollout-engine vllm".split()
+    cmd += ["--out-dir", str(tmp_path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd + ["--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = rows_of(tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3] and max(r["rollout/turns"] for r in rows) > 1, rows

@@ -27,9 +27,8 @@ def main(folder: str) -> None:
     policy = tasks.make_tiny_model(tok).eval()
     stops = {"max_new_tokens": 6, "eos_token_ids": [tok.eos_token_id], "pad_token_id": tok.pad_token_id}
     for k, calls in enumerate(CALLS):
-        with (
-            torch.no_grad()
-        ):  # weights the engine has not seen (the same on both ranks): this rollout's sync brings them
+        # weights the engine has not seen (the same on both ranks): this rollout's sync must bring them
+        with torch.no_grad():
             for p in policy.parameters():
                 p += 0.05 * torch.randn_like(p)
         agree = []
