@@ -1,8 +1,8 @@
 """Agent programs as long-lived worker processes: jobs in on stdin, one line out on stdout per finished job.
 
-model_proxy.py --agent trains on what such processes do through the proxy; this file only runs them. The protocol is
+agent_train.py trains on what such processes do through the proxy; this file only runs them. The protocol is
 all an agent program speaks beyond the chat API and the environment server's:
-    started   python PROGRAM ARGS...          (model_proxy.py: --base-url URL/v1 --env-url URL --max-turns N)
+    started   python PROGRAM ARGS...          (agent_train.py: --base-url URL/v1 --env-url URL --max-turns N)
     stdin     a job per line, SEED:SESSION:SPLIT: play the environment's episode SEED (of SPLIT), chat as SESSION
     stdout    `done SESSION RETURN` when a job ends, in any order (a program may play its jobs concurrently)
 A program that exits, prints anything else, or makes the pool wait past its timeout stops the run with an error that

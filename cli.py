@@ -120,18 +120,6 @@ def parse_config(cls, argv: list[str] | None = None, description: str | None = N
     return cfg
 
 
-def flags_help(cls, flags: dict[str, str], lead: str, example: str, shown: dict | None = None, width: int = 78) -> str:
-    """An epilog for parse_config: `lead`, then some of `cls`'s fields as flags (name -> its value's metavar) with
-    their help and default (`shown` replaces a default's text), then an `example` command. For a mode of an entry
-    point whose own flags are not the ones parse_config lists (model_proxy.py --agent)."""
-    docs, lines = field_docs(cls), [*textwrap.wrap(lead, width, break_on_hyphens=False), ""]
-    for name, var in flags.items():
-        text = f"{docs[name]} (default: {(shown or {}).get(name, getattr(cls, name))})"
-        flag = f"  --{name.replace('_', '-')} {var}".ljust(28)
-        lines += textwrap.wrap(text, width, initial_indent=flag, subsequent_indent=" " * 28, break_on_hyphens=False)
-    return "\n".join([*lines, "", "    " + example])
-
-
 def busy_cores(seconds: float = 0.2) -> float:
     """Cores that other processes keep busy now: the machine's busy CPU time over `seconds` (/proc/stat) less this
     process's own, in cores. 0.0 where /proc/stat is not there (not Linux)."""

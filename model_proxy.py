@@ -1,18 +1,17 @@
-"""Train an unmodified agent: an OpenAI-compatible endpoint on the policy that records the tokens it sampled.
+"""An OpenAI-compatible endpoint on the policy that records the tokens it sampled: what an unmodified agent trains on.
 
     python model_proxy.py                        # demo: a proxy on a free port, a two-turn chat through it
     python model_proxy.py --serve --port 8200    # serve the embedded policy (or --model) until Ctrl-C
-    python model_proxy.py --agent examples/calc_agent.py --agents 16 --adv-estimator grpo   # train an agent program
 
 An agent calls an ordinary chat endpoint (`OpenAI(base_url="http://HOST:PORT/v1", api_key="none")`); the proxy answers
-with the current policy and records per request the prompt ids (the chat template applied here, once), the sampled
-ids, their logprobs and the policy version, under the caller's session (header `X-Session-Id`, else the `user` field).
-A session becomes samples token in token out (`session_samples`), sessions a Rollout (`sessions_rollout`), rewarded
-by what the agent posts (POST /v1/sessions/ID/reward); `--agent` trains on them (AgentSampler, train()'s sampler;
-the agent processes: agent_pool.py). The HTTP API, chat completions (streamed too), models and sessions, is
-openai_api.py's (start_proxy serves a ModelProxy). `--serve` holds at most max_sessions, dropping the idle ones.
-Sampling (docs/design.md section 3): the behaviour policy must be the trained one, so the client's temperature and top_p
-are recorded and replaced by the trainer's; the answer's `minrl` field says what was asked and what was used.
+with the current policy and records per request the prompt ids (the chat template applied here, once), the sampled ids,
+their logprobs and the policy version, under the caller's session (header `X-Session-Id`, else the `user` field). A
+session becomes samples token in token out (`session_samples`), sessions a Rollout (`sessions_rollout`), rewarded by
+what the agent posts (POST /v1/sessions/ID/reward); agent_train.py trains on them (the agent processes: agent_pool.py).
+The HTTP API, chat completions (streamed too), models and sessions, is openai_api.py's (start_proxy serves a
+ModelProxy). `--serve` holds at most max_sessions, dropping the idle ones. Sampling (docs/design.md section 3): the
+behaviour policy must be the trained one, so the client's temperature and top_p are recorded and replaced by the
+trainer's; the answer's `minrl` field says what was asked and what was used.
 
 Implementation details (our choices)
 1. Batching: requests wait in a queue; one thread takes the first, then the next while each comes within gather_ms
@@ -20,12 +19,12 @@ Implementation details (our choices)
    max_tokens (a prefix of a sample is a sample of the shorter one). A stream sends the answer a token per chunk.
    Each request draws from a stream of its own, seeded by (seed, session, its index in the session): what it
    samples does not depend on which requests share its batch (a matter of timing), so a run through the proxy
-   repeats, but where padding's rounding tips a draw or a greedy argmax between two near-equal tokens. AgentSampler
+   repeats, but where padding's rounding tips a draw or a greedy argmax between two near-equal tokens. With a vLLM
+   engine (vllm_engine.py) the stream gives the request's vLLM seed, drawn per request there too. agent_train.py
    generates on the trainer's thread while the agents play (serve_while): on CPU a second thread running torch ops
    owns a second OpenMP team, and with two teams generate ran 2-3x slower on 2 cores (RESULTS.md).
-2. Weights: the proxy samples from its own model; `load_weights` copies new ones in between two batches (the batch
-   lock): no answer mixes versions. AgentSampler loads them before an iteration's agents start and waits for them
-   to finish: staleness 0.
+2. Weights: the proxy samples from its own model, or its engine; `load_weights` copies new ones in (the engine: a
+   sync) between two batches (the batch lock): no answer mixes versions.
 3. Token in token out: a rendered prompt that starts with the previous request's prompt text plus the decoded text
    of what was sampled for it reuses those ids (`extends`) and tokenises only what the agent appended. Re-tokenising
    the decoded chat would not give back a segmentation the tokenizer would not choose (a BPE merge the model
@@ -40,32 +39,24 @@ Implementation details (our choices)
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 import math
 import queue
-import sys
 import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import numpy as np
 import torch
 
-import rollout
-from agent_pool import AgentPool
-from cli import check_fields, flags_help, parse_config, sigterm_as_ctrl_c
-from common import make_autocast
-from env_service import HTTPError, ServiceArgs, request, start_server, stop_server
+import vllm_engine
+from cli import check_fields, parse_config, sigterm_as_ctrl_c
+from env_service import HTTPError, request
 from openai_api import start_proxy, stop_proxy
 from rollout import Rollout, generate, left_pad, pack_tracks
-from runlog import stopping_cleanly
-from tasks import load_policy, load_tokenizer, make_tiny_model, make_tokenizer, stop_token_ids
-from trainer import Config, train
-from warm_start import sft_config_for, sft_warm_start
+from tasks import load_policy, make_tiny_model, make_tokenizer, stop_token_ids
 
+TRAINING = "Training an agent program on what it samples through the proxy: python3 agent_train.py --agent PROGRAM"
 TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% if m['role'] == 'assistant' %}{{ eos_token }}"
     "{% endif %}{% endfor %}"
@@ -141,9 +132,12 @@ class ModelProxy:
         seed: int = 0,
         autocast=contextlib.nullcontext,
         batch_thread: bool = True,
+        engine: vllm_engine.Engine | None = None,
     ):
         self.model, self.tokenizer, self.args, self.name = model.eval(), tokenizer, args, name
-        self.autocast = autocast  # common.make_autocast's: autocast is per thread, so the batcher enters its own
+        self.engine = engine  # None: rollout.generate on `model`; else the engine samples (model: its device, stops)
+        # common.make_autocast's: autocast is per thread, so the batcher enters its own (an engine: its own dtype)
+        self.autocast = autocast if engine is None else contextlib.nullcontext
         self.sampling = dict(sampling)  # temperature, top_p, top_k: the trainer's
         self.eos_ids, self.version = stop_token_ids(model, tokenizer), 0
         self.template = getattr(tokenizer, "chat_template", None) or TEMPLATE
@@ -260,7 +254,8 @@ class ModelProxy:
 
     @torch.no_grad()
     def generate(self, batch: list[Pending]) -> None:
-        """One rollout.generate call for the batch, under the batch lock (no weight update in between: detail 2)."""
+        """One rollout.generate call (or the engine's) for the batch, under the batch lock (no weight update in
+        between: detail 2)."""
         dev = next(self.model.parameters()).device
         ids, mask = left_pad([p.prompt_ids for p in batch], self.tokenizer.pad_token_id)
         streams = [torch.Generator(device=dev).manual_seed(p.seed) for p in batch]  # a row's draws are its own
@@ -268,7 +263,8 @@ class ModelProxy:
         stops = {"eos_token_ids": self.eos_ids, "pad_token_id": self.tokenizer.pad_token_id}
         with self.batch_lock, self.autocast():
             sampling = {**self.sampling, "generator": streams}  # read under the lock: greedy_success swaps it
-            out = generate(self.model, ids.to(dev), mask.to(dev), max_new_tokens=longest, **stops, **sampling)
+            sample = generate if self.engine is None else self.engine.generate  # the same signature and Rollout
+            out = sample(self.model, ids.to(dev), mask.to(dev), max_new_tokens=longest, **stops, **sampling)
             version = self.version
         for j, p in enumerate(batch):
             n = min(int(out.response_mask[j].sum()), p.max_tokens)
@@ -278,7 +274,10 @@ class ModelProxy:
     def load_weights(self, policy, version: int) -> None:
         """Detail 2: the trainer's new weights, between two batches (rounded to the proxy's, e.g. --rollout-dtype)."""
         with self.batch_lock:
-            self.model.load_state_dict(policy.state_dict())
+            if self.engine is not None:
+                vllm_engine.sync_weights(self.engine, policy)
+            else:
+                self.model.load_state_dict(policy.state_dict())
             self.version = version
 
     def set_reward(self, session: str, reward) -> dict:
@@ -330,140 +329,9 @@ def sessions_rollout(sessions: list[dict], pad_id: int, device) -> tuple[Rollout
     return rollout, [k for k, _ in samples], stats
 
 
-# ----------------------------------------------------------------------------------------------
-# Training an agent program through the proxy
-
-
-@dataclass
-class AgentConfig(Config):
-    """`python model_proxy.py --agent PROGRAM`: the trainer's knobs, and the agent processes'."""
-
-    help_first = ("AgentConfig", *Config.help_first)
-
-    agent: str = str(Path(__file__).resolve().parent / "examples" / "calc_agent.py")
-    """The agent program: `python AGENT --base-url URL/v1 --env-url URL --max-turns N`, SEED:SESSION:SPLIT on stdin."""
-    agents: int = 16
-    """Agent processes (each plays its share of an iteration's episodes, concurrently: agent_pool.py)."""
-    agent_timeout: float = 600.0
-    """Seconds an iteration's agents may take (then the run stops, naming them)."""
-    gather_ms: float = 5.0
-    """The proxy's batching window (ProxyArgs.gather_ms)."""
-    task: str = "calc"
-
-    def __post_init__(self):
-        super().__post_init__()
-        ranges = {"[1, inf)": ("agents", "steps"), "(0.0, inf)": ("agent_timeout",), "[0.0, inf)": ("gather_ms",)}
-        check_fields(self, ranges, AgentConfig)
-
-
-class AgentSampler:
-    """train()'s sampler: each iteration the weights go to the proxy, the agent processes (agent_pool.py) play the
-    episodes, G sessions per env seed (a GRPO group), and what the proxy recorded becomes the batch."""
-
-    def __init__(self, cfg: AgentConfig, proxy: ModelProxy, proxy_url: str, env_url: str):
-        self.cfg, self.proxy, self.rng = cfg, proxy, np.random.default_rng(cfg.seed)  # rng: training env seeds
-        args = ["--base-url", proxy_url + "/v1", "--env-url", env_url, "--max-turns", str(cfg.max_turns)]
-        self.pool = AgentPool(cfg.agent, cfg.agents, args, cfg.agent_timeout)
-
-    def play(self, seeds: list[int], tag: str, split: str = "train") -> list[dict]:
-        """Play `seeds` (one session each) on the agent processes; the sessions the proxy recorded, in order."""
-        names = [f"{tag}-{i}" for i in range(len(seeds))]
-        self.proxy.serve_while(self.pool.play, list(zip(seeds, names)), split)  # (their returns: as posted)
-        return [self.proxy.session(n, pop=True) for n in names]
-
-    def __call__(self, step: int, policy):
-        self.proxy.load_weights(policy, step)  # the samples of iteration `step` come from its weights (staleness 0)
-        G, n = self.cfg.group_size, self.cfg.prompts_per_step
-        seeds = [int(s) for s in self.rng.integers(2**31, size=n) for _ in range(G)]
-        sessions = self.play(seeds, f"it{step}")
-        dev = next(policy.parameters()).device
-        rollout, owner, stats = sessions_rollout(sessions, self.proxy.tokenizer.pad_token_id, dev)
-        blank = {"cut": False, "context_cut": False, "malformed": 0, "env_s": []}  # what an agent does not tell
-        played = [sessions[k] for k in owner]  # each sample's session
-        episodes = [
-            {**blank, "return": s["reward"], "success": s["reward"] >= 1, "turns": len(s["records"])} for s in played
-        ]
-        return rollout, episodes, torch.tensor(owner, device=dev) // G, stats
-
-    def greedy_success(self, n: int, tag: str) -> float:
-        """Success of the agent on n held-out env seeds with the proxy's policy greedy."""
-        sampling, self.proxy.sampling = self.proxy.sampling, {"temperature": 0.0}
-        seeds = [int(s) for s in np.random.default_rng(12345).integers(2**31, size=n)]  # evaluation.held_out's draw
-        try:
-            return float(np.mean([s["reward"] >= 1 for s in self.play(seeds, tag, "eval")]))
-        finally:
-            self.proxy.sampling = sampling
-
-
-def train_agent(cfg: AgentConfig, hooks=()) -> dict:
-    """Train the policy on what `cfg.agent`'s processes do through a proxy, an environment server in this process.
-    Returns train()'s result and "agent_success": the agent's greedy success on eval_n held-out seeds, before, after."""
-    # room for every episode the agents may open at once: an iteration's, or an evaluation's (eval_n at once)
-    at_once = max(256, cfg.eval_n, cfg.prompts_per_step * cfg.group_size)
-    env_server = start_server(ServiceArgs(port=0, max_sessions=at_once))
-    box = {}
-
-    def sampler(step, policy):
-        if "s" not in box:  # the proxy serves a copy of the policy, loaded with its weights every iteration
-            source = cfg.model or str(sft_warm_start(sft_config_for(cfg.task, cfg.sft_target)))
-            args = ProxyArgs(max_tokens=cfg.max_new_tokens, max_context=cfg.max_context, gather_ms=cfg.gather_ms,
-                             max_sessions=at_once, idle_timeout=0)  # fmt: skip
-            sampling = {k: getattr(cfg, k) for k in ("temperature", "top_p", "top_k")}  # the trainer's, always
-            engine = rollout.inference_copy(policy, cfg.rollout_dtype)  # float32: the policy itself, so copied
-            engine, dev = copy.deepcopy(policy) if engine is policy else engine, next(policy.parameters()).device
-            proxy = ModelProxy(
-                engine,
-                load_tokenizer(source),
-                args,
-                sampling,
-                seed=cfg.seed,
-                autocast=make_autocast(cfg.dtype, dev),
-                batch_thread=False,  # it generates on this thread, the trainer's, while agents play (serve_while)
-            )  # train()'s sampling: its autocast, its dtype
-            box["server"] = start_proxy(proxy)
-            box["s"] = AgentSampler(cfg, proxy, box["server"].url, env_server.url)
-            box["before"] = box["s"].greedy_success(cfg.eval_n, "eval0")
-        box["policy"] = policy
-        return box["s"](step, policy)
-
-    try:
-        out = train(cfg, hooks=hooks, sampler=sampler)
-        box["s"].proxy.load_weights(box["policy"], cfg.steps)
-        out["agent_success"] = (box["before"], box["s"].greedy_success(cfg.eval_n, "eval1"))
-        return out
-    finally:
-        if "s" in box:
-            box["s"].pool.close()
-        if "server" in box:
-            stop_proxy(box["server"])
-        stop_server(env_server)
-
-
-def agent_help() -> str:
-    """The end of `--help`: the flags of the `--agent PROGRAM` mode (AgentConfig's own; the trainer's are listed by
-    `--agent PROGRAM --help`)."""
-    lead = (
-        "Training an agent program (--agent PROGRAM): the proxy serves the policy, the agent's processes play the "
-        "episodes through it, and the trainer learns from what they sampled. That mode takes the flags below and "
-        "every flag of `python3 trainer.py --help` (its default task here: calc); `python3 model_proxy.py --agent "
-        "PROGRAM --help` lists them all."
-    )
-    flags = {"agent": "PROGRAM", "agents": "N", "agent_timeout": "SECONDS", "gather_ms": "MS"}  # flag -> its value
-    example = "python3 model_proxy.py --agent examples/calc_agent.py --agents 16 --adv-estimator grpo"
-    return flags_help(AgentConfig, flags, lead, example, shown={"agent": "examples/calc_agent.py"})
-
-
 def main(argv=None) -> None:
-    """Serve (--serve), train an agent (--agent PROGRAM), or the demo: two turns of one session, then its sample."""
-    argv = sys.argv[1:] if argv is None else argv
-    if any(a.startswith("--agent") for a in argv):
-        cfg = parse_config(AgentConfig, argv)
-        with stopping_cleanly(cfg):  # Ctrl-C or SIGTERM: result.json and curves.png as far as the run got
-            out = train_agent(cfg)
-        before, after = out["agent_success"]
-        print(f"[minrl] greedy success of the agent on {cfg.eval_n} held-out episodes: {before:.3f} -> {after:.3f}")
-        return
-    args = parse_config(ProxyArgs, argv, epilog=agent_help())
+    """Serve (--serve), or the demo: two turns of one session, then its sample."""
+    args = parse_config(ProxyArgs, argv, epilog=TRAINING)
     sigterm_as_ctrl_c()  # kill, systemd, docker: stopped as on Ctrl-C
     torch.manual_seed(0)
     if args.model:

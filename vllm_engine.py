@@ -33,16 +33,15 @@ and still train on-policy. Five things, each a few lines below (4 and 5 for GPUs
    do not (a rank whose episodes end in 2 turns would leave one that needs 5 waiting on it). So before each call
    the ranks agree (an all-reduce of "I sample"), and a rank done with its rollout (`drain`) joins its peers'
    remaining calls with a one-token stand-in request until none samples.
-`--rollout-dtype bfloat16` makes no copy of ours with an engine: it is the engine's dtype (vLLM's bf16 kernels, a
-real sampler-trainer gap that mismatch.py --engine vllm measures and --rollout-is corrects). With --fsdp the sync
-gathers the whole weights on every rank (`full_state`). Where the flag is refused: `async_loop.py`, whose rollout
-ranks sample on clocks of their own, while an engine built in a process of a torchrun world takes that whole world
-for its own (vLLM 0.32's init_distributed_environment), so that every rank would step with it; and
-`model_proxy.py --agent`, which would fit (a seed per request, weights loaded between batches) but is not wired. A
-`--dump-batch` replay recomputes the update from the dumped batch, which does not depend on the engine. In the
-trainer's process, vLLM's CPU worker takes over torch's thread count, the engine's build reseeds torch's global RNG
-(the run's seed: the same every run), and its close destroys the default process group (one it made, or under
-torchrun the trainer's: `release` comes last).
+`--rollout-dtype bfloat16` makes no copy of ours with an engine: it is the engine's dtype (vLLM's bf16 kernels, a real
+sampler-trainer gap that mismatch.py --engine vllm measures and --rollout-is corrects). With --fsdp the sync gathers
+the whole weights on every rank (`full_state`). Where the flag is refused: `async_loop.py`, whose rollout ranks sample
+on clocks of their own, while an engine built in a process of a torchrun world takes that whole world for its own (vLLM
+0.32's init_distributed_environment), so that every rank would step with it. `agent_train.py` (an agent program through
+model_proxy.py) takes it at world size 1 (a seed per request, weights synced between batches). A `--dump-batch` replay
+recomputes the update from the dumped batch, which does not depend on the engine. In the trainer's process vLLM's CPU
+worker sets torch's thread count, the engine's build reseeds torch's global RNG (the run's seed: the same every run),
+and its close destroys the default process group (its own, or under torchrun the trainer's: `release` comes last).
 """
 
 from __future__ import annotations
@@ -145,14 +144,18 @@ class Engine:
         top_k: int = 0,
         eos_token_ids: list[int],
         pad_token_id: int,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | list[torch.Generator] | None = None,
     ) -> Rollout:
-        """rollout.generate's signature and Rollout (detail 3); generator None or temperature 0: greedy. `model`: the
-        policy whose weights were synced (unused: it keeps rollout.generate's signature, for rollout_env)."""
+        """rollout.generate's signature and Rollout (detail 3); generator None or temperature 0: greedy, a list: one
+        stream per row (model_proxy's requests), each row's seed drawn from its own. `model`: the policy whose weights
+        were synced (unused: it keeps rollout.generate's signature, for rollout_env and model_proxy)."""
         rows = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids.cpu(), attention_mask.cpu())]  # unpadded
         greedy = generator is None or temperature == 0
-        draw = lambda n: torch.randint(2**62, (n,), generator=generator, device=generator.device).tolist()  # noqa: E731
-        seeds = [None] * len(rows) if greedy else draw(len(rows))
+        draw = lambda g, n: torch.randint(2**62, (n,), generator=g, device=g.device).tolist()  # noqa: E731
+        if greedy:
+            seeds = [None] * len(rows)
+        else:
+            seeds = [draw(g, 1)[0] for g in generator] if isinstance(generator, list) else draw(generator, len(rows))
         params = [
             self.vllm.SamplingParams(
                 n=1,
@@ -186,16 +189,16 @@ def sync_weights(engine: Engine, policy) -> float:
     return time.perf_counter() - t0
 
 
-def sampling_engine(cfg, policy, source: str, sampler=None):
+def sampling_engine(cfg, policy, source: str, sampler=None, sleep: bool = True):
     """The trainer's sampler: the policy itself, its --rollout-dtype copy (rollout.inference_copy), or with
-    --rollout-engine vllm an Engine on the model folder `source`, with the run's seed. With a `sampler` of its own
-    (async_loop's rollout ranks, model_proxy's agents) none: the flag is refused there, not ignored."""
+    --rollout-engine vllm an Engine on the model folder `source`, with the run's seed (`sleep`: detail 4). With a
+    `sampler` of its own none: the policy (that sampler samples by its own means: agent_train.py's proxy builds its
+    engine, async_loop.py refuses the flag)."""
     if sampler is not None:
-        if cfg.rollout_engine != "hf":
-            raise ValueError(f"'rollout_engine' = {cfg.rollout_engine!r}: this entry point samples on its own (hf)")
         return policy
     if cfg.rollout_engine == "vllm":
-        return Engine(source, EngineArgs(dtype=cfg.rollout_dtype, seed=cfg.seed), lora=cfg if cfg.lora_rank else None)
+        args = EngineArgs(dtype=cfg.rollout_dtype, seed=cfg.seed, sleep=sleep)
+        return Engine(source, args, lora=cfg if cfg.lora_rank else None)
     return rollout.inference_copy(policy, cfg.rollout_dtype)
 
 

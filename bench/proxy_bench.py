@@ -10,7 +10,7 @@ sends 16 concurrent POST /v1/chat/completions (real HTTP on 127.0.0.1, a connect
 and times from the first send to the last answer; the proxy gathers them into one generate call, records ids and
 logprobs and answers each. Both sample exactly max_tokens tokens (no stop token can be sampled), so the tokens are
 the same count. The proxy generates on the main thread while the client's round runs (ModelProxy.serve_while, as
-train_agent does). The rounds interleave (direct, proxy, direct, ...); the medians are compared, overhead = proxy /
+agent_train.py does). The rounds interleave (direct, proxy, direct, ...); the medians are compared, overhead = proxy /
 direct - 1: HTTP, JSON, the chat template, the gather window (gather_ms after the last request), the bookkeeping.
 """
 
@@ -109,7 +109,7 @@ def bench_one(preset: str, cfg: Config) -> dict:
     def through_proxy() -> float:
         client.send([{"messages": [{"role": "user", "content": p}], "max_tokens": cfg.max_tokens, "user": f"{i}"}
                      for i, p in enumerate(prompts)])  # fmt: skip
-        seconds, error = client.recv() if cfg.batch_thread else proxy.serve_while(client.recv)  # as train_agent
+        seconds, error = client.recv() if cfg.batch_thread else proxy.serve_while(client.recv)  # as agent_train.py
         proxy.sessions.clear()
         if error:  # a failed request must not look like a fast one
             raise RuntimeError(f"the client's request failed: {error}")

@@ -9,8 +9,8 @@ ends it), and repeat with the whole history, as any chat agent does. At the end 
 the endpoint it chats with (POST {base_url}/sessions/SESSION/reward), the one call a training proxy needs from it.
 Without --episodes it is a worker: it plays each `SEED:SESSION:SPLIT` line it reads on stdin in a thread of its own
 (episodes wait on the network, so they overlap, as a production agent's do) and prints `done SESSION RETURN` when it
-ends (model_proxy.py --agent keeps --agents of them running). It needs `pip install openai`; nothing
-else beyond the standard library.
+ends (agent_train.py keeps --agents of them running). It needs `pip install openai`; nothing else beyond the
+standard library.
 """
 
 import argparse

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import agent_train
+import async_loop
 import cli
 import common
 import critics
@@ -566,10 +568,15 @@ def test_the_vllm_engine_says_what_to_install_and_where_it_does_not_run(monkeypa
         ImportError, match=r"--rollout-engine vllm needs vLLM: bash scripts/install_vllm.sh makes a venv"
     ):
         vllm_engine.Engine("/nowhere")
-    with pytest.raises(ValueError, match="'rollout_engine' = 'vllm': this entry point samples on its own"):
-        vllm_engine.sampling_engine(trainer.Config(rollout_engine="vllm"), None, "/nowhere", sampler=print)
+    with pytest.raises(ValueError, match="'rollout_engine' = 'vllm': async_loop.py samples with hf"):
+        async_loop.AsyncConfig(rollout_engine="vllm")
+    policy = object()  # a sampler of its own samples by its own means: the policy is what train() gets back
+    vllm_cfg = trainer.Config(rollout_engine="vllm")
+    assert vllm_engine.sampling_engine(vllm_cfg, policy, "/nowhere", sampler=print) is policy
     trainer.Config(rollout_engine="vllm", rollout_dtype="bfloat16", fsdp=True)  # the engine's dtype; FSDP2 gathered
     with pytest.raises(ValueError, match="'rollout_dtype' = 'bfloat16' needs whole weights to copy"):
         trainer.Config(rollout_dtype="bfloat16", fsdp=True)  # our own copy of the weights: not from shards
     monkeypatch.setenv("WORLD_SIZE", "2")
     trainer.Config(rollout_engine="vllm", task="calc")  # multi-turn under torchrun: the ranks agree on each call
+    with pytest.raises(ValueError, match="'rollout_engine' = 'vllm' needs world size 1 here: each rank's proxy"):
+        agent_train.AgentConfig(rollout_engine="vllm")

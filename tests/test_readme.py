@@ -1,9 +1,9 @@
 """Every command of the README's usage block names a file that exists and only flags its entry point knows.
 
 Running them all would take an hour; what goes stale silently is a renamed flag or a moved file. Each command's
-entry point is loaded in this process and asked for `--help` (the dispatching flag first where one selects a mode,
-model_proxy.py's `--agent`); every `--flag` the README passes must be in that help. The commands that are run
-whole live in their own tests (the main job: test_parity / test_learning; the agent command: test_model_proxy).
+entry point is loaded in this process and asked for `--help`; every `--flag` the README passes must be in that help.
+The commands that are run whole live in their own tests (the main job: test_parity / test_learning; the agent
+command: test_agent_train).
 """
 
 import importlib
@@ -40,7 +40,7 @@ COMMANDS = usage_commands()
 
 def test_the_usage_block_is_read():
     files = {c[1] for c in COMMANDS}
-    assert len(COMMANDS) >= 25 and {"ppo_minimal.py", "trainer.py", "model_proxy.py", "replay.py"} <= files
+    assert len(COMMANDS) >= 25 and {"ppo_minimal.py", "trainer.py", "agent_train.py", "replay.py"} <= files
 
 
 @pytest.mark.parametrize("argv", COMMANDS, ids=[" ".join(c[1:3]) for c in COMMANDS])
@@ -50,10 +50,9 @@ def test_a_readme_command_names_a_file_and_flags_that_exist(argv, capsys, monkey
     assert path.is_file(), f"{argv[1]} does not exist"
     entry = FLAGS_OF.get(argv[1], argv[1])
     module = importlib.import_module(entry.removesuffix(".py").replace("/", "."))  # experiments/x.py: a package
-    mode = ["--agent", argv[argv.index("--agent") + 1]] if "--agent" in argv else []
-    monkeypatch.setattr(sys, "argv", [str(path), *mode, "--help"])
+    monkeypatch.setattr(sys, "argv", [str(path), "--help"])
     with pytest.raises(SystemExit) as done:
-        module.main([*mode, "--help"])
+        module.main(["--help"])
     assert done.value.code in (0, None)
     shown = capsys.readouterr().out
     flags = [w.split("=")[0] for w in argv[2:] if w.startswith("--")]

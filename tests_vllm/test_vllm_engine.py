@@ -1,10 +1,12 @@
 """vllm_engine.py against the project's own sampler and trainer, in the vLLM venv (scripts/install_vllm.sh; CI runs
 it as a step of its own): greedy tokens equal rollout.generate's after a sync; sampled tokens' logprobs equal the
 trainer's recompute at T 0.6 and 1.0, top_p 1 and 0.9; an engine whose sync is skipped is caught by the gap; a short
-GRPO run with --rollout-engine vllm writes hf's metric keys and lands within 5 points of hf's accuracy.
+GRPO run with --rollout-engine vllm writes hf's metric keys and lands within 5 points of hf's accuracy; the model
+proxy samples with it (agent_train.py), each request on its own seed.
 
 One engine for the module (building one costs ~10 s here). These tests also run the project on transformers 5.19."""
 
+import copy
 import json
 import os
 import shutil
@@ -15,7 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import agent_train
 import mismatch
+import model_proxy as mp
 import replay
 import tasks
 import trainer
@@ -123,6 +127,45 @@ def test_an_engine_whose_sync_is_skipped_is_caught_by_the_gap(setup, tmp_path):
     out = engine.generate(policy, ids, mask, temperature=1.0, generator=gen, **stops(tok))
     recompute, _ = sequence_logprobs(policy, out.input_ids, out.attention_mask, out.response_ids.shape[1])
     assert (out.rollout_logprobs - recompute)[out.response_mask.bool()].abs().max() < TOL
+
+
+def test_the_model_proxy_samples_with_the_engine_each_request_on_its_own_seed(setup):
+    """agent_train.py --rollout-engine vllm's proxy (model_proxy.ModelProxy with an engine): a request's seed, not the
+    requests beside it, decides what it samples (model_proxy.py detail 1); its logprobs are the trainer's recompute;
+    greedy answers are rollout.generate's; load_weights syncs the engine (its answers follow the new weights)."""
+    engine, policy, tok, (ids, mask) = setup
+    rows = [r[m.bool()].tolist() for r, m in zip(ids, mask)]
+    sampling = {"temperature": 0.6, "top_p": 1.0, "top_k": 0}
+    proxy = mp.ModelProxy(policy, tok, mp.ProxyArgs(), sampling, batch_thread=False, engine=engine)
+    ask = lambda row, k, n=12: mp.Pending(rows[row], n, mp.request_seed(0, "s", k))  # noqa: E731
+    alone, batch = ask(0, 0), [ask(3, 1), ask(0, 0), ask(5, 2, n=4), *(ask(0, k) for k in range(3, 7))]
+    proxy.generate([alone])
+    proxy.generate(batch)
+    assert batch[1].ids == alone.ids and batch[1].logprobs == pytest.approx(alone.logprobs, abs=TOL)
+    assert len({tuple(p.ids) for p in [alone, *batch[3:]]}) > 1  # other seeds, other samples: it does sample
+    assert len(batch[2].ids) <= 4  # its own max_tokens
+    for p in batch:
+        full = torch.tensor([p.prompt_ids + p.ids])
+        recompute, _ = sequence_logprobs(policy, full, torch.ones_like(full), len(p.ids), temperature=0.6)
+        assert (recompute[0] - torch.tensor(p.logprobs)).abs().max() < TOL
+    moved = copy.deepcopy(policy)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for q in moved.parameters():
+            q += 0.05 * torch.randn_like(q)
+    proxy.sampling = {"temperature": 0.0}
+    try:
+        for model, version in ((policy, 0), (moved, 1)):
+            if version:
+                proxy.load_weights(moved, version)
+            greedy = [ask(j, j) for j in range(len(rows))]
+            proxy.generate(greedy)
+            ours = generate(model, ids, mask, temperature=0.0, **stops(tok))
+            for j, p in enumerate(greedy):
+                n = int(ours.response_mask[j].sum())
+                assert p.ids == ours.response_ids[j, :n].tolist() and p.version == version, (j, version)
+    finally:
+        vllm_engine.sync_weights(engine, policy)  # the module's engine back on the policy
 
 
 def run(tmp_path, engine: str, steps: int) -> list[dict]:
@@ -297,3 +340,22 @@ def test_two_ranks_train_on_multi_turn_episodes_through_their_engines(tmp_path):
     rows = rows_of(tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3] and max(r["rollout/turns"] for r in rows) > 1, rows
     assert max(r["stats/rollout_vs_old_logp_diff"] for r in rows) < TOL
+
+
+def test_an_agent_program_trains_through_a_proxy_that_samples_with_the_engine(tmp_path):
+    """agent_train.py --rollout-engine vllm: examples/calc_agent.py's processes (the openai client) play through a
+    proxy whose engine is synced every iteration: the run writes hf's metric keys, the sampler's logprobs are the
+    trainer's recompute (on-policy), and the agent's greedy success before training is hf's proxy's (greedy tokens
+    are rollout.generate's; the test allows one episode apart, for a near-tie under another batch's padding)."""
+    rows, outs = {}, {}
+    flags = dict(agents=2, adv_estimator="grpo", steps=2, prompts_per_step=2, group_size=4, eval_n=32, seed=0)
+    flags.update(eval_every=0, kl_metric_every=0, save_final=False)
+    for engine in ("hf", "vllm"):
+        rows[engine] = []
+        cfg = agent_train.AgentConfig(**flags, rollout_engine=engine, out_dir=str(tmp_path / engine))
+        outs[engine] = agent_train.train_agent(cfg, hooks=[lambda step, m, r=rows[engine]: r.append(m)])
+    assert [set(r) for r in rows["vllm"]] == [set(r) for r in rows["hf"]] and len(rows["vllm"]) == 2
+    assert all(r["proxy/samples"] == 8 for r in rows["vllm"]), rows["vllm"]
+    assert max(r["stats/rollout_vs_old_logp_diff"] for r in rows["vllm"]) < TOL, rows["vllm"]
+    before = {e: outs[e]["agent_success"][0] for e in outs}
+    assert abs(before["vllm"] - before["hf"]) <= 1 / 32 and 0 < before["hf"] < 1, before
