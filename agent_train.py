@@ -18,11 +18,12 @@ Implementation details (our choices)
    running torch ops would own a second OpenMP team, model_proxy.py detail 1).
 3. The sampler: a copy of the policy (rollout.inference_copy: --rollout-dtype's, or a plain copy in float32), its
    weights copied in each iteration; or with `--rollout-engine vllm` a vLLM engine on the policy's model folder
-   (vllm_engine.py), synced each iteration (vllm_engine.sync_weights), each request's own seed (model_proxy.py
-   detail 1) given to vLLM as that request's seed. The engine stays awake on a GPU (no sleep mode: requests come
-   at any time of an iteration's play), holding its gpu_memory_utilization share while the trainer updates. Under
-   torchrun it is refused: each rank's proxy would call its engine as its agents' requests come, while the
-   ranks' engines must step together (vllm_engine.py detail 5).
+   (vllm_engine.py), synced each iteration (vllm_engine.sync_weights), each request's vLLM seed drawn from that
+   request's own stream (model_proxy.py detail 1). On a GPU the engine is built without sleep mode: it holds its
+   gpu_memory_utilization share during the trainer's update too (simpler; waking it in load_weights and putting it
+   to sleep after the play would give that share back: not done, GPU only). Under torchrun it is refused: each
+   rank's proxy would call its engine as its agents' requests come, while the ranks' engines must step together
+   (vllm_engine.py detail 5).
 """
 
 from __future__ import annotations
@@ -126,8 +127,8 @@ def train_agent(cfg: AgentConfig, hooks=()) -> dict:
     def sampler(step, policy):
         if "s" not in box:  # the proxy samples with a copy of the policy or an engine, synced every iteration
             source = cfg.model or str(sft_warm_start(sft_config_for(cfg.task, cfg.sft_target)))
-            args = ProxyArgs(max_tokens=cfg.max_new_tokens, max_context=cfg.max_context, gather_ms=cfg.gather_ms,
-                             max_sessions=at_once, idle_timeout=0)  # fmt: skip
+            limits = dict(max_tokens=cfg.max_new_tokens, max_context=cfg.max_context, max_sessions=at_once)
+            args = ProxyArgs(**limits, gather_ms=cfg.gather_ms, idle_timeout=0)
             sampling = {k: getattr(cfg, k) for k in ("temperature", "top_p", "top_k")}  # the trainer's, always
             if cfg.rollout_engine == "vllm":  # detail 3: awake throughout (no sleep mode), its own dtype
                 box["engine"] = vllm_engine.sampling_engine(cfg, policy, source, sleep=False)
@@ -145,6 +146,7 @@ def train_agent(cfg: AgentConfig, hooks=()) -> dict:
                 batch_thread=False,  # it generates on this thread, the trainer's, while agents play (detail 2)
                 engine=box.get("engine"),
             )
+            proxy.load_weights(policy, step)  # the policy's weights (an engine holds its folder's, a resume moved on)
             box["server"] = start_proxy(proxy)
             box["s"] = AgentSampler(cfg, proxy, box["server"].url, env_server.url)
             box["before"] = box["s"].greedy_success(cfg.eval_n, "eval0")

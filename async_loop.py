@@ -106,8 +106,8 @@ class AsyncConfig(Config):
         check_fields(self, {"[0, inf)": nonneg, "[1, inf)": ("queue_depth",), "(0, inf)": ("worker_timeout",)})
         if self.rollout_workers == 0 and "WORLD_SIZE" not in os.environ and self.async_ratio > 0:
             raise ValueError("config field 'async_ratio' > 0 needs rollout workers (--rollout-workers >= 1)")
-        if self.rollout_engine != "hf":  # vllm_engine.py says why: an engine would take the whole torchrun world
-            raise ValueError(f"config field 'rollout_engine' = {self.rollout_engine!r}: async_loop.py samples with hf")
+        if self.rollout_engine != "hf" and (self.rollout_workers or "WORLD_SIZE" in os.environ):  # vllm_engine.py
+            raise ValueError(f"config field 'rollout_engine' = {self.rollout_engine!r}: rollout ranks sample with hf")
         if self.resume and self.rollout_workers:
             raise ValueError("config field 'resume' is not supported with rollout workers (the buffer is not saved)")
         if self.fsdp or self.lora_rank or self.rollout_dtype != "float32":  # the workers load whole fp32 state dicts

@@ -14,15 +14,15 @@ behaviour policy must be the trained one, so the client's temperature and top_p 
 trainer's; the answer's `minrl` field says what was asked and what was used.
 
 Implementation details (our choices)
-1. Batching: requests wait in a queue; one thread takes the first, then the next while each comes within gather_ms
-   of the last (at most max_batch), and calls rollout.generate once; each request gets its row, cut at its own
-   max_tokens (a prefix of a sample is a sample of the shorter one). A stream sends the answer a token per chunk.
-   Each request draws from a stream of its own, seeded by (seed, session, its index in the session): what it
-   samples does not depend on which requests share its batch (a matter of timing), so a run through the proxy
-   repeats, but where padding's rounding tips a draw or a greedy argmax between two near-equal tokens. With a vLLM
-   engine (vllm_engine.py) the stream gives the request's vLLM seed, drawn per request there too. agent_train.py
-   generates on the trainer's thread while the agents play (serve_while): on CPU a second thread running torch ops
-   owns a second OpenMP team, and with two teams generate ran 2-3x slower on 2 cores (RESULTS.md).
+1. Batching: requests wait in a queue; one thread takes the first, then the next while each comes within gather_ms of
+   the last (at most max_batch), and calls rollout.generate (or its engine) once; each request gets its row, cut at its
+   own max_tokens (a prefix of a sample is a sample of the shorter one). A stream sends the answer a token per chunk.
+   Each request draws from a stream of its own, seeded by (seed, session, its index in the session): what it samples
+   does not depend on which requests share its batch (a matter of timing), so a run through the proxy repeats, but where
+   padding's rounding tips a draw or a greedy argmax between two near-equal tokens. With a vLLM engine (vllm_engine.py)
+   the stream gives the request's vLLM seed, drawn per request there too. agent_train.py generates on the trainer's
+   thread while the agents play (serve_while): on CPU a second thread running torch ops owns a second OpenMP team, and
+   with two teams generate ran 2-3x slower on 2 cores (RESULTS.md).
 2. Weights: the proxy samples from its own model, or its engine; `load_weights` copies new ones in (the engine: a
    sync) between two batches (the batch lock): no answer mixes versions.
 3. Token in token out: a rendered prompt that starts with the previous request's prompt text plus the decoded text
@@ -90,7 +90,7 @@ class ProxyArgs:
     max_sessions: int = 1024
     """Sessions held at most: a request that would open one more gets a 503 (after the idle ones are dropped)."""
     idle_timeout: float = 600.0
-    """Seconds without a request before a session may be dropped (0 = never: --agent's; else >= request_timeout)."""
+    """Seconds without a request before a session may be dropped (0 = never: agent_train's; else >= request_timeout)."""
 
     def __post_init__(self):
         ints = ("max_batch", "max_tokens", "max_context", "max_body_bytes", "max_sessions")

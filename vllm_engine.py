@@ -191,9 +191,9 @@ def sync_weights(engine: Engine, policy) -> float:
 
 def sampling_engine(cfg, policy, source: str, sampler=None, sleep: bool = True):
     """The trainer's sampler: the policy itself, its --rollout-dtype copy (rollout.inference_copy), or with
-    --rollout-engine vllm an Engine on the model folder `source`, with the run's seed (`sleep`: detail 4). With a
-    `sampler` of its own none: the policy (that sampler samples by its own means: agent_train.py's proxy builds its
-    engine, async_loop.py refuses the flag)."""
+    --rollout-engine vllm an Engine on the model folder `source`, with the run's seed (`sleep`: detail 4). Given a
+    `sampler` of its own: the policy (that sampler samples by its own means: agent_train.py's proxy builds its
+    engine, async_loop.py's rollout ranks refuse the flag)."""
     if sampler is not None:
         return policy
     if cfg.rollout_engine == "vllm":

@@ -56,7 +56,7 @@ RUNS = {
     "lora": ([TRAINER], [*INJECT, "--adv-estimator", "grpo", "--lora-rank", "4"]),
     "fsdp2": ([*TORCHRUN, TRAINER], [*INJECT, "--fsdp", "--prompts-per-step", "8"]),
     "env_url": ([TRAINER], [*INJECT, *"--task calc --adv-estimator grpo --env-url ENV_URL".split()]),
-    "proxy": (["model_proxy.py"], [*INJECT, *PROXY.split(), "--kl-metric-every", "0"]),
+    "proxy": (["agent_train.py"], [*INJECT, *PROXY.split(), "--kl-metric-every", "0"]),
     **{f"inject_{name}": ([TRAINER], [*INJECT, "--inject", name]) for name in INJECTED},
     "inject_no_temperature": ([TRAINER], [*INJECT, "--inject", "no_temperature", "--adv-estimator", "grpo"]),
     "inject_value_not_detached": ([TRAINER], [*INJECT, "--inject", "value_not_detached", "--dump-batch", "2"]),

@@ -47,8 +47,8 @@ def test_an_unmodified_agent_learns_through_the_proxy_against_an_lr0_control(tmp
     evaluation of the same weights on the same episodes (rollout_env), before and after: the proxy's token layout is
     the trainer's (TEMPLATE). The control (lr = 0) leaves the weights, so its success, where they were."""
     common = dict(group_size=8, temperature=0.6, lr_schedule="constant", ppo_epochs=1, minibatches=1, eval_n=100)
-    out, rows = agent_run(tmp_path, "train", steps=20, prompts_per_step=16, lr=1e-4, warmup_steps=5, eval_every=20,
-                          **common)  # fmt: skip
+    schedule = dict(steps=20, prompts_per_step=16, lr=1e-4, warmup_steps=5, eval_every=20)
+    out, rows = agent_run(tmp_path, "train", **schedule, **common)
     control, _ = agent_run(tmp_path, "control", steps=1, prompts_per_step=2, lr=0.0, eval_every=1, **common)
     (_, start), (_, end) = out["eval_history"]
     ours, theirs = out["agent_success"], control["agent_success"]
@@ -73,8 +73,8 @@ def test_the_readmes_agent_command_runs_one_iteration_beside_a_busy_process(tmp_
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         t0, flags = time.monotonic(), ["--steps", "1", "--out-dir", str(tmp_path / "run")]
-        proc = subprocess.run([sys.executable, *command[1:], *flags], cwd=ROOT, capture_output=True, text=True,
-                              timeout=600)  # fmt: skip
+        argv = [sys.executable, *command[1:], *flags]
+        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
         wall = time.monotonic() - t0
     finally:
         busy.kill()

@@ -568,8 +568,9 @@ def test_the_vllm_engine_says_what_to_install_and_where_it_does_not_run(monkeypa
         ImportError, match=r"--rollout-engine vllm needs vLLM: bash scripts/install_vllm.sh makes a venv"
     ):
         vllm_engine.Engine("/nowhere")
-    with pytest.raises(ValueError, match="'rollout_engine' = 'vllm': async_loop.py samples with hf"):
-        async_loop.AsyncConfig(rollout_engine="vllm")
+    with pytest.raises(ValueError, match="'rollout_engine' = 'vllm': rollout ranks sample with hf"):
+        async_loop.AsyncConfig(rollout_engine="vllm")  # async_ratio 1: a rollout worker
+    async_loop.AsyncConfig(rollout_engine="vllm", async_ratio=0)  # one process: trainer.train's own sampler
     policy = object()  # a sampler of its own samples by its own means: the policy is what train() gets back
     vllm_cfg = trainer.Config(rollout_engine="vllm")
     assert vllm_engine.sampling_engine(vllm_cfg, policy, "/nowhere", sampler=print) is policy

@@ -343,18 +343,19 @@ def test_two_ranks_train_on_multi_turn_episodes_through_their_engines(tmp_path):
 
 
 def test_an_agent_program_trains_through_a_proxy_that_samples_with_the_engine(tmp_path):
-    """agent_train.py --rollout-engine vllm: examples/calc_agent.py's processes (the openai client) play through a
-    proxy whose engine is synced every iteration: the run writes hf's metric keys, the sampler's logprobs are the
-    trainer's recompute (on-policy), and the agent's greedy success before training is hf's proxy's (greedy tokens
-    are rollout.generate's; the test allows one episode apart, for a near-tie under another batch's padding)."""
+    """agent_train.py --rollout-engine vllm: examples/calc_agent.py's processes (the openai client) play through a proxy
+    whose engine is synced every iteration: the run writes hf's metric keys, the sampler's logprobs are the trainer's
+    recompute (on-policy: the lr from the first update on, so that a skipped sync shows), and the agent's greedy success
+    before training is hf's proxy's (greedy tokens are rollout.generate's; the test allows one episode apart, for a
+    near-tie under another batch's padding)."""
     rows, outs = {}, {}
-    flags = dict(agents=2, adv_estimator="grpo", steps=2, prompts_per_step=2, group_size=4, eval_n=32, seed=0)
-    flags.update(eval_every=0, kl_metric_every=0, save_final=False)
+    flags = dict(agents=2, adv_estimator="grpo", steps=3, prompts_per_step=2, group_size=4, eval_n=32, seed=0)
+    flags.update(warmup_steps=0, lr_schedule="constant", eval_every=0, kl_metric_every=0, save_final=False)
     for engine in ("hf", "vllm"):
         rows[engine] = []
         cfg = agent_train.AgentConfig(**flags, rollout_engine=engine, out_dir=str(tmp_path / engine))
         outs[engine] = agent_train.train_agent(cfg, hooks=[lambda step, m, r=rows[engine]: r.append(m)])
-    assert [set(r) for r in rows["vllm"]] == [set(r) for r in rows["hf"]] and len(rows["vllm"]) == 2
+    assert [set(r) for r in rows["vllm"]] == [set(r) for r in rows["hf"]] and len(rows["vllm"]) == 3
     assert all(r["proxy/samples"] == 8 for r in rows["vllm"]), rows["vllm"]
     assert max(r["stats/rollout_vs_old_logp_diff"] for r in rows["vllm"]) < TOL, rows["vllm"]
     before = {e: outs[e]["agent_success"][0] for e in outs}
