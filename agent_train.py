@@ -93,7 +93,7 @@ class AgentSampler:
         return [self.proxy.session(n, pop=True) for n in names]
 
     def __call__(self, step: int, policy):
-        self.proxy.load_weights(policy, step)  # the samples of iteration `step` come from its weights (staleness 0)
+        synced = self.proxy.load_weights(policy, step)  # iteration `step` samples from its weights (staleness 0)
         G, n = self.cfg.group_size, self.cfg.prompts_per_step
         seeds = [int(s) for s in self.rng.integers(2**31, size=n) for _ in range(G)]
         sessions = self.play(seeds, f"it{step}")
@@ -104,7 +104,7 @@ class AgentSampler:
         episodes = [
             {**blank, "return": s["reward"], "success": s["reward"] >= 1, "turns": len(s["records"])} for s in played
         ]
-        return rollout, episodes, torch.tensor(owner, device=dev) // G, stats
+        return rollout, episodes, torch.tensor(owner, device=dev) // G, {**stats, "time/sync": synced}
 
     def greedy_success(self, n: int, tag: str) -> float:
         """Success of the agent on n held-out env seeds with the proxy's policy greedy."""

@@ -271,14 +271,17 @@ class ModelProxy:
             p.ids, p.logprobs = out.response_ids[j, :n].tolist(), out.rollout_logprobs[j, :n].tolist()
             p.version = version
 
-    def load_weights(self, policy, version: int) -> None:
-        """Detail 2: the trainer's new weights, between two batches (rounded to the proxy's, e.g. --rollout-dtype)."""
+    def load_weights(self, policy, version: int) -> float:
+        """Detail 2: the trainer's new weights, between two batches (rounded to the proxy's, e.g. --rollout-dtype);
+        returns the seconds the copy or the sync took (time/sync)."""
         with self.batch_lock:
+            t0 = time.perf_counter()
             if self.engine is not None:
                 vllm_engine.sync_weights(self.engine, policy)
             else:
                 self.model.load_state_dict(policy.state_dict())
             self.version = version
+            return time.perf_counter() - t0
 
     def set_reward(self, session: str, reward) -> dict:
         if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
